@@ -1,0 +1,53 @@
+// Package clock abstracts time so that every rule that depends on it (lease
+// deadlines, recovery windows, grace periods, backoff) can be tested with a
+// fake clock instead of sleeps.
+package clock
+
+import "time"
+
+// Clock is the subset of the time package the rest of the code uses.
+// Implementations must return monotonic readings from Now: durations are
+// always computed as differences of two Now values, never from wall time.
+type Clock interface {
+	Now() time.Time
+	// NewTimer returns a timer that fires once after d.
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is a one-shot timer created by a Clock.
+type Timer interface {
+	// C delivers the fire time once.
+	C() <-chan time.Time
+	// Stop prevents the timer from firing; it reports whether it was active.
+	Stop() bool
+	// Reset re-arms the timer to fire after d.
+	Reset(d time.Duration)
+}
+
+// Real returns the process clock.
+func Real() Clock { return realClock{} }
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) NewTimer(d time.Duration) Timer { return &realTimer{t: time.NewTimer(d)} }
+
+type realTimer struct{ t *time.Timer }
+
+func (r *realTimer) C() <-chan time.Time   { return r.t.C }
+func (r *realTimer) Stop() bool            { return r.t.Stop() }
+func (r *realTimer) Reset(d time.Duration) { r.t.Reset(d) }
+
+// Sleep waits for d on c or until done is closed; it reports whether the full
+// duration passed.
+func Sleep(c Clock, d time.Duration, done <-chan struct{}) bool {
+	t := c.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-done:
+		return false
+	}
+}

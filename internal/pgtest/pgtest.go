@@ -1,0 +1,144 @@
+// Package pgtest gives each test binary one throwaway PostgreSQL server and
+// each test its own database on it. TEST_DATABASE_URL points the tests at an
+// existing server instead (its user needs CREATEDB).
+//
+// Tests never skip for lack of a database: when no server can be started the
+// binary fails with a message that says what to install.
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
+
+	"github.com/shardrun/shardrun/internal/pgtmp"
+)
+
+var (
+	adminDSN string
+	server   *pgtmp.Server
+	seq      atomic.Int64
+)
+
+// Main runs the package's tests against a throwaway server, then checks that
+// no goroutine was left behind. Call it from TestMain.
+func Main(m *testing.M, leakOpts ...goleak.Option) {
+	os.Exit(run(m, leakOpts))
+}
+
+func run(m *testing.M, leakOpts []goleak.Option) int {
+	if err := start(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: cannot get a PostgreSQL server for the tests: %v\n", err)
+		return 1
+	}
+	stopSignals := stopOnSignal()
+	code := m.Run()
+	stopSignals()
+	if server != nil {
+		if err := server.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		}
+	}
+	if code == 0 {
+		if err := goleak.Find(leakOpts...); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: goroutines left behind after the tests: %v\n", err)
+			return 1
+		}
+	}
+	return code
+}
+
+func start() error {
+	if url := os.Getenv("TEST_DATABASE_URL"); url != "" {
+		adminDSN = url
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := pgtmp.Start(ctx, pgtmp.Options{})
+	if err != nil {
+		return err
+	}
+	server = s
+	adminDSN = s.DSN("postgres")
+	return nil
+}
+
+// stopOnSignal removes the server when the test binary is interrupted, since
+// deferred cleanups do not run on a signal.
+func stopOnSignal() (stop func()) {
+	ch := make(chan os.Signal, 1)
+	done := make(chan struct{})
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-ch:
+			if server != nil {
+				_ = server.Stop()
+			}
+			os.Exit(130)
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		close(done)
+	}
+}
+
+// Server returns the throwaway server, or nil when TEST_DATABASE_URL is used.
+func Server() *pgtmp.Server { return server }
+
+// NewDatabase creates an empty database for t, dropped when t ends, and
+// returns its DSN.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	if adminDSN == "" {
+		t.Fatal("pgtest: no server; call pgtest.Main(m) from TestMain")
+	}
+	name := fmt.Sprintf("t%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(t.Name()))
+	if len(name) > 60 {
+		name = name[:60]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dsn, err := pgtmp.CreateDatabase(ctx, adminDSN, name)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, adminDSN)
+		if err != nil {
+			t.Logf("pgtest: dropping %s: %v", name, err)
+			return
+		}
+		defer conn.Close(context.Background())
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Logf("pgtest: dropping %s: %v", name, err)
+		}
+	})
+	return dsn
+}
+
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,81 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// BenchmarkEnqueueCopy measures bulk enqueue through COPY, 1,000 rows per
+// batch, reported as rows/s.
+func BenchmarkEnqueueCopy(b *testing.B) {
+	s := setup(b)
+	ctx := context.Background()
+	batch := make([]tasks.Insert, 1000)
+	for i := range batch {
+		batch[i] = insert("k", i%256, 3)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for b.Loop() {
+		if _, err := s.EnqueueBatch(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*len(batch))/time.Since(start).Seconds(), "rows/s")
+}
+
+// BenchmarkClaimComplete measures one claim of a batch plus one completion
+// statement for the batch, from 64 owned shards, reported as tasks/s.
+func BenchmarkClaimComplete(b *testing.B) {
+	for _, size := range []int{1, 10, 100} {
+		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
+			s := setup(b)
+			ctx := context.Background()
+			owned := make([]tasks.ShardEpoch, 64)
+			for i := range owned {
+				owned[i] = tasks.ShardEpoch{Shard: i, Epoch: 1}
+			}
+			if _, err := s.RaiseFences(ctx, "r", owned); err != nil {
+				b.Fatal(err)
+			}
+			// Enough ready work for the loop, plus a backlog the claim
+			// index has to skip past.
+			ins := make([]tasks.Insert, 20000+size*2000)
+			for i := range ins {
+				ins[i] = insert("k", i%64, 3)
+			}
+			if _, err := s.EnqueueBatch(ctx, ins); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Pool().Exec(ctx, "VACUUM ANALYZE tasks"); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			start := time.Now()
+			n := 0
+			for b.Loop() {
+				got, err := s.Claim(ctx, "r", owned, []string{"k"}, size)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(got) == 0 {
+					b.Fatal("ran out of tasks")
+				}
+				done := make([]store.Completion, len(got))
+				for i, t := range got {
+					done[i] = store.Completion{Ref: t.Ref()}
+				}
+				if _, err := s.Complete(ctx, "r", done); err != nil {
+					b.Fatal(err)
+				}
+				n += len(got)
+			}
+			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "tasks/s")
+		})
+	}
+}

@@ -1,0 +1,107 @@
+package store
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5"
+)
+
+// NotifyChannel is the channel the tasks table's insert trigger notifies.
+const NotifyChannel = "shardrun_tasks"
+
+// Notification tells which shards got new ready tasks. All is set when the
+// list was too long for a notification, and after (re)connecting, when
+// notifications may have been missed.
+type Notification struct {
+	All    bool
+	Shards []int
+}
+
+// Has reports whether the notification concerns shard.
+func (n Notification) Has(shard int) bool {
+	if n.All {
+		return true
+	}
+	for _, s := range n.Shards {
+		if s == shard {
+			return true
+		}
+	}
+	return false
+}
+
+// Listener holds a dedicated connection that LISTENs for enqueue
+// notifications and hands them to a callback. It reconnects by itself.
+type Listener struct {
+	cfg *pgx.ConnConfig
+	log hclog.Logger
+	fn  func(Notification)
+}
+
+// NewListener returns a listener on the store's database; fn is called from
+// the listener's goroutine and must not block.
+func (s *Store) NewListener(log hclog.Logger, fn func(Notification)) *Listener {
+	return &Listener{cfg: s.pool.Config().ConnConfig.Copy(), log: log, fn: fn}
+}
+
+// Run listens until ctx ends.
+func (l *Listener) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := l.listen(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		l.log.Warn("notification listener disconnected; reconnecting", "error", err, "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	return nil
+}
+
+func (l *Listener) listen(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, l.cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
+		return err
+	}
+	l.fn(Notification{All: true})
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		l.fn(parseNotification(n.Payload))
+	}
+}
+
+func parseNotification(payload string) Notification {
+	if payload == "" || payload == "*" {
+		return Notification{All: true}
+	}
+	parts := strings.Split(payload, ",")
+	n := Notification{Shards: make([]int, 0, len(parts))}
+	for _, p := range parts {
+		v, err := strconv.Atoi(p)
+		if err != nil {
+			return Notification{All: true}
+		}
+		n.Shards = append(n.Shards, v)
+	}
+	return n
+}

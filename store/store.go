@@ -1,0 +1,149 @@
+// Package store is shardrun's only access to PostgreSQL: the schema
+// migrations and every statement the system runs. Each write re-checks the
+// state, attempt and fence it expects and reports whether it applied, so that
+// a runner which lost its shard, a sweep and a late completion can race
+// safely: exactly one of them changes the row.
+//
+// Fencing: shard_fences holds, per shard, the newest ownership epoch (the
+// etcd CreateRevision of the shard key). Claims and every write about a
+// claimed task lock that fence row FOR SHARE and require epoch = the writer's
+// epoch. Raising a fence takes the row exclusively, so it waits for writes
+// already under way and every write after it sees the new epoch and changes
+// nothing: a paused runner that wakes up after its shard moved cannot write.
+package store
+
+import (
+	"cmp"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// Options configure Open.
+type Options struct {
+	// MaxConns bounds the pool. Default 8: a runner's statements are batched,
+	// so it needs few connections whatever its worker count.
+	MaxConns int32
+	// ApplicationName shows up in pg_stat_activity.
+	ApplicationName string
+	// ConnectTimeout bounds the first connection. Default 10s.
+	ConnectTimeout time.Duration
+	// Logger receives migration progress; nil discards it.
+	Logger hclog.Logger
+}
+
+// Store runs shardrun's statements on a pgx pool.
+type Store struct {
+	pool *pgxpool.Pool
+	log  hclog.Logger
+	dsn  string
+}
+
+// Open connects to the database behind dsn and checks that it answers.
+func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
+	masked := MaskDSN(dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parsing database URL %s: %w", masked, errors.Unwrap(err))
+	}
+	cfg.MaxConns = cmp.Or(opts.MaxConns, 8)
+	if opts.ApplicationName != "" {
+		cfg.ConnConfig.RuntimeParams["application_name"] = opts.ApplicationName
+	}
+	timeout := cmp.Or(opts.ConnectTimeout, 10*time.Second)
+	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > timeout {
+		cfg.ConnConfig.ConnectTimeout = timeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("opening database %s: %w", masked, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connecting to database %s: %w", masked, err)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	return &Store{pool: pool, log: log, dsn: dsn}, nil
+}
+
+// Close closes the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Pool exposes the pool to tests and benchmarks that inspect the database.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Migrate applies the embedded migrations that are not applied yet. A
+// session-level advisory lock serialises concurrent starts of many runners.
+func (s *Store) Migrate(ctx context.Context) error {
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 120))
+	if err != nil {
+		return fmt.Errorf("creating migration lock: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(s.pool)
+	defer db.Close()
+	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrationFS(),
+		goose.WithSessionLocker(locker), goose.WithTableName("shardrun_schema_migrations"),
+		goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		return fmt.Errorf("preparing migrations: %w", err)
+	}
+	results, err := provider.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("applying migrations: %w", err)
+	}
+	for _, r := range results {
+		s.log.Info("applied migration", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
+	}
+	return nil
+}
+
+var passwordKV = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// MaskDSN hides the password of a connection string (URL or key=value form)
+// so that it can be logged.
+func MaskDSN(dsn string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "<unparseable database URL>"
+		}
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	return passwordKV.ReplaceAllString(dsn, "${1}xxxxx")
+}
+
+func migrationFS() fs.FS {
+	sub, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		panic(err) // the directory is embedded at build time
+	}
+	return sub
+}

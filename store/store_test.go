@@ -1,0 +1,685 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var backoff = store.Backoff{Base: time.Second, Cap: time.Minute}
+
+func setup(t testing.TB) *store.Store {
+	t.Helper()
+	ctx := context.Background()
+	s, err := store.Open(ctx, pgtest.NewDatabase(t), store.Options{MaxConns: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func insert(kind string, shard, maxAttempts int) tasks.Insert {
+	return tasks.Insert{Kind: kind, Shard: shard, Key: fmt.Sprint("k", shard), Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}
+}
+
+func enqueue(t testing.TB, s *store.Store, in tasks.Insert) int64 {
+	t.Helper()
+	id, err := s.Enqueue(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func raise(t testing.TB, s *store.Store, owner string, shard int, epoch int64) {
+	t.Helper()
+	raised, err := s.RaiseFences(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(raised) != 1 {
+		t.Fatalf("fence of shard %d not raised to %d", shard, epoch)
+	}
+}
+
+func claim(t testing.TB, s *store.Store, owner string, shard int, epoch int64, limit int) []tasks.Task {
+	t.Helper()
+	got, err := s.Claim(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}}, []string{"k"}, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func get(t testing.TB, s *store.Store, id int64) tasks.Task {
+	t.Helper()
+	task, err := s.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return task
+}
+
+func exec(t testing.TB, s *store.Store, sql string, args ...any) {
+	t.Helper()
+	if _, err := s.Pool().Exec(context.Background(), sql, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// one checks that a single-task write returned one result and returns it:
+// one(t)(s.Complete(...)).
+func one(t testing.TB) func([]store.Result, error) store.Result {
+	return func(rs []store.Result, err error) store.Result {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rs) != 1 {
+			t.Fatalf("want 1 result, got %d", len(rs))
+		}
+		return rs[0]
+	}
+}
+
+func TestMigrateConcurrentlyAndTwice(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 6)
+	for range 6 {
+		wg.Go(func() {
+			s, err := store.Open(ctx, dsn, store.Options{})
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer s.Close()
+			errs <- s.Migrate(ctx)
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent migrate: %v", err)
+		}
+	}
+	s, err := store.Open(ctx, dsn, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatalf("second migrate: %v", err)
+	}
+	if _, err := s.Enqueue(ctx, insert("k", 1, 1)); err != nil {
+		t.Fatalf("schema unusable after migrating: %v", err)
+	}
+}
+
+func TestMaskDSN(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"postgres://u:secret@h:5432/db?sslmode=disable", "postgres://u:xxxxx@h:5432/db?sslmode=disable"},
+		{"postgresql://u@h/db", "postgresql://u@h/db"},
+		{"postgres://u@h/db?password=secret", "postgres://u@h/db?password=xxxxx"},
+		{"host=h user=u password=secret dbname=db", "host=h user=u password=xxxxx dbname=db"},
+		{"host=h password='se cret' dbname=db", "host=h password=xxxxx dbname=db"},
+	} {
+		if got := store.MaskDSN(tc.in); got != tc.want {
+			t.Errorf("MaskDSN(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestOpenErrorsNameTheDatabaseWithoutPassword(t *testing.T) {
+	ctx := context.Background()
+	_, err := store.Open(ctx, "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=1", store.Options{ConnectTimeout: time.Second})
+	if err == nil {
+		t.Fatal("connecting to a closed port succeeded")
+	}
+	if strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "127.0.0.1:1") {
+		t.Fatalf("error must name the database without its password: %v", err)
+	}
+	_, err = store.Open(ctx, "postgres://u:hunter2@host:notaport/db", store.Options{})
+	if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "parsing database URL") {
+		t.Fatalf("malformed DSN: want a parse error without the password, got %v", err)
+	}
+}
+
+func TestLegalMoves(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 1, 5)
+
+	t.Run("ready to running to completed", func(t *testing.T) {
+		id := enqueue(t, s, insert("k", 1, 3))
+		got := claim(t, s, "a", 1, 5, 10)
+		if len(got) != 1 || got[0].ID != id || got[0].State != tasks.Running || got[0].Epoch != 5 || got[0].Attempt != 1 {
+			t.Fatalf("claim: %+v", got)
+		}
+		r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: got[0].Ref(), Result: json.RawMessage(`{"ok":true}`)}}))
+		if r.Outcome != store.Applied || r.State != tasks.Completed {
+			t.Fatalf("complete: %+v", r)
+		}
+		task := get(t, s, id)
+		if task.State != tasks.Completed || string(task.Result) != `{"ok": true}` || task.FinishedAt == nil || task.ClaimedBy != "a" || task.Epoch != 5 {
+			t.Fatalf("completed row: %+v", task)
+		}
+	})
+
+	t.Run("running to ready with backoff then dead", func(t *testing.T) {
+		id := enqueue(t, s, insert("k", 1, 2))
+		got := claim(t, s, "a", 1, 5, 10)
+		r := one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: got[0].Ref(), Error: "boom", RetryAfter: time.Hour}}))
+		if r.Outcome != store.Applied || r.State != tasks.Ready {
+			t.Fatalf("fail with attempts left: %+v", r)
+		}
+		task := get(t, s, id)
+		if task.Attempt != 2 || time.Until(task.RunAfter) < 50*time.Minute || len(task.Errors) != 1 ||
+			task.Errors[0].Error != "boom" || task.Errors[0].Attempt != 1 || task.ClaimedBy != "" {
+			t.Fatalf("retried row: %+v", task)
+		}
+		if again := claim(t, s, "a", 1, 5, 10); len(again) != 0 {
+			t.Fatalf("claimed a task before its backoff ended: %+v", again)
+		}
+		exec(t, s, `UPDATE tasks SET run_after = now() WHERE id = $1`, id)
+		got = claim(t, s, "a", 1, 5, 10)
+		if len(got) != 1 || got[0].Attempt != 2 {
+			t.Fatalf("claim after backoff: %+v", got)
+		}
+		r = one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: got[0].Ref(), Error: "boom again"}}))
+		if r.Outcome != store.Applied || r.State != tasks.Dead {
+			t.Fatalf("fail with no attempts left: %+v", r)
+		}
+		if task := get(t, s, id); task.State != tasks.Dead || len(task.Errors) != 2 || task.FinishedAt == nil {
+			t.Fatalf("dead row: %+v", task)
+		}
+	})
+
+	t.Run("ready and running to failed by deadline", func(t *testing.T) {
+		soon := time.Now().Add(time.Hour)
+		in := insert("k", 1, 3)
+		in.Deadline = &soon
+		readyID := enqueue(t, s, in)
+		runningID := enqueue(t, s, in)
+		got := claim(t, s, "a", 1, 5, 10)
+		if len(got) != 2 {
+			t.Fatalf("claim: %+v", got)
+		}
+		r := one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: got[0].Ref(), Error: "x"}})) // back to ready
+		if r.State != tasks.Ready {
+			t.Fatalf("fail: %+v", r)
+		}
+		exec(t, s, `UPDATE tasks SET deadline = now() - interval '1 second' WHERE id = ANY($1)`, []int64{readyID, runningID})
+		n, err := s.SweepDeadlines(ctx, 100)
+		if err != nil || n != 2 {
+			t.Fatalf("deadline sweep: %d, %v", n, err)
+		}
+		for _, id := range []int64{readyID, runningID} {
+			task := get(t, s, id)
+			if task.State != tasks.Failed || task.Errors[len(task.Errors)-1].Error != "deadline exceeded" {
+				t.Fatalf("task %d after deadline: %+v", id, task)
+			}
+		}
+	})
+
+	t.Run("running to ready or dead when stale", func(t *testing.T) {
+		retry := enqueue(t, s, insert("k", 1, 2))
+		last := enqueue(t, s, insert("k", 1, 1))
+		if got := claim(t, s, "a", 1, 5, 10); len(got) != 2 {
+			t.Fatalf("claim: %+v", got)
+		}
+		exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour' WHERE id = ANY($1)`, []int64{retry, last})
+		requeued, dead, err := s.SweepStale(ctx, time.Minute, 100, backoff)
+		if err != nil || requeued != 1 || dead != 1 {
+			t.Fatalf("stale sweep: requeued %d dead %d err %v", requeued, dead, err)
+		}
+		if task := get(t, s, retry); task.State != tasks.Ready || task.Attempt != 2 || !strings.HasPrefix(task.Errors[0].Error, "stale claim") {
+			t.Fatalf("requeued row: %+v", task)
+		}
+		if task := get(t, s, last); task.State != tasks.Dead || task.Attempt != 1 {
+			t.Fatalf("exhausted row: %+v", task)
+		}
+	})
+}
+
+func TestIllegalMovesAreRefused(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 1, 5)
+	readyID := enqueue(t, s, insert("k", 1, 3))
+	readyRef := tasks.Ref{ID: readyID, Shard: 1, Attempt: 1, Epoch: 5}
+
+	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: readyRef}})); r.Outcome != store.TaskMoved {
+		t.Fatalf("completing a ready task: %v", r.Outcome)
+	}
+	if r := one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: readyRef, Error: "x"}})); r.Outcome != store.TaskMoved {
+		t.Fatalf("failing a ready task: %v", r.Outcome)
+	}
+	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{readyRef})); r.Outcome != store.TaskMoved {
+		t.Fatalf("heartbeating a ready task: %v", r.Outcome)
+	}
+	got := claim(t, s, "a", 1, 5, 1)
+	ref := got[0].Ref()
+	if r := one(t)(s.Complete(ctx, "b", []store.Completion{{Ref: ref}})); r.Outcome != store.FenceLost {
+		t.Fatalf("completing another runner's claim: %v", r.Outcome)
+	}
+	old := ref
+	old.Attempt = 0
+	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: old}})); r.Outcome != store.TaskMoved {
+		t.Fatalf("completing an old attempt: %v", r.Outcome)
+	}
+	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: ref}})); r.Outcome != store.Applied {
+		t.Fatalf("completing: %v", r.Outcome)
+	}
+	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: ref}})); r.Outcome != store.TaskMoved {
+		t.Fatalf("completing twice: %v", r.Outcome)
+	}
+	if r := one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: ref, Error: "late"}})); r.Outcome != store.TaskMoved {
+		t.Fatalf("failing a completed task: %v", r.Outcome)
+	}
+	gone := tasks.Ref{ID: 999999, Shard: 1, Attempt: 1, Epoch: 5}
+	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: gone}})); r.Outcome != store.TaskGone || r.Outcome.Err() != store.ErrTaskGone {
+		t.Fatalf("completing a missing task: %v", r.Outcome)
+	}
+	// Sweeps never touch finished or ready tasks.
+	readyID = enqueue(t, s, insert("k", 1, 3))
+	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour', deadline = now() - interval '1 second'`)
+	if _, _, err := s.SweepStale(ctx, time.Second, 100, backoff); err != nil {
+		t.Fatal(err)
+	}
+	if task := get(t, s, ref.ID); task.State != tasks.Completed {
+		t.Fatalf("a sweep changed a completed task: %+v", task)
+	}
+	if task := get(t, s, readyID); task.State != tasks.Ready {
+		t.Fatalf("the stale sweep changed a ready task: %+v", task)
+	}
+	if n, err := s.SweepDeadlines(ctx, 100); err != nil || n != 1 {
+		t.Fatalf("deadline sweep should fail only the ready task: %d %v", n, err)
+	}
+	if task := get(t, s, ref.ID); task.State != tasks.Completed {
+		t.Fatalf("the deadline sweep changed a completed task: %+v", task)
+	}
+}
+
+func TestFencing(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	for range 5 {
+		enqueue(t, s, insert("k", 3, 3))
+	}
+	raise(t, s, "old", 3, 10)
+	mine := claim(t, s, "old", 3, 10, 3)
+	if len(mine) != 3 {
+		t.Fatalf("old owner claimed %d", len(mine))
+	}
+	// The shard moves: the new owner raises the fence.
+	raise(t, s, "new", 3, 20)
+
+	if raised, err := s.RaiseFences(ctx, "old", []tasks.ShardEpoch{{Shard: 3, Epoch: 10}}); err != nil || len(raised) != 0 {
+		t.Fatalf("an older epoch lowered the fence: %v %v", raised, err)
+	}
+	if raised, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}}); err != nil || len(raised) != 1 {
+		t.Fatalf("re-raising the current epoch is not idempotent: %v %v", raised, err)
+	}
+	if got := claim(t, s, "old", 3, 10, 10); len(got) != 0 {
+		t.Fatalf("old epoch claimed %d tasks after the fence moved", len(got))
+	}
+	if r := one(t)(s.Heartbeat(ctx, "old", []tasks.Ref{mine[0].Ref()})); r.Outcome != store.FenceLost {
+		t.Fatalf("old heartbeat: %v", r.Outcome)
+	}
+	if r := one(t)(s.Complete(ctx, "old", []store.Completion{{Ref: mine[1].Ref()}})); r.Outcome != store.FenceLost || r.Outcome.Err() != store.ErrFenceLost {
+		t.Fatalf("old complete: %v", r.Outcome)
+	}
+	if r := one(t)(s.Fail(ctx, "old", []store.Failure{{Ref: mine[2].Ref(), Error: "x"}})); r.Outcome != store.FenceLost {
+		t.Fatalf("old fail: %v", r.Outcome)
+	}
+	// A zombie cannot requeue the new owner's work either.
+	if n, d, err := s.RequeueOrphans(ctx, "old", []tasks.ShardEpoch{{Shard: 3, Epoch: 10}}); err != nil || n+d != 0 {
+		t.Fatalf("old owner requeued %d/%d (%v)", n, d, err)
+	}
+	requeued, dead, err := s.RequeueOrphans(ctx, "new", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}})
+	if err != nil || requeued != 3 || dead != 0 {
+		t.Fatalf("new owner requeued %d dead %d err %v", requeued, dead, err)
+	}
+	got := claim(t, s, "new", 3, 20, 10)
+	if len(got) != 5 {
+		t.Fatalf("new owner claimed %d of 5 tasks", len(got))
+	}
+	for _, task := range got {
+		if task.Epoch != 20 {
+			t.Fatalf("claimed under epoch %d", task.Epoch)
+		}
+	}
+	if task := get(t, s, mine[0].ID); task.Attempt != 2 || !strings.Contains(task.Errors[0].Error, "orphaned") {
+		t.Fatalf("orphan not requeued with attempt+1: %+v", task)
+	}
+}
+
+// TestFenceRaiseWaitsForWritesInFlight holds a completion's transaction open
+// and checks that raising the fence waits for it, and that a completion
+// starting after the raise changes nothing.
+func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	enqueue(t, s, insert("k", 4, 3))
+	enqueue(t, s, insert("k", 4, 3))
+	raise(t, s, "old", 4, 1)
+	mine := claim(t, s, "old", 4, 1, 2)
+
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM shard_fences WHERE shard = 4 FOR SHARE`); err != nil {
+		t.Fatal(err)
+	}
+	raised := make(chan error, 1)
+	go func() {
+		_, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 4, Epoch: 2}})
+		raised <- err
+	}()
+	// Observe the raise blocked on the fence row's lock, not just slow.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		select {
+		case err := <-raised:
+			t.Fatalf("raise did not wait for a writer holding the fence: %v", err)
+		default:
+		}
+		var waiting bool
+		if err := s.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO shard_fences%')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the raise never waited on the fence row lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, mine[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-raised; err != nil {
+		t.Fatal(err)
+	}
+	if r := one(t)(s.Complete(ctx, "old", []store.Completion{{Ref: mine[1].Ref()}})); r.Outcome != store.FenceLost {
+		t.Fatalf("completion after the raise: %v", r.Outcome)
+	}
+}
+
+func TestConcurrentClaimersNeverShareATask(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	const total, shards = 10000, 16
+	owned := make([]tasks.ShardEpoch, shards)
+	ins := make([]tasks.Insert, total)
+	for i := range ins {
+		ins[i] = insert("k", i%shards, 3)
+	}
+	for i := range owned {
+		owned[i] = tasks.ShardEpoch{Shard: i, Epoch: 7}
+	}
+	if n, err := s.EnqueueBatch(ctx, ins); err != nil || n != total {
+		t.Fatalf("enqueue: %d %v", n, err)
+	}
+	if _, err := s.RaiseFences(ctx, "r", owned); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := make(map[int64]int, total)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			for {
+				got, err := s.Claim(ctx, "r", owned, []string{"k"}, 50)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if len(got) == 0 {
+					return
+				}
+				done := make([]store.Completion, len(got))
+				mu.Lock()
+				for i, task := range got {
+					seen[task.ID]++
+					done[i] = store.Completion{Ref: task.Ref()}
+				}
+				mu.Unlock()
+				rs, err := s.Complete(ctx, "r", done)
+				if err != nil {
+					errs <- err
+					return
+				}
+				for _, r := range rs {
+					if r.Outcome != store.Applied {
+						errs <- fmt.Errorf("completion of %d: %v", r.Ref.ID, r.Outcome)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(seen) != total {
+		t.Fatalf("claimed %d distinct tasks, want %d", len(seen), total)
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("task %d claimed %d times", id, n)
+		}
+	}
+	counts, err := s.CountByState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counts[tasks.Completed] != total || counts[tasks.Ready] != 0 || counts[tasks.Running] != 0 {
+		t.Fatalf("counts: %v", counts)
+	}
+}
+
+// TestSweepRacingCompletion races a stale sweep and a completion on the same
+// stale claim many times: exactly one wins each time.
+func TestSweepRacingCompletion(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 2, 1)
+	wins := map[string]int{}
+	for range 40 {
+		id := enqueue(t, s, insert("k", 2, 3))
+		got := claim(t, s, "a", 2, 1, 1)
+		exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id)
+		var wg sync.WaitGroup
+		var rs []store.Result
+		var cerr, serr error
+		var requeued int64
+		wg.Go(func() { rs, cerr = s.Complete(ctx, "a", []store.Completion{{Ref: got[0].Ref()}}) })
+		wg.Go(func() { requeued, _, serr = s.SweepStale(ctx, time.Minute, 10, backoff) })
+		wg.Wait()
+		if cerr != nil || serr != nil {
+			t.Fatal(cerr, serr)
+		}
+		task := get(t, s, id)
+		switch {
+		case rs[0].Outcome == store.Applied && requeued == 0 && task.State == tasks.Completed:
+			wins["completion"]++
+		case rs[0].Outcome == store.TaskMoved && requeued == 1 && task.State == tasks.Ready && task.Attempt == 2:
+			wins["sweep"]++
+			exec(t, s, `UPDATE tasks SET state = 'completed' WHERE id = $1`, id) // clear it for the next round
+		default:
+			t.Fatalf("both or neither won: completion %v, requeued %d, row %+v", rs[0].Outcome, requeued, task)
+		}
+	}
+	t.Logf("winners over 40 races: %v", wins)
+}
+
+func TestStaleSweepJudgesFromLastSignOfLife(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 1, 1)
+	neverBeat := enqueue(t, s, insert("k", 1, 3))
+	beatRecently := enqueue(t, s, insert("k", 1, 3))
+	beatLongAgo := enqueue(t, s, insert("k", 1, 3))
+	claim(t, s, "a", 1, 1, 3)
+	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour'`)
+	exec(t, s, `UPDATE tasks SET heartbeat_at = now() WHERE id = $1`, beatRecently)
+	exec(t, s, `UPDATE tasks SET heartbeat_at = now() - interval '10 minutes' WHERE id = $1`, beatLongAgo)
+	requeued, _, err := s.SweepStale(ctx, time.Minute, 100, backoff)
+	if err != nil || requeued != 2 {
+		t.Fatalf("requeued %d (%v), want the never-beaten and long-silent claims", requeued, err)
+	}
+	for id, want := range map[int64]tasks.State{neverBeat: tasks.Ready, beatRecently: tasks.Running, beatLongAgo: tasks.Ready} {
+		if got := get(t, s, id).State; got != want {
+			t.Errorf("task %d: %s, want %s", id, got, want)
+		}
+	}
+}
+
+func TestDeadlineWinsOverStaleness(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 1, 1)
+	id := enqueue(t, s, insert("k", 1, 3))
+	claim(t, s, "a", 1, 1, 1)
+	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour', deadline = now() - interval '1 minute' WHERE id = $1`, id)
+	// Even when the stale rule runs alone it leaves an overdue task alone.
+	if requeued, dead, err := s.SweepStale(ctx, time.Minute, 100, backoff); err != nil || requeued+dead != 0 {
+		t.Fatalf("stale sweep took an overdue task: %d %d %v", requeued, dead, err)
+	}
+	if n, err := s.SweepDeadlines(ctx, 100); err != nil || n != 1 {
+		t.Fatalf("deadline sweep: %d %v", n, err)
+	}
+	if got := get(t, s, id).State; got != tasks.Failed {
+		t.Fatalf("state %s, want failed", got)
+	}
+}
+
+func TestSweepsWorkInBoundedBatches(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	ins := make([]tasks.Insert, 250)
+	for i := range ins {
+		ins[i] = insert("k", 0, 3)
+	}
+	if _, err := s.EnqueueBatch(ctx, ins); err != nil {
+		t.Fatal(err)
+	}
+	raise(t, s, "a", 0, 1)
+	claim(t, s, "a", 0, 1, 250)
+	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour'`)
+	var batches []int64
+	for {
+		n, _, err := s.SweepStale(ctx, time.Minute, 100, backoff)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		batches = append(batches, n)
+	}
+	if fmt.Sprint(batches) != "[100 100 50]" {
+		t.Fatalf("batches %v, want [100 100 50]", batches)
+	}
+}
+
+func TestEnqueueBatchAndNotify(t *testing.T) {
+	s := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	notes := make(chan store.Notification, 16)
+	l := s.NewListener(nil, func(n store.Notification) { notes <- n })
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	if n := <-notes; !n.All {
+		t.Fatalf("first notification after connecting must say all shards: %+v", n)
+	}
+	later := time.Now().Add(time.Hour)
+	deadline := time.Now().Add(2 * time.Hour)
+	ins := []tasks.Insert{insert("k", 3, 2), insert("k", 5, 2), {Kind: "k", Shard: 5, Key: "x", Payload: json.RawMessage(`[1]`), MaxAttempts: 1, RunAfter: &later, Deadline: &deadline}}
+	if n, err := s.EnqueueBatch(ctx, ins); err != nil || n != 3 {
+		t.Fatalf("enqueue batch: %d %v", n, err)
+	}
+	seen := map[int]bool{}
+	for !seen[3] || !seen[5] {
+		select {
+		case n := <-notes:
+			if n.All {
+				t.Fatalf("unexpected catch-all notification")
+			}
+			for _, sh := range n.Shards {
+				seen[sh] = true
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no notification for shards 3 and 5; saw %v", seen)
+		}
+	}
+	counts, err := s.CountByState(ctx)
+	if err != nil || counts[tasks.Ready] != 3 || len(counts) != 5 {
+		t.Fatalf("counts %v %v", counts, err)
+	}
+	var runAfter, dl time.Time
+	if err := s.Pool().QueryRow(ctx, `SELECT run_after, deadline FROM tasks WHERE key = 'x'`).Scan(&runAfter, &dl); err != nil {
+		t.Fatal(err)
+	}
+	if runAfter.Sub(later).Abs() > time.Millisecond || dl.Sub(deadline).Abs() > time.Millisecond {
+		t.Fatalf("COPY lost run_after/deadline: %v %v", runAfter, dl)
+	}
+}
+
+func TestGetMissingTask(t *testing.T) {
+	s := setup(t)
+	if _, err := s.Get(context.Background(), 42); err == nil || !strings.Contains(err.Error(), "task 42") {
+		t.Fatalf("get of a missing task: %v", err)
+	}
+}
+
+// The SQL backoff used by sweeps must match tasks.RetryPolicy.Backoff.
+func TestSQLBackoffMatchesPolicy(t *testing.T) {
+	s := setup(t)
+	p := tasks.RetryPolicy{MaxAttempts: 5, Base: time.Second, Cap: 10 * time.Second}
+	for _, attempt := range []int{1, 2, 3, 4, 5, 30} {
+		full := p.Backoff(attempt, func() float64 { return 0 }) * 2
+		var lo, hi time.Duration
+		if err := s.Pool().QueryRow(context.Background(), `
+			SELECT min(d), max(d) FROM (SELECT shardrun_backoff($1, 1000, 10000) AS d FROM generate_series(1, 2000)) x`,
+			attempt).Scan(&lo, &hi); err != nil {
+			t.Fatal(err)
+		}
+		if lo < full/2 || hi >= full || hi-lo < full/4 {
+			t.Errorf("attempt %d: SQL backoff in [%s, %s], policy range [%s, %s)", attempt, lo, hi, full/2, full)
+		}
+	}
+}

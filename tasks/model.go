@@ -1,0 +1,118 @@
+// Package tasks holds the task model (states and their legal moves, the shard
+// of a key, the retry policy), the handler registry, the client that enqueues
+// tasks, and the executor that runs them on a runner's owned shards.
+package tasks
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// State is where a task is in its life. The only legal moves are:
+//
+//	ready   --claim-->                          running
+//	running --complete-->                       completed
+//	running --error, attempts left-->           ready (attempt+1, run_after = backoff)
+//	running --error, none left-->               dead
+//	ready|running --deadline passed (sweeper)-> failed
+//	running --stale claim (sweeper or owner)--> ready (attempt+1) | dead
+//
+// The pair (attempt, state) only moves forward: a move back to ready always
+// increments attempt, and completed, failed and dead are final. Every write
+// in the store re-checks the state and attempt it expects, so a write that
+// finds the row elsewhere changes nothing.
+type State string
+
+// The task states.
+const (
+	Ready     State = "ready"
+	Running   State = "running"
+	Completed State = "completed"
+	Failed    State = "failed"
+	Dead      State = "dead"
+)
+
+// States lists every state in display order.
+var States = []State{Ready, Running, Completed, Failed, Dead}
+
+// Terminal reports whether no move leaves s.
+func (s State) Terminal() bool { return s == Completed || s == Failed || s == Dead }
+
+// Valid reports whether s is one of the five states.
+func (s State) Valid() bool {
+	for _, x := range States {
+		if s == x {
+			return true
+		}
+	}
+	return false
+}
+
+var legalMoves = map[State][]State{
+	Ready:   {Running, Failed},
+	Running: {Completed, Ready, Dead, Failed},
+}
+
+// CanMove reports whether from -> to is one of the legal moves above.
+func CanMove(from, to State) bool {
+	for _, s := range legalMoves[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Task is one row of the tasks table as handlers and the API see it.
+type Task struct {
+	ID          int64           `json:"id"`
+	Kind        string          `json:"kind"`
+	Shard       int             `json:"shard"`
+	Key         string          `json:"key"`
+	Payload     json.RawMessage `json:"payload"`
+	State       State           `json:"state"`
+	Attempt     int             `json:"attempt"`
+	MaxAttempts int             `json:"max_attempts"`
+	RunAfter    time.Time       `json:"run_after"`
+	Deadline    *time.Time      `json:"deadline,omitempty"`
+	ClaimedBy   string          `json:"claimed_by,omitempty"`
+	// Epoch is the claim's fencing token: the etcd revision at which the
+	// claiming runner acquired the shard. Pass it to downstream systems that
+	// accept a fencing token so a late write from an old owner is refused.
+	Epoch       int64           `json:"claim_epoch,omitempty"`
+	ClaimedAt   *time.Time      `json:"claimed_at,omitempty"`
+	HeartbeatAt *time.Time      `json:"heartbeat_at,omitempty"`
+	Errors      []AttemptError  `json:"errors"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
+}
+
+// Ref names one claimed attempt of a task: every write about it is fenced on
+// all four fields.
+func (t *Task) Ref() Ref {
+	return Ref{ID: t.ID, Shard: t.Shard, Attempt: t.Attempt, Epoch: t.Epoch}
+}
+
+// AttemptError records why one attempt did not complete.
+type AttemptError struct {
+	Attempt int       `json:"attempt"`
+	At      time.Time `json:"at"`
+	Runner  string    `json:"runner,omitempty"`
+	Error   string    `json:"error"`
+}
+
+// Ref identifies a claimed attempt: the task, its shard, the attempt number
+// and the epoch under which it was claimed.
+type Ref struct {
+	ID      int64
+	Shard   int
+	Attempt int
+	Epoch   int64
+}
+
+// ShardEpoch is one owned shard and the epoch of its ownership.
+type ShardEpoch struct {
+	Shard int
+	Epoch int64
+}

@@ -1,0 +1,91 @@
+package tasks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// Handler runs one attempt of a task. ctx is cancelled when the runner loses
+// the task's shard, detaches or shuts down; a handler must return promptly
+// then. A nil error completes the task; any other error fails the attempt
+// (retried with backoff while attempts are left).
+type Handler func(ctx context.Context, t *Task) error
+
+// ErrPayload wraps payload decoding errors from Typed handlers.
+var ErrPayload = errors.New("decoding payload")
+
+// Typed adapts a handler that takes a decoded payload of type P. A payload
+// that does not decode into P fails the attempt with the decode error.
+func Typed[P any](fn func(ctx context.Context, t *Task, payload P) error) Handler {
+	return func(ctx context.Context, t *Task) error {
+		var p P
+		if err := json.Unmarshal(t.Payload, &p); err != nil {
+			return fmt.Errorf("%w of %s task %d: %w", ErrPayload, t.Kind, t.ID, err)
+		}
+		return fn(ctx, t, p)
+	}
+}
+
+// SetResult stores v, as JSON, as the task's result when the attempt
+// completes.
+func (t *Task) SetResult(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encoding result of task %d: %w", t.ID, err)
+	}
+	t.Result = b
+	return nil
+}
+
+// Registry maps task kinds to handlers. A runner claims only the kinds it
+// has handlers for, so tasks of other kinds wait for a runner that has one.
+type Registry struct {
+	mu       sync.RWMutex
+	handlers map[string]Handler
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{handlers: map[string]Handler{}} }
+
+// Register adds the handler for kind.
+func (r *Registry) Register(kind string, h Handler) error {
+	switch {
+	case kind == "":
+		return &FieldError{Field: "kind", Problem: "must not be empty"}
+	case len(kind) > MaxKindLen:
+		return &FieldError{Field: "kind", Problem: fmt.Sprintf("longer than %d bytes", MaxKindLen)}
+	case h == nil:
+		return &FieldError{Field: "handler", Problem: fmt.Sprintf("nil handler for kind %q", kind)}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.handlers[kind]; dup {
+		return &FieldError{Field: "kind", Problem: fmt.Sprintf("a handler for %q is already registered", kind)}
+	}
+	r.handlers[kind] = h
+	return nil
+}
+
+// Lookup returns the handler for kind.
+func (r *Registry) Lookup(kind string) (Handler, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	h, ok := r.handlers[kind]
+	return h, ok
+}
+
+// Kinds returns the registered kinds, sorted.
+func (r *Registry) Kinds() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	kinds := make([]string, 0, len(r.handlers))
+	for k := range r.handlers {
+		kinds = append(kinds, k)
+	}
+	slices.Sort(kinds)
+	return kinds
+}
