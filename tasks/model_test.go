@@ -34,7 +34,7 @@ func TestMoves(t *testing.T) {
 // to ShardOf that breaks other producers fails here.
 func TestShardOfVectors(t *testing.T) {
 	for _, v := range []struct {
-		key                 string
+		key                string
 		s256, s4096, seven int
 	}{
 		{"", 37, 805, 2},
