@@ -76,6 +76,10 @@ type Manager struct {
 	published       string
 	publishedGen    int
 	lastOwned       []tasks.ShardEpoch
+	// unansweredSent records when an acquiring Txn that got no answer was
+	// sent, per shard: if it committed, the shard is adopted from the watch,
+	// and its ownership began no earlier than that.
+	unansweredSent map[int]time.Time
 	knownMembers    map[string]bool
 	settleUntil     time.Time
 	retryBackoff    time.Duration
@@ -484,19 +488,68 @@ func (m *Manager) Begin(shard int, epoch int64) (ctx context.Context, done func(
 	if o == nil || o.epoch != epoch || o.releasing {
 		return nil, nil, false
 	}
+	return o.ctx, m.begin(o), true
+}
+
+// begin counts one unit of work on o (m.mu held) and returns its done.
+func (m *Manager) begin(o *ownedShard) func() {
 	o.inflight++
 	var once sync.Once
-	return o.ctx, func() {
-		once.Do(func() {
-			m.mu.Lock()
-			o.inflight--
-			idle := o.releasing && o.inflight == 0
-			m.mu.Unlock()
-			if idle {
-				m.poke()
-			}
-		})
-	}, true
+	return func() { once.Do(func() { m.end(o) }) }
+}
+
+// end ends one unit of work on o.
+func (m *Manager) end(o *ownedShard) {
+	m.mu.Lock()
+	o.inflight--
+	idle := o.releasing && o.inflight == 0
+	m.mu.Unlock()
+	if idle {
+		m.poke()
+	}
+}
+
+// Hold pins the owned shards among owned for one claim (tasks.ClaimHold).
+func (m *Manager) Hold(owned []tasks.ShardEpoch) tasks.ClaimHold {
+	h := &hold{m: m, held: make(map[int]*ownedShard, len(owned))}
+	if m.machine.IsDetached() {
+		return h
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, se := range owned {
+		if o := m.owned[se.Shard]; o != nil && o.epoch == se.Epoch && o.cancelledAt.IsZero() {
+			o.inflight++
+			h.held[se.Shard] = o
+		}
+	}
+	return h
+}
+
+type hold struct {
+	m    *Manager
+	once sync.Once
+	held map[int]*ownedShard
+}
+
+// Begin starts work on a held shard, even if its release started after the
+// hold was taken, unless its work was cancelled (detach, lost fence).
+func (h *hold) Begin(shard int, epoch int64) (context.Context, func(), bool) {
+	h.m.mu.Lock()
+	defer h.m.mu.Unlock()
+	o := h.held[shard]
+	if o == nil || o.epoch != epoch || !o.cancelledAt.IsZero() || o.ctx.Err() != nil {
+		return nil, nil, false
+	}
+	return o.ctx, h.m.begin(o), true
+}
+
+func (h *hold) Release() {
+	h.once.Do(func() {
+		for _, o := range h.held {
+			h.m.end(o)
+		}
+	})
 }
 
 // FenceLost reports that a write for shard at epoch was refused because the

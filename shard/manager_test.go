@@ -84,13 +84,17 @@ func TestBlackholedMemberDetachesBeforeOthersTakeOver(t *testing.T) {
 		return true, ""
 	})
 	var detachedAt, firstTakeover time.Time
+	var takeover Event
 	for _, e := range c.log.snapshot() {
 		switch {
 		case e.Runner == "z" && e.Kind == Detached && e.At.After(cut) && detachedAt.IsZero():
 			detachedAt = e.At
 		case e.Runner != "z" && e.Kind == Acquired && zShards[e.Shard] && e.At.After(cut) && firstTakeover.IsZero():
-			firstTakeover = e.Sent
+			firstTakeover, takeover = e.Sent, e
 		}
+	}
+	if firstTakeover.IsZero() {
+		t.Fatalf("the first takeover has no send time: %+v", takeover)
 	}
 	if detachedAt.IsZero() {
 		t.Fatal("z never detached")

@@ -95,7 +95,8 @@ func (m *Manager) reconcile(ctx context.Context) {
 			free = append(free, s)
 		case e.owner == me && e.lease == lease:
 			// Ours already: an acquisition whose answer was lost.
-			m.adopt(s, e.createRev, time.Time{})
+			m.adopt(s, e.createRev, m.unansweredSent[s])
+			delete(m.unansweredSent, s)
 		default:
 			pending++
 		}
@@ -225,6 +226,12 @@ func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
 			continue
 		}
 		if err != nil {
+			if m.unansweredSent == nil {
+				m.unansweredSent = map[int]time.Time{}
+			}
+			for _, s := range batch {
+				m.unansweredSent[s] = sent
+			}
 			m.storageError(fmt.Errorf("acquiring %d shards: %w", n, err))
 			return held
 		}

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -66,9 +65,9 @@ func BenchmarkClaimComplete(b *testing.B) {
 				if len(got) == 0 {
 					b.Fatal("ran out of tasks")
 				}
-				done := make([]store.Completion, len(got))
+				done := make([]tasks.Completion, len(got))
 				for i, t := range got {
-					done[i] = store.Completion{Ref: t.Ref()}
+					done[i] = tasks.Completion{Ref: t.Ref()}
 				}
 				if _, err := s.Complete(ctx, "r", done); err != nil {
 					b.Fatal(err)

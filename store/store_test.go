@@ -83,8 +83,8 @@ func exec(t testing.TB, s *store.Store, sql string, args ...any) {
 
 // one checks that a single-task write returned one result and returns it:
 // one(t)(s.Complete(...)).
-func one(t testing.TB) func([]store.Result, error) store.Result {
-	return func(rs []store.Result, err error) store.Result {
+func one(t testing.TB) func([]tasks.WriteResult, error) tasks.WriteResult {
+	return func(rs []tasks.WriteResult, err error) tasks.WriteResult {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
@@ -172,8 +172,8 @@ func TestLegalMoves(t *testing.T) {
 		if len(got) != 1 || got[0].ID != id || got[0].State != tasks.Running || got[0].Epoch != 5 || got[0].Attempt != 1 {
 			t.Fatalf("claim: %+v", got)
 		}
-		r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: got[0].Ref(), Result: json.RawMessage(`{"ok":true}`)}}))
-		if r.Outcome != store.Applied || r.State != tasks.Completed {
+		r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: got[0].Ref(), Result: json.RawMessage(`{"ok":true}`)}}))
+		if r.Outcome != tasks.Applied || r.State != tasks.Completed {
 			t.Fatalf("complete: %+v", r)
 		}
 		task := get(t, s, id)
@@ -185,8 +185,8 @@ func TestLegalMoves(t *testing.T) {
 	t.Run("running to ready with backoff then dead", func(t *testing.T) {
 		id := enqueue(t, s, insert("k", 1, 2))
 		got := claim(t, s, "a", 1, 5, 10)
-		r := one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: got[0].Ref(), Error: "boom", RetryAfter: time.Hour}}))
-		if r.Outcome != store.Applied || r.State != tasks.Ready {
+		r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: got[0].Ref(), Error: "boom", RetryAfter: time.Hour}}))
+		if r.Outcome != tasks.Applied || r.State != tasks.Ready {
 			t.Fatalf("fail with attempts left: %+v", r)
 		}
 		task := get(t, s, id)
@@ -202,8 +202,8 @@ func TestLegalMoves(t *testing.T) {
 		if len(got) != 1 || got[0].Attempt != 2 {
 			t.Fatalf("claim after backoff: %+v", got)
 		}
-		r = one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: got[0].Ref(), Error: "boom again"}}))
-		if r.Outcome != store.Applied || r.State != tasks.Dead {
+		r = one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: got[0].Ref(), Error: "boom again"}}))
+		if r.Outcome != tasks.Applied || r.State != tasks.Dead {
 			t.Fatalf("fail with no attempts left: %+v", r)
 		}
 		if task := get(t, s, id); task.State != tasks.Dead || len(task.Errors) != 2 || task.FinishedAt == nil {
@@ -221,7 +221,7 @@ func TestLegalMoves(t *testing.T) {
 		if len(got) != 2 {
 			t.Fatalf("claim: %+v", got)
 		}
-		r := one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: got[0].Ref(), Error: "x"}})) // back to ready
+		r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: got[0].Ref(), Error: "x"}})) // back to ready
 		if r.State != tasks.Ready {
 			t.Fatalf("fail: %+v", r)
 		}
@@ -265,36 +265,36 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	readyID := enqueue(t, s, insert("k", 1, 3))
 	readyRef := tasks.Ref{ID: readyID, Shard: 1, Attempt: 1, Epoch: 5}
 
-	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: readyRef}})); r.Outcome != store.TaskMoved {
+	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: readyRef}})); r.Outcome != tasks.TaskMoved {
 		t.Fatalf("completing a ready task: %v", r.Outcome)
 	}
-	if r := one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: readyRef, Error: "x"}})); r.Outcome != store.TaskMoved {
+	if r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: readyRef, Error: "x"}})); r.Outcome != tasks.TaskMoved {
 		t.Fatalf("failing a ready task: %v", r.Outcome)
 	}
-	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{readyRef})); r.Outcome != store.TaskMoved {
+	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{readyRef})); r.Outcome != tasks.TaskMoved {
 		t.Fatalf("heartbeating a ready task: %v", r.Outcome)
 	}
 	got := claim(t, s, "a", 1, 5, 1)
 	ref := got[0].Ref()
-	if r := one(t)(s.Complete(ctx, "b", []store.Completion{{Ref: ref}})); r.Outcome != store.FenceLost {
+	if r := one(t)(s.Complete(ctx, "b", []tasks.Completion{{Ref: ref}})); r.Outcome != tasks.FenceLost {
 		t.Fatalf("completing another runner's claim: %v", r.Outcome)
 	}
 	old := ref
 	old.Attempt = 0
-	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: old}})); r.Outcome != store.TaskMoved {
+	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: old}})); r.Outcome != tasks.TaskMoved {
 		t.Fatalf("completing an old attempt: %v", r.Outcome)
 	}
-	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: ref}})); r.Outcome != store.Applied {
+	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: ref}})); r.Outcome != tasks.Applied {
 		t.Fatalf("completing: %v", r.Outcome)
 	}
-	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: ref}})); r.Outcome != store.TaskMoved {
+	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: ref}})); r.Outcome != tasks.TaskMoved {
 		t.Fatalf("completing twice: %v", r.Outcome)
 	}
-	if r := one(t)(s.Fail(ctx, "a", []store.Failure{{Ref: ref, Error: "late"}})); r.Outcome != store.TaskMoved {
+	if r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: ref, Error: "late"}})); r.Outcome != tasks.TaskMoved {
 		t.Fatalf("failing a completed task: %v", r.Outcome)
 	}
 	gone := tasks.Ref{ID: 999999, Shard: 1, Attempt: 1, Epoch: 5}
-	if r := one(t)(s.Complete(ctx, "a", []store.Completion{{Ref: gone}})); r.Outcome != store.TaskGone || r.Outcome.Err() != store.ErrTaskGone {
+	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: gone}})); r.Outcome != tasks.TaskGone || r.Outcome.Err() != tasks.ErrTaskGone {
 		t.Fatalf("completing a missing task: %v", r.Outcome)
 	}
 	// Sweeps never touch finished or ready tasks.
@@ -340,13 +340,13 @@ func TestFencing(t *testing.T) {
 	if got := claim(t, s, "old", 3, 10, 10); len(got) != 0 {
 		t.Fatalf("old epoch claimed %d tasks after the fence moved", len(got))
 	}
-	if r := one(t)(s.Heartbeat(ctx, "old", []tasks.Ref{mine[0].Ref()})); r.Outcome != store.FenceLost {
+	if r := one(t)(s.Heartbeat(ctx, "old", []tasks.Ref{mine[0].Ref()})); r.Outcome != tasks.FenceLost {
 		t.Fatalf("old heartbeat: %v", r.Outcome)
 	}
-	if r := one(t)(s.Complete(ctx, "old", []store.Completion{{Ref: mine[1].Ref()}})); r.Outcome != store.FenceLost || r.Outcome.Err() != store.ErrFenceLost {
+	if r := one(t)(s.Complete(ctx, "old", []tasks.Completion{{Ref: mine[1].Ref()}})); r.Outcome != tasks.FenceLost || r.Outcome.Err() != tasks.ErrFenceLost {
 		t.Fatalf("old complete: %v", r.Outcome)
 	}
-	if r := one(t)(s.Fail(ctx, "old", []store.Failure{{Ref: mine[2].Ref(), Error: "x"}})); r.Outcome != store.FenceLost {
+	if r := one(t)(s.Fail(ctx, "old", []tasks.Failure{{Ref: mine[2].Ref(), Error: "x"}})); r.Outcome != tasks.FenceLost {
 		t.Fatalf("old fail: %v", r.Outcome)
 	}
 	// A zombie cannot requeue the new owner's work either.
@@ -424,7 +424,7 @@ func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
 	if err := <-raised; err != nil {
 		t.Fatal(err)
 	}
-	if r := one(t)(s.Complete(ctx, "old", []store.Completion{{Ref: mine[1].Ref()}})); r.Outcome != store.FenceLost {
+	if r := one(t)(s.Complete(ctx, "old", []tasks.Completion{{Ref: mine[1].Ref()}})); r.Outcome != tasks.FenceLost {
 		t.Fatalf("completion after the raise: %v", r.Outcome)
 	}
 }
@@ -462,11 +462,11 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 				if len(got) == 0 {
 					return
 				}
-				done := make([]store.Completion, len(got))
+				done := make([]tasks.Completion, len(got))
 				mu.Lock()
 				for i, task := range got {
 					seen[task.ID]++
-					done[i] = store.Completion{Ref: task.Ref()}
+					done[i] = tasks.Completion{Ref: task.Ref()}
 				}
 				mu.Unlock()
 				rs, err := s.Complete(ctx, "r", done)
@@ -475,7 +475,7 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 					return
 				}
 				for _, r := range rs {
-					if r.Outcome != store.Applied {
+					if r.Outcome != tasks.Applied {
 						errs <- fmt.Errorf("completion of %d: %v", r.Ref.ID, r.Outcome)
 						return
 					}
@@ -517,10 +517,10 @@ func TestSweepRacingCompletion(t *testing.T) {
 		got := claim(t, s, "a", 2, 1, 1)
 		exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id)
 		var wg sync.WaitGroup
-		var rs []store.Result
+		var rs []tasks.WriteResult
 		var cerr, serr error
 		var requeued int64
-		wg.Go(func() { rs, cerr = s.Complete(ctx, "a", []store.Completion{{Ref: got[0].Ref()}}) })
+		wg.Go(func() { rs, cerr = s.Complete(ctx, "a", []tasks.Completion{{Ref: got[0].Ref()}}) })
 		wg.Go(func() { requeued, _, serr = s.SweepStale(ctx, time.Minute, 10, backoff) })
 		wg.Wait()
 		if cerr != nil || serr != nil {
@@ -528,9 +528,9 @@ func TestSweepRacingCompletion(t *testing.T) {
 		}
 		task := get(t, s, id)
 		switch {
-		case rs[0].Outcome == store.Applied && requeued == 0 && task.State == tasks.Completed:
+		case rs[0].Outcome == tasks.Applied && requeued == 0 && task.State == tasks.Completed:
 			wins["completion"]++
-		case rs[0].Outcome == store.TaskMoved && requeued == 1 && task.State == tasks.Ready && task.Attempt == 2:
+		case rs[0].Outcome == tasks.TaskMoved && requeued == 1 && task.State == tasks.Ready && task.Attempt == 2:
 			wins["sweep"]++
 			exec(t, s, `UPDATE tasks SET state = 'completed' WHERE id = $1`, id) // clear it for the next round
 		default:
@@ -681,5 +681,31 @@ func TestSQLBackoffMatchesPolicy(t *testing.T) {
 		if lo < full/2 || hi >= full || hi-lo < full/4 {
 			t.Errorf("attempt %d: SQL backoff in [%s, %s], policy range [%s, %s)", attempt, lo, hi, full/2, full)
 		}
+	}
+}
+
+// A batch can carry a stale attempt and the current attempt of one task
+// (a late handler of the old epoch and the re-run of the new one): only the
+// current one applies, and the stale one is reported as fenced out.
+func TestBatchWithStaleAndCurrentAttemptOfOneTask(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	id := enqueue(t, s, insert("k", 6, 3))
+	raise(t, s, "a", 6, 1)
+	old := claim(t, s, "a", 6, 1, 1)[0]
+	raise(t, s, "a", 6, 2)
+	if _, _, err := s.RequeueOrphans(ctx, "a", []tasks.ShardEpoch{{Shard: 6, Epoch: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	cur := claim(t, s, "a", 6, 2, 1)[0]
+	rs, err := s.Complete(ctx, "a", []tasks.Completion{{Ref: old.Ref()}, {Ref: cur.Ref()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs[0].Outcome != tasks.FenceLost || rs[1].Outcome != tasks.Applied {
+		t.Fatalf("stale then current in one batch: %v, %v", rs[0].Outcome, rs[1].Outcome)
+	}
+	if task := get(t, s, id); task.State != tasks.Completed || task.Attempt != 2 || task.Epoch != 2 {
+		t.Fatalf("row: %+v", task)
 	}
 }

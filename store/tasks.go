@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -13,81 +12,8 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// Outcome says what a fenced write did to one task.
-type Outcome int
-
-const (
-	// Applied: the row changed as asked.
-	Applied Outcome = iota
-	// FenceLost: the shard's fence is no longer the writer's epoch (or was
-	// never raised by it). The writer has lost the shard and must stop all
-	// its work on it.
-	FenceLost
-	// TaskMoved: the fence is still the writer's, but the task is no longer
-	// this running attempt of this claim (a sweep requeued it, or it already
-	// finished). Nothing changed; the attempt's result is dropped.
-	TaskMoved
-	// TaskGone: no such task.
-	TaskGone
-)
-
-func (o Outcome) String() string {
-	switch o {
-	case Applied:
-		return "applied"
-	case FenceLost:
-		return "fence_lost"
-	case TaskMoved:
-		return "task_moved"
-	case TaskGone:
-		return "task_gone"
-	}
-	return fmt.Sprintf("outcome(%d)", int(o))
-}
-
-// Sentinel errors for the non-applied outcomes, for callers that prefer errors.
-var (
-	ErrFenceLost = errors.New("store: shard fence lost")
-	ErrTaskMoved = errors.New("store: task no longer in the expected state, attempt or claim")
-	ErrTaskGone  = errors.New("store: task not found")
-	ErrNotFound  = ErrTaskGone
-)
-
-// Err returns nil for Applied and the matching sentinel otherwise.
-func (o Outcome) Err() error {
-	switch o {
-	case Applied:
-		return nil
-	case FenceLost:
-		return ErrFenceLost
-	case TaskMoved:
-		return ErrTaskMoved
-	default:
-		return ErrTaskGone
-	}
-}
-
-// Result is the outcome of a fenced write for one task. State is the task's
-// state after the write when it applied.
-type Result struct {
-	Ref     tasks.Ref
-	Outcome Outcome
-	State   tasks.State
-}
-
-// Completion is a successful attempt to record.
-type Completion struct {
-	Ref    tasks.Ref
-	Result json.RawMessage // nil for no result
-}
-
-// Failure is a failed attempt to record. RetryAfter is the backoff before the
-// next attempt when attempts are left.
-type Failure struct {
-	Ref        tasks.Ref
-	Error      string
-	RetryAfter time.Duration
-}
+// ErrNotFound is returned by Get for a missing task.
+var ErrNotFound = tasks.ErrTaskGone
 
 // Backoff parameterises the SQL backoff function used by sweeps; it mirrors
 // tasks.RetryPolicy.
@@ -287,7 +213,7 @@ type inputCol struct {
 // SHARE, and an UPDATE that applies only to rows still running under exactly
 // that claim.
 func (s *Store) fencedWrite(ctx context.Context, what, owner string, refs []tasks.Ref,
-	set string, extra ...inputCol) ([]Result, error) {
+	set string, extra ...inputCol) ([]tasks.WriteResult, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
@@ -319,26 +245,33 @@ func (s *Store) fencedWrite(ctx context.Context, what, owner string, refs []task
 		FROM c JOIN fence ON fence.shard = c.shard AND fence.epoch = c.epoch
 		WHERE t.id = c.id AND t.shard = c.shard AND t.state = 'running'
 		  AND t.claimed_by = $1 AND t.claim_epoch = c.epoch AND t.attempt = c.attempt
-		RETURNING t.id, t.state`
+		RETURNING t.id, c.attempt, c.epoch, t.state`
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
 	}
-	applied := make(map[int64]tasks.State, len(refs))
-	var id int64
+	// Keyed by the whole claim: a batch may hold a stale attempt and the
+	// current one of the same task, and only the current one can apply.
+	type claim struct {
+		id      int64
+		attempt int32
+		epoch   int64
+	}
+	applied := make(map[claim]tasks.State, len(refs))
+	var c claim
 	var state string
-	_, err = pgx.ForEachRow(rows, []any{&id, &state}, func() error {
-		applied[id] = tasks.State(state)
+	_, err = pgx.ForEachRow(rows, []any{&c.id, &c.attempt, &c.epoch, &state}, func() error {
+		applied[c] = tasks.State(state)
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
 	}
-	results := make([]Result, len(refs))
+	results := make([]tasks.WriteResult, len(refs))
 	var missed []int
 	for i, r := range refs {
 		results[i].Ref = r
-		if st, ok := applied[r.ID]; ok {
+		if st, ok := applied[claim{r.ID, int32(r.Attempt), r.Epoch}]; ok {
 			results[i].State = st
 		} else {
 			missed = append(missed, i)
@@ -354,7 +287,7 @@ func (s *Store) fencedWrite(ctx context.Context, what, owner string, refs []task
 
 // classify explains why writes did not apply: the fence moved (or was never
 // ours), the task is gone, or the task moved on.
-func (s *Store) classify(ctx context.Context, owner string, results []Result, missed []int) error {
+func (s *Store) classify(ctx context.Context, owner string, results []tasks.WriteResult, missed []int) error {
 	ids := make([]int64, len(missed))
 	shards := make([]int32, len(missed))
 	for i, m := range missed {
@@ -378,11 +311,11 @@ func (s *Store) classify(ctx context.Context, owner string, results []Result, mi
 		i++
 		switch {
 		case fenceEpoch != res.Ref.Epoch || fenceOwner != owner:
-			res.Outcome = FenceLost
+			res.Outcome = tasks.FenceLost
 		case !exists:
-			res.Outcome = TaskGone
+			res.Outcome = tasks.TaskGone
 		default:
-			res.Outcome = TaskMoved
+			res.Outcome = tasks.TaskMoved
 		}
 		return nil
 	})
@@ -394,12 +327,20 @@ func (s *Store) classify(ctx context.Context, owner string, results []Result, mi
 
 // Heartbeat records that the runner is still working on these attempts, in
 // one statement.
-func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]Result, error) {
+func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
 	return s.fencedWrite(ctx, "heartbeating", owner, refs, `heartbeat_at = now()`)
 }
 
+// Unclaim gives back claims whose handler never started (the shard began
+// to move between the claim and the start): running -> ready with the same
+// attempt, since no attempt was made.
+func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
+	return s.fencedWrite(ctx, "unclaiming", owner, refs,
+		`state = 'ready', claimed_by = NULL, claim_epoch = NULL, claimed_at = NULL, heartbeat_at = NULL`)
+}
+
 // Complete records successful attempts, in one statement.
-func (s *Store) Complete(ctx context.Context, owner string, done []Completion) ([]Result, error) {
+func (s *Store) Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error) {
 	refs := make([]tasks.Ref, len(done))
 	results := make([]*string, len(done))
 	for i, d := range done {
@@ -417,7 +358,7 @@ func (s *Store) Complete(ctx context.Context, owner string, done []Completion) (
 // Fail records failed attempts, in one statement: each task goes back to
 // ready with attempt+1 after its RetryAfter, or to dead when its attempts are
 // used up. The error text is appended to the task's errors.
-func (s *Store) Fail(ctx context.Context, owner string, failed []Failure) ([]Result, error) {
+func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) ([]tasks.WriteResult, error) {
 	refs := make([]tasks.Ref, len(failed))
 	msgs := make([]string, len(failed))
 	delays := make([]int64, len(failed))

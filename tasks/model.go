@@ -11,14 +11,18 @@ import (
 // State is where a task is in its life. The only legal moves are:
 //
 //	ready   --claim-->                          running
+//	running --unclaim (handler never started)-> ready (same attempt)
 //	running --complete-->                       completed
 //	running --error, attempts left-->           ready (attempt+1, run_after = backoff)
 //	running --error, none left-->               dead
 //	ready|running --deadline passed (sweeper)-> failed
 //	running --stale claim (sweeper or owner)--> ready (attempt+1) | dead
 //
-// The pair (attempt, state) only moves forward: a move back to ready always
-// increments attempt, and completed, failed and dead are final. Every write
+// The pair (attempt, state) only moves forward once an attempt has run: a
+// move back to ready after a handler ran always increments attempt, and
+// completed, failed and dead are final. Unclaim returns a claim whose
+// handler never started (its shard began to move in between), so no attempt
+// is spent. Every write
 // in the store re-checks the state and attempt it expects, so a write that
 // finds the row elsewhere changes nothing.
 type State string

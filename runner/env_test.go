@@ -1,0 +1,260 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+func TestMain(m *testing.M) {
+	pgtest.Main(m,
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+	)
+}
+
+const testShards = 16
+
+// env is one PostgreSQL database, one embedded etcd, and runners started
+// in this process.
+type env struct {
+	t      *testing.T
+	dsn    string
+	etcd   *embedetcd.Server
+	admin  *clientv3.Client
+	store  *store.Store
+	client *tasks.Client
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	st, err := store.Open(ctx, dsn, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := embedetcd.Start(ctx, embedetcd.Config{Dir: t.TempDir(), Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	admin, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: testShards})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, dsn: dsn, etcd: srv, admin: admin, store: st, client: client}
+}
+
+// testRunner is a runner started by the test.
+type testRunner struct {
+	*Runner
+	cancel context.CancelFunc
+	done   chan error
+	logs   *syncBuffer
+}
+
+// runnerOpt adjusts a test runner: first with r == nil to change the
+// config, then with the runner to register handlers.
+type runnerOpt func(*Config, *Runner)
+
+func withToken(token string) runnerOpt { return func(c *Config, _ *Runner) { c.AdminToken = token } }
+
+func withHandler(kind string, h tasks.Handler) runnerOpt {
+	return func(_ *Config, r *Runner) {
+		if r == nil {
+			return
+		}
+		if err := r.Handle(kind, h); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (e *env) config(id string) Config {
+	cfg := DefaultConfig()
+	cfg.EtcdEndpoints = e.etcd.Endpoints()
+	cfg.Cluster = "test"
+	cfg.ShardCount = testShards
+	cfg.DatabaseURL = e.dsn
+	cfg.AdminAddr = "127.0.0.1:0"
+	cfg.RunnerID = id
+	cfg.LeaseTTL = 2 * time.Second
+	cfg.RecoveryWindow = 300 * time.Millisecond
+	cfg.HeartbeatInterval = 300 * time.Millisecond
+	cfg.PollInterval = 200 * time.Millisecond
+	cfg.HandoffTimeout = time.Second
+	cfg.RetryBase = 50 * time.Millisecond
+	cfg.RetryCap = 200 * time.Millisecond
+	return cfg
+}
+
+// start runs a runner until the test ends (or stop is called).
+func (e *env) start(id string, opts ...runnerOpt) *testRunner {
+	e.t.Helper()
+	cfg := e.config(id)
+	logs := &syncBuffer{}
+	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Info, Output: logs})
+	for _, o := range opts {
+		o(&cfg, nil)
+	}
+	r, err := New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := r.HandleBuiltins(); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, o := range opts {
+		o(&cfg, r)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tr := &testRunner{Runner: r, cancel: cancel, done: make(chan error, 1), logs: logs}
+	go func() { tr.done <- r.Run(ctx) }()
+	select {
+	case <-r.Started():
+	case err := <-tr.done:
+		e.t.Fatalf("runner %s did not start: %v", id, err)
+	case <-time.After(30 * time.Second):
+		e.t.Fatalf("runner %s did not start within 30s", id)
+	}
+	e.t.Cleanup(func() {
+		tr.stop()
+		if e.t.Failed() {
+			e.t.Logf("log of %s:\n%s", id, logs.String())
+		}
+	})
+	return tr
+}
+
+// stop drains the runner and waits for Run to return.
+func (tr *testRunner) stop() {
+	tr.cancel()
+	<-tr.done
+	tr.done <- nil // later stops return at once
+}
+
+func (e *env) enqueue(kind, payload string, n int) []int64 {
+	e.t.Helper()
+	ids := make([]int64, n)
+	for i := range ids {
+		id, err := e.client.Enqueue(context.Background(), tasks.NewTask{Kind: kind, Key: fmt.Sprintf("%s-%d-%d", kind, i, time.Now().UnixNano()), Payload: []byte(payload)})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		ids[i] = id
+	}
+	return ids
+}
+
+func (e *env) counts() map[tasks.State]int64 {
+	e.t.Helper()
+	c, err := e.store.CountByState(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+func (e *env) task(id int64) tasks.Task {
+	e.t.Helper()
+	t, err := e.store.Get(context.Background(), id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return t
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		ok, why := cond()
+		if ok {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %s: %s", what, timeout, why)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// etcdOwners reads the shard keys of the test cluster.
+func (e *env) etcdOwners() map[int]string {
+	e.t.Helper()
+	resp, err := e.admin.Get(context.Background(), "/shardrun/test/shards/", clientv3.WithPrefix())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	owners := map[int]string{}
+	for _, kv := range resp.Kvs {
+		var s int
+		fmt.Sscanf(strings.TrimPrefix(string(kv.Key), "/shardrun/test/shards/"), "%d", &s)
+		owners[s] = string(kv.Value)
+	}
+	return owners
+}
+
+func (tr *testRunner) url(path string) string { return "http://" + tr.AdminAddr() + path }
+
+func httpDo(t testing.TB, method, url, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,170 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/shardrun/shardrun/detach"
+	"github.com/shardrun/shardrun/internal/cli"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// Runner is one member of a shardrun cluster.
+type Runner struct {
+	cfg      Config
+	log      hclog.Logger
+	handlers *tasks.Registry
+	reg      *prometheus.Registry
+	started  chan struct{}
+
+	// Set by Run before started is closed.
+	machine   *detach.Machine
+	mgr       *shard.Manager
+	exec      *tasks.Executor
+	adminAddr string
+}
+
+// New validates cfg and returns a runner with no handlers.
+func New(cfg Config) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "runner", Level: hclog.Info, Output: os.Stderr})
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &Runner{
+		cfg:      cfg,
+		log:      cfg.Logger.With("runner_id", cfg.RunnerID),
+		handlers: tasks.NewRegistry(),
+		reg:      reg,
+		started:  make(chan struct{}),
+	}, nil
+}
+
+// Handle registers the handler for a task kind. The runner claims only the
+// kinds it has handlers for.
+func (r *Runner) Handle(kind string, h tasks.Handler) error { return r.handlers.Register(kind, h) }
+
+// HandleTyped registers a handler that receives the task's payload decoded
+// into P; a payload that does not decode fails the attempt with the error.
+func HandleTyped[P any](r *Runner, kind string, fn func(ctx context.Context, t *tasks.Task, payload P) error) error {
+	return r.Handle(kind, tasks.Typed(fn))
+}
+
+// Started is closed once the runner has joined the cluster and serves.
+func (r *Runner) Started() <-chan struct{} { return r.started }
+
+// AdminAddr is the admin endpoint's bound address (after Started).
+func (r *Runner) AdminAddr() string { return r.adminAddr }
+
+// Registry is the runner's metrics registry (what /metrics serves).
+func (r *Runner) Registry() *prometheus.Registry { return r.reg }
+
+// Run connects, joins the cluster and executes tasks until ctx ends. Then it
+// drains: it leaves the membership, stops claiming, lets running tasks
+// finish (up to the handoff timeout), releases its shard keys and revokes
+// its lease. Errors before joining (bad address, unreachable database or
+// etcd, shard count mismatch) are returned at once, naming the flag.
+func (r *Runner) Run(ctx context.Context) error {
+	cfg := r.cfg
+	if len(r.handlers.Kinds()) == 0 {
+		return errors.New("no task handlers registered")
+	}
+	ln, err := net.Listen("tcp", cfg.AdminAddr)
+	if err != nil {
+		return fmt.Errorf("--admin-addr: listening on %s: %w", cfg.AdminAddr, err)
+	}
+	defer ln.Close()
+	r.adminAddr = ln.Addr().String()
+
+	st, err := store.Open(ctx, cfg.DatabaseURL, store.Options{
+		MaxConns: int32(cfg.DBMaxConns), ApplicationName: "shardrun-runner " + cfg.RunnerID,
+		Logger: r.log.Named("store"),
+	})
+	if err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	}
+
+	etcd, err := cli.NewEtcdClient(cfg.EtcdEndpoints)
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+
+	r.machine = detach.New(detach.Config{RecoveryWindow: cfg.RecoveryWindow, Logger: r.log.Named("detach")})
+	r.mgr, err = shard.New(shard.Config{
+		Client: etcd, Prefix: cfg.Prefix(), RunnerID: cfg.RunnerID, AdminAddr: r.adminAddr, Version: cfg.Version,
+		ShardCount: cfg.ShardCount, LeaseTTL: cfg.LeaseTTL, DetachMargin: cfg.margin(),
+		FailureThreshold: cfg.KeepaliveFailures, HandoffTimeout: cfg.HandoffTimeout,
+		Detach: r.machine, Logger: r.log.Named("shard"), Metrics: shard.NewMetrics(r.reg),
+	})
+	if err != nil {
+		return err
+	}
+	if err := r.mgr.Start(ctx); err != nil {
+		return err
+	}
+	r.exec, err = tasks.NewExecutor(tasks.ExecutorConfig{
+		RunnerID: cfg.RunnerID, Store: st, Ownership: r.mgr, Registry: r.handlers,
+		Retry:      tasks.RetryPolicy{MaxAttempts: tasks.DefaultMaxAttempts, Base: cfg.RetryBase, Cap: cfg.RetryCap},
+		MaxWorkers: cfg.MaxWorkers, HeartbeatInterval: cfg.HeartbeatInterval, PollInterval: cfg.PollInterval,
+		ShutdownTimeout: cfg.HandoffTimeout + 5*time.Second,
+		Logger:          r.log.Named("executor"), Metrics: tasks.NewMetrics(r.reg),
+	})
+	if err != nil {
+		return err
+	}
+	listener := st.NewListener(r.log.Named("listener"), func(n store.Notification) { r.exec.Wake(n.All, n.Shards) })
+	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+
+	support, stopSupport := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSupport()
+	var bg sync.WaitGroup
+	bg.Go(func() { _ = listener.Run(support) })
+	bg.Go(func() {
+		if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("admin endpoint stopped", "error", err)
+		}
+	})
+	r.log.Info("runner started", "admin", r.adminAddr, "kinds", r.handlers.Kinds(), "shards", cfg.ShardCount,
+		"lease_ttl", cfg.LeaseTTL, "max_workers", cfg.MaxWorkers)
+	close(r.started)
+
+	var core sync.WaitGroup
+	errs := make(chan error, 2)
+	core.Go(func() { errs <- r.mgr.Run(ctx) })
+	core.Go(func() { errs <- r.exec.Run(ctx) })
+	core.Wait()
+	close(errs)
+
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	_ = admin.Shutdown(sctx)
+	cancel()
+	stopSupport()
+	bg.Wait()
+	var runErr error
+	for err := range errs {
+		runErr = errors.Join(runErr, err)
+	}
+	r.log.Info("runner stopped")
+	return runErr
+}

@@ -1,0 +1,83 @@
+package tasks
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Outcome says what a fenced write did to one task.
+type Outcome int
+
+const (
+	// Applied: the row changed as asked.
+	Applied Outcome = iota
+	// FenceLost: the shard's fence is no longer the writer's epoch (or was
+	// never raised by it). The writer has lost the shard and must stop all
+	// its work on it.
+	FenceLost
+	// TaskMoved: the fence is still the writer's, but the task is no longer
+	// this running attempt of this claim (a sweep requeued it, or it already
+	// finished). Nothing changed; the attempt's result is dropped.
+	TaskMoved
+	// TaskGone: no such task.
+	TaskGone
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Applied:
+		return "applied"
+	case FenceLost:
+		return "fence_lost"
+	case TaskMoved:
+		return "task_moved"
+	case TaskGone:
+		return "task_gone"
+	}
+	return fmt.Sprintf("outcome(%d)", int(o))
+}
+
+// Sentinel errors for the outcomes that did not apply.
+var (
+	ErrFenceLost = errors.New("shard fence lost")
+	ErrTaskMoved = errors.New("task no longer in the expected state, attempt or claim")
+	ErrTaskGone  = errors.New("task not found")
+)
+
+// Err returns nil for Applied and the matching sentinel otherwise.
+func (o Outcome) Err() error {
+	switch o {
+	case Applied:
+		return nil
+	case FenceLost:
+		return ErrFenceLost
+	case TaskMoved:
+		return ErrTaskMoved
+	default:
+		return ErrTaskGone
+	}
+}
+
+// WriteResult is the outcome of a fenced write for one task. State is the
+// task's state after the write when it applied.
+type WriteResult struct {
+	Ref     Ref
+	Outcome Outcome
+	State   State
+}
+
+// Completion is a successful attempt to record.
+type Completion struct {
+	Ref    Ref
+	Result json.RawMessage // nil for no result
+}
+
+// Failure is a failed attempt to record. RetryAfter is the backoff before the
+// next attempt when attempts are left.
+type Failure struct {
+	Ref        Ref
+	Error      string
+	RetryAfter time.Duration
+}
