@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
 )

@@ -71,15 +71,15 @@ type Manager struct {
 	crash atomic.Bool
 
 	// Owned by the Run loop.
-	view            view
-	rev             int64 // revision of the snapshot Start read
-	published       string
-	publishedGen    int
-	lastOwned       []tasks.ShardEpoch
+	view         view
+	rev          int64 // revision of the snapshot Start read
+	published    string
+	publishedGen int
+	lastOwned    []tasks.ShardEpoch
 	// unansweredSent records when an acquiring Txn that got no answer was
 	// sent, per shard: if it committed, the shard is adopted from the watch,
 	// and its ownership began no earlier than that.
-	unansweredSent map[int]time.Time
+	unansweredSent  map[int]time.Time
 	knownMembers    map[string]bool
 	settleUntil     time.Time
 	retryBackoff    time.Duration
