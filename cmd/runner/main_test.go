@@ -1,0 +1,250 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+func TestMain(m *testing.M) {
+	pgtest.Main(m,
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+	)
+}
+
+func TestHelpExplainsEveryFlag(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"--help"}, func(string) string { return "" }, &out, &errOut); code != 0 {
+		t.Fatalf("--help exited %d: %s", code, errOut.String())
+	}
+	help := out.String()
+	for _, want := range []string{
+		"--etcd-endpoints", "SHARDRUN_ETCD_ENDPOINTS", "--etcd-prefix", "--cluster", "--shard-count",
+		"--database-url", "DATABASE_URL", "--admin-addr", "--admin-token", "SHARDRUN_ADMIN_TOKEN", "--runner-id",
+		"--lease-ttl", "--detach-margin", "--keepalive-failures", "--recovery-window", "--heartbeat-interval",
+		"--poll-interval", "--max-workers", "--handoff-timeout", "--retry-base", "--retry-cap", "--log-level",
+		"--log-format", "--db-max-conns", "noop", "sleep", "fail",
+	} {
+		if !strings.Contains(help, want) {
+			t.Errorf("--help does not mention %s", want)
+		}
+	}
+	for _, line := range strings.Split(help, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), "--") && len(strings.Fields(line)) < 4 {
+			t.Errorf("flag without an explanation: %q", line)
+		}
+	}
+}
+
+func TestBadInputIsOneLineNamingTheFlag(t *testing.T) {
+	env := map[string]string{}
+	getenv := func(k string) string { return env[k] }
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--shard-count", "many"}, nil, "--shard-count"},
+		{[]string{"--database-url", "postgres://u@h/db", "--log-format", "xml"}, nil, "--log-format"},
+		{nil, nil, "--database-url"},
+		{[]string{"--database-url", "postgres://u@h:nope/db"}, nil, "--database-url"},
+		{nil, map[string]string{"DATABASE_URL": "postgres://u@h/db", "SHARDRUN_LEASE_TTL": "soon"}, "SHARDRUN_LEASE_TTL"},
+		{[]string{"--database-url", "postgres://u@h/db", "--lease-ttl", "3s", "--detach-margin", "3s"}, nil, "--detach-margin"},
+		{[]string{"--database-url", "postgres://u@h/db", "--admin-addr", "0.0.0.0:9090"}, nil, "--admin-token"},
+		{[]string{"--database-url", "postgres://u@h/db", "--etcd-endpoints", "localhost:2379"}, nil, "--etcd-endpoints"},
+	} {
+		env = tc.env
+		var out, errOut bytes.Buffer
+		code := run(tc.args, getenv, &out, &errOut)
+		msg := strings.TrimRight(errOut.String(), "\n")
+		if code != 2 || !strings.Contains(msg, tc.want) || strings.Contains(msg, "\n") {
+			t.Errorf("%v %v: exit %d, %q; want exit 2 and one line naming %s", tc.args, tc.env, code, msg, tc.want)
+		}
+	}
+}
+
+// buildRunner compiles this command into a temporary directory.
+func buildRunner(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "runner")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building the runner: %v\n%s", err, out)
+	}
+	return bin
+}
+
+type process struct {
+	cmd  *exec.Cmd
+	logs *bytes.Buffer
+	done chan error
+}
+
+func startRunner(t *testing.T, bin string, args ...string) *process {
+	t.Helper()
+	p := &process{cmd: exec.Command(bin, args...), logs: &bytes.Buffer{}, done: make(chan error, 1)}
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("runner %v log:\n%s", args, p.logs.String())
+		}
+	})
+	return p
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func httpStatus(url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestBinaryAsANewUserRunsIt starts two runner processes by hand against a
+// throwaway PostgreSQL and an embedded etcd, runs tasks, then SIGTERMs one
+// and checks the other owns every shard within a second.
+func TestBinaryAsANewUserRunsIt(t *testing.T) {
+	ctx := context.Background()
+	bin := buildRunner(t)
+	dsn := pgtest.NewDatabase(t)
+	etcd, err := embedetcd.Start(ctx, embedetcd.Config{Dir: t.TempDir(), Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer etcd.Close()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+
+	common := []string{"--etcd-endpoints", etcd.Endpoints()[0], "--database-url", dsn, "--shard-count", "32",
+		"--lease-ttl", "2s", "--recovery-window", "500ms", "--handoff-timeout", "2s"}
+	addrA, addrB := freeAddr(t), freeAddr(t)
+	a := startRunner(t, bin, append(common, "--runner-id", "alpha", "--admin-addr", addrA)...)
+	b := startRunner(t, bin, append(common, "--runner-id", "beta", "--admin-addr", addrB, "--log-format", "json")...)
+	for _, addr := range []string{addrA, addrB} {
+		waitFor(t, 30*time.Second, "readyz on "+addr, func() bool { return httpStatus("http://"+addr+"/readyz") == 200 })
+	}
+
+	st, err := store.Open(ctx, dsn, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := make([]tasks.NewTask, 100)
+	for i := range batch {
+		batch[i] = tasks.NewTask{Kind: "noop", Key: fmt.Sprint("user-", i)}
+	}
+	if _, err := client.EnqueueBatch(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "100 tasks completed", func() bool {
+		c, err := st.CountByState(ctx)
+		return err == nil && c[tasks.Completed] == 100
+	})
+
+	owners := func() map[string]int {
+		resp, err := cli.Get(ctx, "/shardrun/default/shards/", clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int{}
+		for _, kv := range resp.Kvs {
+			m[string(kv.Value)]++
+		}
+		return m
+	}
+	waitFor(t, 10*time.Second, "16 shards each", func() bool {
+		o := owners()
+		return o["alpha"] == 16 && o["beta"] == 16
+	})
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, 5*time.Second, "beta owns every shard", func() bool { return owners()["beta"] == 32 })
+	t.Logf("SIGTERM: beta owned all 32 shards %s after alpha was signalled", took)
+	if took > time.Second {
+		t.Fatalf("handoff after SIGTERM took %s, want under a second", took)
+	}
+	select {
+	case err := <-a.done:
+		if err != nil {
+			t.Fatalf("alpha did not exit cleanly on SIGTERM: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("alpha did not exit within 10s of SIGTERM")
+	}
+	if resp, _ := cli.Get(ctx, "/shardrun/default/runners/alpha"); len(resp.Kvs) != 0 {
+		t.Fatal("alpha's registration outlived it: the lease was not revoked")
+	}
+	if !strings.Contains(a.logs.String(), "signal received") || !strings.Contains(b.logs.String(), `"@message":"runner started"`) {
+		t.Fatalf("logs: alpha text %q..., beta JSON %q...", firstLine(a.logs.String()), firstLine(b.logs.String()))
+	}
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-b.done; err != nil {
+		t.Fatalf("beta exit: %v", err)
+	}
+	_ = os.Remove(bin)
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}
