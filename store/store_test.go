@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -29,8 +30,14 @@ func setup(t testing.TB) *store.Store {
 	if err := s.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if ok, err := s.RaiseLeaderFence(ctx, "test-coordinator", leaderEpoch); err != nil || !ok {
+		t.Fatalf("raising the coordinator fence: %v %v", ok, err)
+	}
 	return s
 }
+
+// leaderEpoch is the coordinator fence every test's sweeps run under.
+const leaderEpoch = 1
 
 func insert(kind string, shard, maxAttempts int) tasks.Insert {
 	return tasks.Insert{Kind: kind, Shard: shard, Key: fmt.Sprint("k", shard), Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}
@@ -226,7 +233,7 @@ func TestLegalMoves(t *testing.T) {
 			t.Fatalf("fail: %+v", r)
 		}
 		exec(t, s, `UPDATE tasks SET deadline = now() - interval '1 second' WHERE id = ANY($1)`, []int64{readyID, runningID})
-		n, err := s.SweepDeadlines(ctx, 100)
+		n, err := s.SweepDeadlines(ctx, leaderEpoch, 100)
 		if err != nil || n != 2 {
 			t.Fatalf("deadline sweep: %d, %v", n, err)
 		}
@@ -245,7 +252,7 @@ func TestLegalMoves(t *testing.T) {
 			t.Fatalf("claim: %+v", got)
 		}
 		exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour' WHERE id = ANY($1)`, []int64{retry, last})
-		requeued, dead, err := s.SweepStale(ctx, time.Minute, 100, backoff)
+		requeued, dead, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff)
 		if err != nil || requeued != 1 || dead != 1 {
 			t.Fatalf("stale sweep: requeued %d dead %d err %v", requeued, dead, err)
 		}
@@ -300,7 +307,7 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	// Sweeps never touch finished or ready tasks.
 	readyID = enqueue(t, s, insert("k", 1, 3))
 	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour', deadline = now() - interval '1 second'`)
-	if _, _, err := s.SweepStale(ctx, time.Second, 100, backoff); err != nil {
+	if _, _, err := s.SweepStale(ctx, leaderEpoch, time.Second, 100, backoff); err != nil {
 		t.Fatal(err)
 	}
 	if task := get(t, s, ref.ID); task.State != tasks.Completed {
@@ -309,7 +316,7 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	if task := get(t, s, readyID); task.State != tasks.Ready {
 		t.Fatalf("the stale sweep changed a ready task: %+v", task)
 	}
-	if n, err := s.SweepDeadlines(ctx, 100); err != nil || n != 1 {
+	if n, err := s.SweepDeadlines(ctx, leaderEpoch, 100); err != nil || n != 1 {
 		t.Fatalf("deadline sweep should fail only the ready task: %d %v", n, err)
 	}
 	if task := get(t, s, ref.ID); task.State != tasks.Completed {
@@ -521,7 +528,7 @@ func TestSweepRacingCompletion(t *testing.T) {
 		var cerr, serr error
 		var requeued int64
 		wg.Go(func() { rs, cerr = s.Complete(ctx, "a", []tasks.Completion{{Ref: got[0].Ref()}}) })
-		wg.Go(func() { requeued, _, serr = s.SweepStale(ctx, time.Minute, 10, backoff) })
+		wg.Go(func() { requeued, _, serr = s.SweepStale(ctx, leaderEpoch, time.Minute, 10, backoff) })
 		wg.Wait()
 		if cerr != nil || serr != nil {
 			t.Fatal(cerr, serr)
@@ -551,7 +558,7 @@ func TestStaleSweepJudgesFromLastSignOfLife(t *testing.T) {
 	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour'`)
 	exec(t, s, `UPDATE tasks SET heartbeat_at = now() WHERE id = $1`, beatRecently)
 	exec(t, s, `UPDATE tasks SET heartbeat_at = now() - interval '10 minutes' WHERE id = $1`, beatLongAgo)
-	requeued, _, err := s.SweepStale(ctx, time.Minute, 100, backoff)
+	requeued, _, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff)
 	if err != nil || requeued != 2 {
 		t.Fatalf("requeued %d (%v), want the never-beaten and long-silent claims", requeued, err)
 	}
@@ -570,10 +577,10 @@ func TestDeadlineWinsOverStaleness(t *testing.T) {
 	claim(t, s, "a", 1, 1, 1)
 	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour', deadline = now() - interval '1 minute' WHERE id = $1`, id)
 	// Even when the stale rule runs alone it leaves an overdue task alone.
-	if requeued, dead, err := s.SweepStale(ctx, time.Minute, 100, backoff); err != nil || requeued+dead != 0 {
+	if requeued, dead, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff); err != nil || requeued+dead != 0 {
 		t.Fatalf("stale sweep took an overdue task: %d %d %v", requeued, dead, err)
 	}
-	if n, err := s.SweepDeadlines(ctx, 100); err != nil || n != 1 {
+	if n, err := s.SweepDeadlines(ctx, leaderEpoch, 100); err != nil || n != 1 {
 		t.Fatalf("deadline sweep: %d %v", n, err)
 	}
 	if got := get(t, s, id).State; got != tasks.Failed {
@@ -596,7 +603,7 @@ func TestSweepsWorkInBoundedBatches(t *testing.T) {
 	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour'`)
 	var batches []int64
 	for {
-		n, _, err := s.SweepStale(ctx, time.Minute, 100, backoff)
+		n, _, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -707,5 +714,32 @@ func TestBatchWithStaleAndCurrentAttemptOfOneTask(t *testing.T) {
 	}
 	if task := get(t, s, id); task.State != tasks.Completed || task.Attempt != 2 || task.Epoch != 2 {
 		t.Fatalf("row: %+v", task)
+	}
+}
+
+func TestSweepsApplyOnlyUnderTheLeaderFence(t *testing.T) {
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 1, 1)
+	enqueue(t, s, insert("k", 1, 3))
+	claim(t, s, "a", 1, 1, 1)
+	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour', deadline = now() - interval '1 second'`)
+	if ok, err := s.RaiseLeaderFence(ctx, "new-leader", leaderEpoch+10); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, err := s.SweepDeadlines(ctx, leaderEpoch, 10); !errors.Is(err, store.ErrNotLeader) {
+		t.Fatalf("deposed leader's deadline sweep: %v", err)
+	}
+	if _, _, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 10, backoff); !errors.Is(err, store.ErrNotLeader) {
+		t.Fatalf("deposed leader's stale sweep: %v", err)
+	}
+	if ok, _ := s.RaiseLeaderFence(ctx, "old-leader", leaderEpoch); ok {
+		t.Fatal("an older leadership epoch lowered the fence")
+	}
+	if counts, _ := s.CountByState(ctx); counts[tasks.Running] != 1 {
+		t.Fatalf("a deposed leader changed rows: %v", counts)
+	}
+	if n, err := s.SweepDeadlines(ctx, leaderEpoch+10, 10); err != nil || n != 1 {
+		t.Fatalf("current leader's sweep: %d %v", n, err)
 	}
 }

@@ -147,6 +147,11 @@ func (s *Store) RequeueOrphans(ctx context.Context, owner string, owned []tasks.
 const claimColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.state, t.attempt, t.max_attempts,
 	t.run_after, t.deadline, t.claimed_by, t.claim_epoch, t.claimed_at, t.created_at`
 
+// The UPDATEs below find their target rows by primary key from an array
+// (id = ANY(ARRAY(...)), or unnest of arrays). Joining the CTE directly let
+// the planner, which estimates such CTEs at one row, rescan it once per
+// target row: quadratic in the batch (150ms for 1,000 stale claims).
+
 // Claim moves up to limit ready tasks of the given kinds, in run_after order,
 // from the shards the runner holds the fence of, to running under that
 // shard's epoch. Shards whose fence is not (owner, epoch) yield nothing.
@@ -170,9 +175,10 @@ func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoc
 			LIMIT $5
 			FOR UPDATE OF t SKIP LOCKED
 		)
-		UPDATE tasks t SET state = 'running', claimed_by = $1, claim_epoch = picked.epoch,
+		UPDATE tasks t SET state = 'running', claimed_by = $1, claim_epoch = p.epoch,
 			claimed_at = now(), heartbeat_at = NULL
-		FROM picked WHERE t.id = picked.id
+		FROM unnest(ARRAY(SELECT id FROM picked ORDER BY id), ARRAY(SELECT epoch FROM picked ORDER BY id)) AS p(id, epoch)
+		WHERE t.id = p.id
 		RETURNING `+claimColumns, owner, shards, epochs, kinds, limit)
 	if err != nil {
 		return nil, fmt.Errorf("claiming tasks on %d shards: %w", len(owned), err)
@@ -379,64 +385,104 @@ func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) 
 		inputCol{"msg", "text", msgs}, inputCol{"delay_ms", "bigint", delays})
 }
 
-// SweepDeadlines fails up to limit unfinished tasks whose deadline passed
-// and returns how many. Rows locked by a concurrent write are skipped for
-// this pass; the statement re-checks state and deadline on every row.
-func (s *Store) SweepDeadlines(ctx context.Context, limit int) (int64, error) {
+// ErrNotLeader is returned by the sweeps when the coordinator fence holds
+// another leadership epoch: the caller has been deposed.
+var ErrNotLeader = errors.New("store: coordinator fence holds a newer leader")
+
+// RaiseLeaderFence records a new leadership epoch and reports whether the
+// fence now holds it (false: a newer leader exists). It waits for sweeps
+// under the old epoch that are under way.
+func (s *Store) RaiseLeaderFence(ctx context.Context, leader string, epoch int64) (bool, error) {
 	tag, err := s.pool.Exec(ctx, `
-		WITH due AS (
+		INSERT INTO coordinator_fence AS f (id, epoch, leader) VALUES (1, $1, $2)
+		ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch, leader = excluded.leader, raised_at = now()
+		WHERE f.epoch <= excluded.epoch`, epoch, leader)
+	if err != nil {
+		return false, fmt.Errorf("raising the coordinator fence to %d: %w", epoch, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// leaderFence is the CTE that locks the coordinator fence FOR SHARE when it
+// holds epoch $1; sweeps apply only if it yields a row.
+const leaderFence = `lf AS (SELECT epoch FROM coordinator_fence WHERE id = 1 AND epoch = $1 FOR SHARE)`
+
+// SweepDeadlines fails up to limit unfinished tasks whose deadline passed
+// and returns how many, under the leadership epoch (ErrNotLeader if it is
+// not the fence's). Rows locked by a concurrent write are skipped for this
+// pass; the statement re-checks state and deadline on every row.
+func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, limit int) (int64, error) {
+	var fenced bool
+	var n int64
+	err := s.pool.QueryRow(ctx, `
+		WITH `+leaderFence+`, due AS (
 			SELECT id FROM tasks
-			WHERE deadline < now() AND state IN ('ready', 'running')
+			WHERE deadline < now() AND state IN ('ready', 'running') AND EXISTS (SELECT 1 FROM lf)
 			ORDER BY deadline
-			LIMIT $1
+			LIMIT $2
 			FOR UPDATE SKIP LOCKED
+		), upd AS (
+			UPDATE tasks t SET state = 'failed', finished_at = now(),
+				errors = t.errors || jsonb_build_array(jsonb_build_object(
+					'attempt', t.attempt, 'at', now(), 'runner', t.claimed_by, 'error', 'deadline exceeded'))
+			WHERE t.id = ANY (ARRAY(SELECT id FROM due)) AND t.state IN ('ready', 'running') AND t.deadline < now()
+			RETURNING 1
 		)
-		UPDATE tasks t SET state = 'failed', finished_at = now(),
-			errors = t.errors || jsonb_build_array(jsonb_build_object(
-				'attempt', t.attempt, 'at', now(), 'runner', t.claimed_by, 'error', 'deadline exceeded'))
-		FROM due
-		WHERE t.id = due.id AND t.state IN ('ready', 'running') AND t.deadline < now()`, limit)
+		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM upd)`, epoch, limit).Scan(&fenced, &n)
 	if err != nil {
 		return 0, fmt.Errorf("sweeping deadlines: %w", err)
 	}
-	return tag.RowsAffected(), nil
+	if !fenced {
+		return 0, ErrNotLeader
+	}
+	return n, nil
 }
 
 // SweepStale requeues up to limit running tasks whose last sign of life —
 // the last heartbeat, or the claim when there was none — is older than
 // threshold: to ready with attempt+1 after a backoff, or to dead when the
 // attempts are used up. Tasks past their deadline are left to SweepDeadlines
-// (deadline wins over staleness).
-func (s *Store) SweepStale(ctx context.Context, threshold time.Duration, limit int, b Backoff) (requeued, dead int64, err error) {
-	rows, err := s.pool.Query(ctx, `
-		WITH stale AS (
+// (deadline wins over staleness). It applies under the leadership epoch only
+// (ErrNotLeader otherwise).
+func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Duration, limit int, b Backoff) (requeued, dead int64, err error) {
+	var fenced bool
+	err = s.pool.QueryRow(ctx, `
+		WITH `+leaderFence+`, stale AS (
 			SELECT id FROM tasks
-			WHERE state = 'running' AND coalesce(heartbeat_at, claimed_at) < now() - $1 * interval '1 millisecond'
+			WHERE state = 'running' AND coalesce(heartbeat_at, claimed_at) < now() - $2 * interval '1 millisecond'
+			  AND EXISTS (SELECT 1 FROM lf)
 			ORDER BY coalesce(heartbeat_at, claimed_at)
-			LIMIT $2
+			LIMIT $3
 			FOR UPDATE SKIP LOCKED
+		), upd AS (
+			UPDATE tasks t SET
+				state        = CASE WHEN t.attempt < t.max_attempts THEN 'ready' ELSE 'dead' END,
+				attempt      = CASE WHEN t.attempt < t.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+				run_after    = CASE WHEN t.attempt < t.max_attempts THEN now() + shardrun_backoff(t.attempt, $4, $5) ELSE t.run_after END,
+				finished_at  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
+				claimed_by   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_by END,
+				claim_epoch  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claim_epoch END,
+				claimed_at   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_at END,
+				heartbeat_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.heartbeat_at END,
+				errors       = t.errors || jsonb_build_array(jsonb_build_object(
+					'attempt', t.attempt, 'at', now(), 'runner', t.claimed_by,
+					'error', format('stale claim: no sign of life since %s', coalesce(t.heartbeat_at, t.claimed_at))))
+			WHERE t.id = ANY (ARRAY(SELECT id FROM stale)) AND t.state = 'running'
+			  AND coalesce(t.heartbeat_at, t.claimed_at) < now() - $2 * interval '1 millisecond'
+			  AND (t.deadline IS NULL OR t.deadline >= now())
+			RETURNING t.state
 		)
-		UPDATE tasks t SET
-			state        = CASE WHEN t.attempt < t.max_attempts THEN 'ready' ELSE 'dead' END,
-			attempt      = CASE WHEN t.attempt < t.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-			run_after    = CASE WHEN t.attempt < t.max_attempts THEN now() + shardrun_backoff(t.attempt, $3, $4) ELSE t.run_after END,
-			finished_at  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
-			claimed_by   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_by END,
-			claim_epoch  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claim_epoch END,
-			claimed_at   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_at END,
-			heartbeat_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.heartbeat_at END,
-			errors       = t.errors || jsonb_build_array(jsonb_build_object(
-				'attempt', t.attempt, 'at', now(), 'runner', t.claimed_by,
-				'error', format('stale claim: no sign of life since %s', coalesce(t.heartbeat_at, t.claimed_at))))
-		FROM stale
-		WHERE t.id = stale.id AND t.state = 'running'
-		  AND coalesce(t.heartbeat_at, t.claimed_at) < now() - $1 * interval '1 millisecond'
-		  AND (t.deadline IS NULL OR t.deadline >= now())
-		RETURNING t.state`, threshold.Milliseconds(), limit, b.Base.Milliseconds(), b.Cap.Milliseconds())
+		SELECT EXISTS (SELECT 1 FROM lf),
+		       (SELECT count(*) FROM upd WHERE state = 'ready'),
+		       (SELECT count(*) FROM upd WHERE state = 'dead')`,
+		epoch, threshold.Milliseconds(), limit, b.Base.Milliseconds(), b.Cap.Milliseconds()).Scan(&fenced, &requeued, &dead)
 	if err != nil {
 		return 0, 0, fmt.Errorf("sweeping stale claims: %w", err)
 	}
-	return countStates(rows, "sweeping stale claims")
+	if !fenced {
+		return 0, 0, ErrNotLeader
+	}
+	return requeued, dead, nil
 }
 
 func countStates(rows pgx.Rows, what string) (ready, dead int64, err error) {

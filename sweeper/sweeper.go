@@ -1,0 +1,263 @@
+// Package sweeper finds task claims that nobody works on any more and puts
+// the work back in line. Only the leader coordinator runs it. Each pass
+// applies two rules, in this order, each as conditional statements in
+// bounded batches:
+//
+//  1. Deadline: a ready or running task past its deadline is failed
+//     ("deadline exceeded"). It needs no grace: the database clock decides.
+//  2. Stale: a running task whose last sign of life — its last heartbeat,
+//     or its claim when it never beat — is older than the stale threshold
+//     goes back to ready with attempt+1 after a backoff, or to dead when its
+//     attempts are used up. A claim with no heartbeat is judged from its
+//     claim time, so a runner that crashed before its first beat cannot
+//     leave a task stuck forever.
+//
+// Startup grace: the stale rule is skipped until the sweeper has run for
+// one stale threshold after gaining leadership, because a new leader has
+// not seen any heartbeats yet and runners keep working across coordinator
+// restarts.
+//
+// A sweep racing a completion is safe: every statement re-checks the state,
+// attempt and horizon it selected on, so exactly one of them changes the
+// row. Every statement also requires the leader's fence, so a deposed leader
+// that has not noticed yet sweeps nothing.
+package sweeper
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/store"
+)
+
+// Store is what the sweeper needs from the database (store.Store).
+type Store interface {
+	SweepDeadlines(ctx context.Context, epoch int64, limit int) (int64, error)
+	SweepStale(ctx context.Context, epoch int64, threshold time.Duration, limit int, b store.Backoff) (requeued, dead int64, err error)
+}
+
+// Defaults of Config.
+const (
+	DefaultInterval          = 5 * time.Second
+	DefaultStaleThreshold    = 30 * time.Second
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultBatchSize         = 1000
+)
+
+// Config configures a Sweeper.
+type Config struct {
+	Store Store
+	// Epoch is the leadership epoch the sweeps are fenced with.
+	Epoch int64
+	// Interval between passes. Default 5s.
+	Interval time.Duration
+	// StaleThreshold: a running task silent for longer is stale. Default
+	// 30s; must exceed the runners' HeartbeatInterval.
+	StaleThreshold time.Duration
+	// HeartbeatInterval is the runners' task heartbeat interval, for
+	// validation only. Default 5s.
+	HeartbeatInterval time.Duration
+	// BatchSize bounds the rows one statement changes, so a pass over a
+	// huge backlog never holds many row locks at once. Default 1000.
+	BatchSize int
+	// Backoff before a requeued stale task's next attempt.
+	Backoff store.Backoff
+	Clock   clock.Clock
+	Logger  hclog.Logger
+	Metrics *Metrics
+	// Observe, when set, receives every pass's result (tests).
+	Observe func(Result)
+}
+
+// Validate reports the first bad setting, by its flag.
+func (c *Config) Validate() error {
+	switch {
+	case c.Interval <= 0:
+		return fmt.Errorf("--sweep-interval: must be positive, got %s", c.Interval)
+	case c.StaleThreshold <= c.HeartbeatInterval:
+		return fmt.Errorf("--stale-threshold: must exceed the runners' --heartbeat-interval (%s), got %s", c.HeartbeatInterval, c.StaleThreshold)
+	case c.BatchSize < 1:
+		return fmt.Errorf("--sweep-batch: must be at least 1, got %d", c.BatchSize)
+	case c.Backoff.Base <= 0 || c.Backoff.Cap < c.Backoff.Base:
+		return fmt.Errorf("--retry-base/--retry-cap: need 0 < base <= cap, got %s and %s", c.Backoff.Base, c.Backoff.Cap)
+	}
+	return nil
+}
+
+// Result is what one pass did.
+type Result struct {
+	Started        time.Time
+	Duration       time.Duration
+	DeadlineFailed int64
+	Requeued       int64
+	Dead           int64
+	// Statements run (batches of both rules).
+	Statements int
+	// InGrace: the stale rule was skipped (startup grace period).
+	InGrace bool
+	// NotLeader: the fence holds a newer leader; the sweeper stops.
+	NotLeader bool
+	Err       error
+}
+
+// Sweeper is the sweep loop of one leadership term.
+type Sweeper struct {
+	cfg   Config
+	log   hclog.Logger
+	clock clock.Clock
+	m     *Metrics
+	since time.Time
+}
+
+// New validates cfg and fills the defaults.
+func New(cfg Config) (*Sweeper, error) {
+	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
+	cfg.StaleThreshold = cmp.Or(cfg.StaleThreshold, DefaultStaleThreshold)
+	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, DefaultHeartbeatInterval)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	if cfg.Backoff == (store.Backoff{}) {
+		cfg.Backoff = store.Backoff{Base: time.Second, Cap: 5 * time.Minute}
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Store == nil {
+		return nil, errors.New("sweeper: a store is required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	return &Sweeper{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, m: cfg.Metrics}, nil
+}
+
+// Run sweeps every interval until ctx ends (leadership lost or shutdown) or
+// the fence says another coordinator leads. The grace period counts from
+// the start of Run.
+func (s *Sweeper) Run(ctx context.Context) error {
+	s.since = s.clock.Now()
+	s.log.Info("sweeping", "epoch", s.cfg.Epoch, "interval", s.cfg.Interval,
+		"stale_threshold", s.cfg.StaleThreshold, "grace_until", s.since.Add(s.cfg.StaleThreshold))
+	t := s.clock.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+		}
+		r := s.Pass(ctx)
+		if r.NotLeader {
+			return store.ErrNotLeader
+		}
+		t.Reset(s.cfg.Interval)
+	}
+}
+
+// Pass runs both rules once and returns what it did. A failing pass is
+// logged and counted; the loop carries on.
+func (s *Sweeper) Pass(ctx context.Context) Result {
+	r := Result{Started: s.clock.Now()}
+	r.Err = s.sweep(ctx, &r)
+	r.Duration = s.clock.Now().Sub(r.Started)
+	switch {
+	case errors.Is(r.Err, store.ErrNotLeader):
+		r.NotLeader = true
+		s.log.Warn("the coordinator fence holds a newer leader; stopping", "epoch", s.cfg.Epoch)
+	case r.Err != nil && ctx.Err() == nil:
+		s.m.Errors.Inc()
+		s.log.Error("sweep pass failed", "error", r.Err, "duration", r.Duration)
+	case r.Err == nil:
+		s.m.Passes.Inc()
+		s.m.Duration.Observe(r.Duration.Seconds())
+		s.m.DeadlineFailed.Add(float64(r.DeadlineFailed))
+		s.m.Released.Add(float64(r.Requeued))
+		s.m.Dead.Add(float64(r.Dead))
+		if r.DeadlineFailed+r.Requeued+r.Dead > 0 {
+			s.log.Info("swept", "deadline_failed", r.DeadlineFailed, "requeued", r.Requeued, "dead", r.Dead,
+				"statements", r.Statements, "duration", r.Duration, "in_grace", r.InGrace)
+		} else {
+			s.log.Debug("swept nothing", "duration", r.Duration, "in_grace", r.InGrace)
+		}
+	}
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(r)
+	}
+	return r
+}
+
+func (s *Sweeper) sweep(ctx context.Context, r *Result) error {
+	limit := s.cfg.BatchSize
+	for {
+		n, err := s.cfg.Store.SweepDeadlines(ctx, s.cfg.Epoch, limit)
+		r.Statements++
+		if err != nil {
+			return err
+		}
+		r.DeadlineFailed += n
+		if n < int64(limit) {
+			break
+		}
+	}
+	if s.clock.Now().Sub(s.since) < s.cfg.StaleThreshold {
+		r.InGrace = true
+		return nil
+	}
+	for {
+		requeued, dead, err := s.cfg.Store.SweepStale(ctx, s.cfg.Epoch, s.cfg.StaleThreshold, limit, s.cfg.Backoff)
+		r.Statements++
+		if err != nil {
+			return err
+		}
+		r.Requeued += requeued
+		r.Dead += dead
+		if requeued+dead < int64(limit) {
+			return nil
+		}
+	}
+}
+
+// Metrics are the sweeper's metrics.
+type Metrics struct {
+	Passes         prometheus.Counter
+	Duration       prometheus.Histogram
+	Released       prometheus.Counter
+	DeadlineFailed prometheus.Counter
+	Dead           prometheus.Counter
+	Errors         prometheus.Counter
+}
+
+// NewMetrics creates the metrics and registers them with reg (nil: not
+// registered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Passes: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweeps_total",
+			Help: "Completed sweep passes."}),
+		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "shardrun_sweep_duration_seconds",
+			Help: "Duration of sweep passes.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)}),
+		Released: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_released_total",
+			Help: "Stale claims put back to ready."}),
+		DeadlineFailed: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_deadline_failed_total",
+			Help: "Tasks failed because their deadline passed."}),
+		Dead: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_dead_total",
+			Help: "Stale claims whose attempts were used up."}),
+		Errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_errors_total",
+			Help: "Sweep passes that failed."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Passes, m.Duration, m.Released, m.DeadlineFailed, m.Dead, m.Errors)
+	}
+	return m
+}

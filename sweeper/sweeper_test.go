@@ -1,0 +1,274 @@
+package sweeper
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+const epoch = 7
+
+type fixture struct {
+	t     testing.TB
+	store *store.Store
+	clock *clock.Fake
+}
+
+func setup(t testing.TB) *fixture {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, pgtest.NewDatabase(t), store.Options{MaxConns: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := st.RaiseLeaderFence(ctx, "test", epoch); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, err := st.RaiseFences(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{t: t, store: st, clock: clock.NewFake()}
+}
+
+func (f *fixture) sweeper(mut ...func(*Config)) *Sweeper {
+	f.t.Helper()
+	cfg := Config{Store: f.store, Epoch: epoch, Interval: time.Second, StaleThreshold: 30 * time.Second,
+		HeartbeatInterval: 5 * time.Second, Backoff: store.Backoff{Base: time.Second, Cap: time.Minute}, Clock: f.clock}
+	for _, m := range mut {
+		m(&cfg)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	s.since = f.clock.Now()
+	return s
+}
+
+// running enqueues n tasks on shard 0 and claims them; age backdates their
+// claim (and heartbeat, if beat is set) in the database.
+func (f *fixture) running(n, maxAttempts int) []tasks.Task {
+	f.t.Helper()
+	ctx := context.Background()
+	for i := range n {
+		if _, err := f.store.Enqueue(ctx, tasks.Insert{Kind: "k", Shard: 0, Key: fmt.Sprint(i), Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+	got, err := f.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}, []string{"k"}, n)
+	if err != nil || len(got) != n {
+		f.t.Fatalf("claimed %d of %d: %v", len(got), n, err)
+	}
+	return got
+}
+
+func (f *fixture) exec(sql string, args ...any) {
+	f.t.Helper()
+	if _, err := f.store.Pool().Exec(context.Background(), sql, args...); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) state(id int64) tasks.Task {
+	f.t.Helper()
+	t, err := f.store.Get(context.Background(), id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return t
+}
+
+func TestStaleRuleAfterGracePeriod(t *testing.T) {
+	f := setup(t)
+	s := f.sweeper()
+	task := f.running(1, 3)[0]
+	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes'`)
+
+	r := s.Pass(context.Background())
+	if !r.InGrace || r.Requeued != 0 || r.Err != nil {
+		t.Fatalf("a new leader swept stale claims inside its grace period: %+v", r)
+	}
+	f.clock.Advance(29 * time.Second)
+	if r := s.Pass(context.Background()); !r.InGrace || r.Requeued != 0 {
+		t.Fatalf("swept 1s before the grace period ended: %+v", r)
+	}
+	f.clock.Advance(time.Second)
+	r = s.Pass(context.Background())
+	if r.InGrace || r.Requeued != 1 || r.Err != nil {
+		t.Fatalf("after the grace period: %+v", r)
+	}
+	got := f.state(task.ID)
+	if got.State != tasks.Ready || got.Attempt != 2 || !got.RunAfter.After(time.Now()) {
+		t.Fatalf("requeued with backoff: %+v", got)
+	}
+}
+
+func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
+	f := setup(t)
+	s := f.sweeper()
+	both := f.running(1, 3)[0]
+	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', deadline = now() - interval '1 second'`)
+	f.clock.Advance(time.Hour) // out of grace, so both rules run
+	r := s.Pass(context.Background())
+	if r.DeadlineFailed != 1 || r.Requeued != 0 {
+		t.Fatalf("a task past its deadline and stale: %+v", r)
+	}
+	if got := f.state(both.ID); got.State != tasks.Failed || got.Errors[len(got.Errors)-1].Error != "deadline exceeded" {
+		t.Fatalf("row: %+v", got)
+	}
+	// Ready tasks past their deadline fail even inside the grace period.
+	f2 := setup(t)
+	s2 := f2.sweeper()
+	id, err := f2.store.Enqueue(context.Background(), tasks.Insert{Kind: "k", Shard: 0, Key: "x", Payload: json.RawMessage(`{}`), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2.exec(`UPDATE tasks SET deadline = now() - interval '1 second'`)
+	if r := s2.Pass(context.Background()); !r.InGrace || r.DeadlineFailed != 1 {
+		t.Fatalf("deadline rule inside the grace period: %+v", r)
+	}
+	if got := f2.state(id); got.State != tasks.Failed {
+		t.Fatalf("ready task past its deadline: %+v", got)
+	}
+}
+
+// The one place we do better than the seed sweepers: a claim that never
+// heartbeated is judged from its claim time, not skipped forever.
+func TestNeverBeatenClaimIsJudgedFromItsClaimTime(t *testing.T) {
+	f := setup(t)
+	s := f.sweeper()
+	ts := f.running(3, 3)
+	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', heartbeat_at = NULL WHERE id = $1`, ts[0].ID)
+	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', heartbeat_at = now() WHERE id = $1`, ts[1].ID)
+	f.exec(`UPDATE tasks SET claimed_at = now() WHERE id = $1`, ts[2].ID)
+	f.clock.Advance(time.Hour)
+	if r := s.Pass(context.Background()); r.Requeued != 1 {
+		t.Fatalf("want only the never-beaten old claim: %+v", r)
+	}
+	if f.state(ts[0].ID).State != tasks.Ready || f.state(ts[1].ID).State != tasks.Running || f.state(ts[2].ID).State != tasks.Running {
+		t.Fatal("wrong tasks swept")
+	}
+}
+
+func TestExhaustedAttemptsEndDead(t *testing.T) {
+	f := setup(t)
+	s := f.sweeper()
+	task := f.running(1, 1)[0]
+	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes'`)
+	f.clock.Advance(time.Hour)
+	if r := s.Pass(context.Background()); r.Dead != 1 || r.Requeued != 0 {
+		t.Fatalf("%+v", r)
+	}
+	if got := f.state(task.ID); got.State != tasks.Dead || got.FinishedAt == nil || !strings.HasPrefix(got.Errors[0].Error, "stale claim") {
+		t.Fatalf("row: %+v", got)
+	}
+}
+
+func TestSweepRacingCompletionHasOneWinner(t *testing.T) {
+	f := setup(t)
+	s := f.sweeper()
+	f.clock.Advance(time.Hour)
+	for range 30 {
+		task := f.running(1, 3)[0]
+		f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes' WHERE id = $1`, task.ID)
+		var wg sync.WaitGroup
+		var r Result
+		var res []tasks.WriteResult
+		var err error
+		wg.Go(func() { r = s.Pass(context.Background()) })
+		wg.Go(func() { res, err = f.store.Complete(context.Background(), "r", []tasks.Completion{{Ref: task.Ref()}}) })
+		wg.Wait()
+		if err != nil || r.Err != nil {
+			t.Fatal(err, r.Err)
+		}
+		got := f.state(task.ID)
+		completed := res[0].Outcome == tasks.Applied
+		if completed == (r.Requeued == 1) || (completed && got.State != tasks.Completed) || (!completed && got.State != tasks.Ready) {
+			t.Fatalf("completion %v, sweep requeued %d, row %s: want exactly one winner", res[0].Outcome, r.Requeued, got.State)
+		}
+		f.exec(`UPDATE tasks SET state = 'completed' WHERE id = $1`, task.ID)
+	}
+}
+
+// A pass over 100,000 stale claims works in bounded statements.
+func TestPassOverAHugeBacklogIsBatched(t *testing.T) {
+	f := setup(t)
+	s := f.sweeper(func(c *Config) { c.BatchSize = 1000 })
+	f.exec(`INSERT INTO tasks (kind, shard, key, state, claimed_by, claim_epoch, claimed_at)
+		SELECT 'k', 0, g::text, 'running', 'r', 1, now() - interval '1 hour' FROM generate_series(1, 100000) g`)
+	f.clock.Advance(time.Hour)
+	start := time.Now()
+	r := s.Pass(context.Background())
+	took := time.Since(start)
+	if r.Err != nil || r.Requeued != 100000 {
+		t.Fatalf("%+v", r)
+	}
+	// 1 deadline statement, 100 full stale batches and 1 that finds none.
+	if r.Statements != 102 {
+		t.Fatalf("%d statements, want 102 batches of at most 1000 rows", r.Statements)
+	}
+	t.Logf("pass over 100,000 stale claims: %s in %d statements", took, r.Statements)
+}
+
+func TestRunStopsWhenDeposed(t *testing.T) {
+	f := setup(t)
+	passes := make(chan Result, 10)
+	s := f.sweeper(func(c *Config) { c.Observe = func(r Result) { passes <- r } })
+	done := make(chan error, 1)
+	go func() { done <- s.Run(context.Background()) }()
+	<-passes // the first pass runs at once
+	for deadline := time.Now().Add(10 * time.Second); f.clock.Timers() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("Run never waited on the clock")
+		}
+	}
+	if ok, err := f.store.RaiseLeaderFence(context.Background(), "usurper", epoch+1); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	f.clock.Advance(time.Second)
+	if r := <-passes; !r.NotLeader {
+		t.Fatalf("pass after the fence moved: %+v", r)
+	}
+	if err := <-done; err != store.ErrNotLeader {
+		t.Fatalf("Run returned %v", err)
+	}
+}
+
+func TestRunStopsWithItsContext(t *testing.T) {
+	f := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := f.sweeper()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for flag, cfg := range map[string]Config{
+		"--sweep-interval":  {Interval: -1, StaleThreshold: time.Minute, HeartbeatInterval: time.Second, BatchSize: 1, Backoff: store.Backoff{Base: 1, Cap: 1}},
+		"--stale-threshold": {Interval: 1, StaleThreshold: time.Second, HeartbeatInterval: time.Second, BatchSize: 1, Backoff: store.Backoff{Base: 1, Cap: 1}},
+		"--sweep-batch":     {Interval: 1, StaleThreshold: time.Minute, HeartbeatInterval: time.Second, BatchSize: -1, Backoff: store.Backoff{Base: 1, Cap: 1}},
+	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: %v", flag, err)
+		}
+	}
+}
