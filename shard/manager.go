@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -163,25 +162,11 @@ func (m *Manager) Start(ctx context.Context) error {
 func (m *Manager) checkShardCount(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	key := m.keys.meta()
-	want := strconv.Itoa(m.cfg.ShardCount)
-	resp, err := m.client.Txn(cctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, want)).
-		Else(clientv3.OpGet(key)).Commit()
-	if err != nil {
-		return fmt.Errorf("connecting to etcd %v (--etcd-endpoints) to check %s: %w", m.client.Endpoints(), key, err)
+	created, err := EnsureShardCount(cctx, m.client, m.keys.prefix, m.cfg.ShardCount)
+	if created {
+		m.log.Info("created cluster", "prefix", m.keys.prefix, "shard_count", m.cfg.ShardCount)
 	}
-	if resp.Succeeded {
-		m.log.Info("created cluster", "key", key, "shard_count", m.cfg.ShardCount)
-		return nil
-	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 1 && string(kvs[0].Value) != want {
-		return fmt.Errorf("--shard-count: %w: the cluster under %s has %s shards (%s), this runner is configured with %d",
-			ErrShardCountMismatch, m.keys.prefix, kvs[0].Value, key, m.cfg.ShardCount)
-	}
-	return nil
+	return err
 }
 
 // register creates runners/<id> under the lease. If the key exists (a

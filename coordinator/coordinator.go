@@ -1,0 +1,319 @@
+// Package coordinator is the shardrun coordinator as a library: leader
+// election among coordinators, the sweeper run by the leader, and the
+// cluster API and status page. cmd/coordinator wraps it with flags, the
+// embedded etcd and the --dev all-in-one mode.
+package coordinator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/sweeper"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// DefaultElectionTTL is the default leader session TTL.
+const DefaultElectionTTL = 10 * time.Second
+
+// Config configures a Coordinator.
+type Config struct {
+	// ID names this coordinator in the election; required.
+	ID string
+	// Client talks to etcd; required.
+	Client *clientv3.Client
+	// Prefix is the cluster's key prefix, e.g. "/shardrun/default/".
+	Prefix string
+	// ShardCount must match the cluster's (meta/shard-count).
+	ShardCount int
+	// Store is the database; required.
+	Store *store.Store
+	// ElectionTTL is the leader session's TTL, whole seconds: a leader that
+	// dies is replaced within about this long. Default 10s.
+	ElectionTTL time.Duration
+	// Sweep configures the sweeper run by the leader (Store, Epoch and
+	// Clock are filled in).
+	Sweep sweeper.Config
+	// HTTPAddr serves the API and status page. Default 127.0.0.1:8080.
+	HTTPAddr string
+	// APIToken, when set, is required as a bearer token on POST /api/tasks.
+	APIToken string
+	// MaxAttempts for enqueued tasks that do not set one. Default 5.
+	MaxAttempts int
+	Clock       clock.Clock
+	Logger      hclog.Logger
+	// Registry receives the coordinator's metrics; default a new one.
+	Registry *prometheus.Registry
+	// ObserveLeadership, when set, is told when leadership starts (fence
+	// raised, before the first sweep) and ends (sweeping stopped); tests.
+	ObserveLeadership func(leader bool, epoch int64, at time.Time)
+}
+
+// Coordinator elects a leader among coordinators; the leader sweeps. Every
+// coordinator serves the API and status page.
+type Coordinator struct {
+	cfg     Config
+	log     hclog.Logger
+	clock   clock.Clock
+	reg     *prometheus.Registry
+	client  *tasks.Client
+	sweepM  *sweeper.Metrics
+	metrics struct {
+		isLeader prometheus.Gauge
+		tasks    *prometheus.GaugeVec
+	}
+	leader  atomic.Bool
+	session atomic.Pointer[concurrency.Session]
+	addr    string
+	started chan struct{}
+
+	countsMu sync.Mutex
+	counts   map[tasks.State]int64
+	countsAt time.Time
+}
+
+// New validates cfg.
+func New(cfg Config) (*Coordinator, error) {
+	cfg.ElectionTTL = cmp.Or(cfg.ElectionTTL, DefaultElectionTTL)
+	cfg.HTTPAddr = cmp.Or(cfg.HTTPAddr, "127.0.0.1:8080")
+	switch {
+	case cfg.ID == "":
+		return nil, errors.New("--coordinator-id: required")
+	case cfg.Client == nil || cfg.Store == nil:
+		return nil, errors.New("coordinator: an etcd client and a store are required")
+	case cfg.ElectionTTL < time.Second || cfg.ElectionTTL%time.Second != 0:
+		return nil, fmt.Errorf("--election-ttl: must be a whole number of seconds, at least 1s, got %s", cfg.ElectionTTL)
+	case cfg.ShardCount < 1:
+		return nil, fmt.Errorf("--shard-count: must be at least 1, got %d", cfg.ShardCount)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	// Validate the sweeper settings now, not at the first leadership.
+	probe := cfg.Sweep
+	probe.Store = cfg.Store
+	if _, err := sweeper.New(probe); err != nil {
+		return nil, err
+	}
+	client, err := tasks.NewClient(cfg.Store, tasks.ClientConfig{ShardCount: cfg.ShardCount, MaxAttempts: cfg.MaxAttempts, Clock: cfg.Clock})
+	if err != nil {
+		return nil, err
+	}
+	c := &Coordinator{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reg: cfg.Registry, client: client, started: make(chan struct{})}
+	c.sweepM = sweeper.NewMetrics(c.reg)
+	c.metrics.isLeader = prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
+		Help: "1 while this coordinator is the leader and sweeps."})
+	c.metrics.tasks = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_tasks",
+		Help: "Tasks by state (refreshed every few seconds)."}, []string{"state"})
+	c.reg.MustRegister(c.metrics.isLeader, c.metrics.tasks)
+	return c, nil
+}
+
+// IsLeader reports whether this coordinator leads now.
+func (c *Coordinator) IsLeader() bool { return c.leader.Load() }
+
+// Addr is the bound HTTP address (after Started).
+func (c *Coordinator) Addr() string { return c.addr }
+
+// Started is closed once the HTTP server listens.
+func (c *Coordinator) Started() <-chan struct{} { return c.started }
+
+// Run serves HTTP and takes part in the election until ctx ends; the
+// leader resigns on the way out.
+func (c *Coordinator) Run(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	created, err := shard.EnsureShardCount(cctx, c.cfg.Client, c.cfg.Prefix, c.cfg.ShardCount)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if created {
+		c.log.Info("created cluster", "prefix", c.cfg.Prefix, "shard_count", c.cfg.ShardCount)
+	}
+	ln, err := net.Listen("tcp", c.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("--http-addr: listening on %s: %w", c.cfg.HTTPAddr, err)
+	}
+	c.addr = ln.Addr().String()
+	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			c.log.Error("HTTP server stopped", "error", err)
+		}
+	})
+	wg.Go(func() { c.refreshCounts(ctx) })
+	c.log.Info("coordinator started", "http", c.addr, "prefix", c.cfg.Prefix, "election_ttl", c.cfg.ElectionTTL)
+	close(c.started)
+
+	c.elect(ctx)
+
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	_ = srv.Shutdown(sctx)
+	scancel()
+	wg.Wait()
+	c.log.Info("coordinator stopped")
+	return nil
+}
+
+// elect campaigns until ctx ends. Each leadership term runs under its own
+// session: the term ends the moment the session is lost or the leader key
+// disappears, and a new session is made for the next campaign.
+func (c *Coordinator) elect(ctx context.Context) {
+	backoff := 200 * time.Millisecond
+	for ctx.Err() == nil {
+		sess, err := concurrency.NewSession(c.cfg.Client, concurrency.WithTTL(int(c.cfg.ElectionTTL/time.Second)), concurrency.WithContext(ctx))
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("creating an election session failed", "error", err, "backoff", backoff)
+				clock.Sleep(c.clock, backoff, ctx.Done())
+				backoff = min(2*backoff, 5*time.Second)
+			}
+			continue
+		}
+		backoff = 200 * time.Millisecond
+		c.session.Store(sess)
+		c.term(ctx, sess)
+		c.session.Store(nil)
+		// Close revokes the lease, so a failed or abandoned campaign leaves
+		// no key behind (etcd #21128).
+		_ = sess.Close()
+	}
+}
+
+// term campaigns under sess and, once elected, leads until the session or
+// the leader key is lost or ctx ends; then it resigns.
+func (c *Coordinator) term(ctx context.Context, sess *concurrency.Session) {
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-sess.Done():
+			cancel()
+		case <-tctx.Done():
+		}
+	}()
+	el := concurrency.NewElection(sess, c.cfg.Prefix+"coordinator/leader")
+	if err := el.Campaign(tctx, c.cfg.ID); err != nil {
+		if tctx.Err() == nil {
+			c.log.Warn("campaign failed", "error", err)
+		}
+		return
+	}
+	// Step down the moment the leader key goes (revoked or deleted), even
+	// before the session notices.
+	go func() {
+		wch := c.cfg.Client.Watch(tctx, el.Key(), clientv3.WithRev(el.Rev()+1))
+		for resp := range wch {
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	epoch := el.Rev()
+	c.lead(tctx, epoch)
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	if err := el.Resign(rctx); err != nil && ctx.Err() == nil {
+		c.log.Debug("resigning failed", "error", err)
+	}
+	rcancel()
+}
+
+// lead raises the coordinator fence to epoch and sweeps until ctx ends or
+// the fence moves to a newer leader.
+func (c *Coordinator) lead(ctx context.Context, epoch int64) {
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ok, err := c.cfg.Store.RaiseLeaderFence(fctx, c.cfg.ID, epoch)
+	cancel()
+	if err != nil || !ok {
+		c.log.Warn("could not raise the coordinator fence; not sweeping", "epoch", epoch, "error", err, "newer_leader", !ok)
+		return
+	}
+	c.leader.Store(true)
+	c.metrics.isLeader.Set(1)
+	c.log.Info("became leader", "epoch", epoch)
+	if c.cfg.ObserveLeadership != nil {
+		c.cfg.ObserveLeadership(true, epoch, c.clock.Now())
+	}
+	cfg := c.cfg.Sweep
+	cfg.Store, cfg.Epoch, cfg.Clock, cfg.Metrics = c.cfg.Store, epoch, c.clock, c.sweepM
+	if cfg.Logger == nil {
+		cfg.Logger = c.log.Named("sweeper")
+	}
+	sw, err := sweeper.New(cfg)
+	if err == nil {
+		err = sw.Run(ctx)
+	}
+	c.leader.Store(false)
+	c.metrics.isLeader.Set(0)
+	if c.cfg.ObserveLeadership != nil {
+		c.cfg.ObserveLeadership(false, epoch, c.clock.Now())
+	}
+	c.log.Info("stopped leading", "epoch", epoch, "reason", cmp.Or(errString(err), errString(context.Cause(ctx)), "shutdown"))
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// Counts returns the tasks by state, at most a second old, so that status
+// pages polled by many people cost one query a second.
+func (c *Coordinator) Counts(ctx context.Context) (map[tasks.State]int64, error) {
+	c.countsMu.Lock()
+	defer c.countsMu.Unlock()
+	if c.counts != nil && c.clock.Now().Sub(c.countsAt) < time.Second {
+		return c.counts, nil
+	}
+	counts, err := c.cfg.Store.CountByState(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.counts, c.countsAt = counts, c.clock.Now()
+	for st, n := range counts {
+		c.metrics.tasks.WithLabelValues(string(st)).Set(float64(n))
+	}
+	return counts, nil
+}
+
+// refreshCounts keeps the tasks{state} gauge current.
+func (c *Coordinator) refreshCounts(ctx context.Context) {
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if _, err := c.Counts(qctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("counting tasks failed", "error", err)
+		}
+		cancel()
+		if !clock.Sleep(c.clock, 5*time.Second, ctx.Done()) {
+			return
+		}
+	}
+}

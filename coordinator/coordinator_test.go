@@ -1,0 +1,405 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/sweeper"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+func TestMain(m *testing.M) {
+	pgtest.Main(m,
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+	)
+}
+
+const prefix = "/shardrun/test/"
+
+type env struct {
+	t     *testing.T
+	dsn   string
+	etcd  *embedetcd.Server
+	admin *clientv3.Client
+	store *store.Store
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	st, err := store.Open(ctx, dsn, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := embedetcd.Start(ctx, embedetcd.Config{Dir: t.TempDir(), Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	admin := newClient(t, srv.Endpoints())
+	return &env{t: t, dsn: dsn, etcd: srv, admin: admin, store: st}
+}
+
+func newClient(t *testing.T, endpoints []string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, Logger: zap.NewNop(), DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// event is one leadership change or sweep pass, with the coordinator's id.
+type event struct {
+	id     string
+	leader *bool
+	epoch  int64
+	at     time.Time
+	pass   *sweeper.Result
+}
+
+type recorder struct {
+	mu     sync.Mutex
+	events []event
+}
+
+func (r *recorder) add(e event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+func (r *recorder) snapshot() []event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]event(nil), r.events...)
+}
+
+type running struct {
+	*Coordinator
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (e *env) start(id string, rec *recorder, mut ...func(*Config)) *running {
+	e.t.Helper()
+	cfg := Config{
+		ID: id, Client: newClient(e.t, e.etcd.Endpoints()), Prefix: prefix, ShardCount: 16, Store: e.store,
+		ElectionTTL: 2 * time.Second, HTTPAddr: "127.0.0.1:0",
+		Sweep: sweeper.Config{Interval: 50 * time.Millisecond, StaleThreshold: time.Second, HeartbeatInterval: 200 * time.Millisecond},
+		Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{e.t}}),
+	}
+	if rec != nil {
+		cfg.ObserveLeadership = func(leader bool, epoch int64, at time.Time) {
+			rec.add(event{id: id, leader: &leader, epoch: epoch, at: at})
+		}
+		cfg.Sweep.Observe = func(r sweeper.Result) { rec.add(event{id: id, at: r.Started, pass: &r}) }
+	}
+	for _, m := range mut {
+		m(&cfg)
+	}
+	c, err := New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{Coordinator: c, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- c.Run(ctx) }()
+	select {
+	case <-c.Started():
+	case err := <-r.done:
+		e.t.Fatalf("coordinator %s: %v", id, err)
+	}
+	e.t.Cleanup(r.stop)
+	return r
+}
+
+func (r *running) stop() {
+	r.cancel()
+	if err := <-r.done; err != nil {
+		panic(err)
+	}
+	r.done <- nil
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestExactlyOneCoordinatorSweeps(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	a := e.start("coord-a", rec)
+	b := e.start("coord-b", rec)
+	waitFor(t, 10*time.Second, "a leader", func() bool { return a.IsLeader() || b.IsLeader() })
+	leader, standby := a, b
+	if b.IsLeader() {
+		leader, standby = b, a
+	}
+	for range 20 {
+		if a.IsLeader() == b.IsLeader() {
+			t.Fatal("both or neither coordinator leads")
+		}
+		time.Sleep(10 * time.Millisecond) // sampling a steady state over time
+	}
+	passes := map[string]int{}
+	for _, ev := range rec.snapshot() {
+		if ev.pass != nil {
+			passes[ev.id]++
+		}
+	}
+	if passes[leader.cfg.ID] == 0 || passes[standby.cfg.ID] != 0 {
+		t.Fatalf("sweep passes by coordinator: %v; only the leader (%s) may sweep", passes, leader.cfg.ID)
+	}
+	var v ClusterView
+	getJSON(t, "http://"+standby.Addr()+"/api/cluster", &v)
+	if v.Leader != leader.cfg.ID || v.Coordinator != standby.cfg.ID {
+		t.Fatalf("cluster view from the standby names leader %q (want %q)", v.Leader, leader.cfg.ID)
+	}
+}
+
+// Killing the leader's session hands leadership to the standby within the
+// election TTL, and the deposed leader sweeps nothing after the new leader
+// raised its fence.
+func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
+	e := newEnv(t)
+	rec := &recorder{}
+	a := e.start("coord-a", rec)
+	waitFor(t, 10*time.Second, "a leads", a.IsLeader)
+	b := e.start("coord-b", rec)
+	// Stale work for the sweeps to find throughout.
+	seedStale(t, e.store, 200)
+
+	sess := a.session.Load()
+	killed := time.Now()
+	if _, err := e.admin.Revoke(context.Background(), sess.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, 2*a.cfg.ElectionTTL, "b leads", b.IsLeader)
+	t.Logf("standby led %s after the leader's session was revoked (election TTL %s)", took, a.cfg.ElectionTTL)
+
+	var aStopped, bStarted time.Time
+	var bEpoch int64
+	events := rec.snapshot()
+	for _, ev := range events {
+		if ev.leader == nil {
+			continue
+		}
+		if ev.id == "coord-a" && !*ev.leader && ev.at.After(killed) && aStopped.IsZero() {
+			aStopped = ev.at
+		}
+		if ev.id == "coord-b" && *ev.leader && bStarted.IsZero() {
+			bStarted, bEpoch = ev.at, ev.epoch
+		}
+	}
+	waitFor(t, 5*time.Second, "a stopped leading", func() bool { return !a.IsLeader() })
+	t.Logf("a stopped sweeping %s after the kill; b raised fence %d and started %s after the kill",
+		aStopped.Sub(killed), bEpoch, bStarted.Sub(killed))
+	for _, ev := range rec.snapshot() {
+		if ev.pass == nil || ev.id != "coord-a" {
+			continue
+		}
+		if ev.pass.Started.After(bStarted) && ev.pass.Err == nil {
+			t.Fatalf("a's pass started %s after b raised its fence and still applied: %+v", ev.pass.Started.Sub(bStarted), ev.pass)
+		}
+	}
+	// b, not a, keeps sweeping.
+	waitFor(t, 5*time.Second, "b sweeps", func() bool {
+		for _, ev := range rec.snapshot() {
+			if ev.pass != nil && ev.id == "coord-b" && ev.pass.Err == nil {
+				return true
+			}
+		}
+		return false
+	})
+	// a campaigns again with a new session and stands by.
+	waitFor(t, 5*time.Second, "a has a new session", func() bool {
+		s := a.session.Load()
+		return s != nil && s.Lease() != sess.Lease()
+	})
+	if a.IsLeader() {
+		t.Fatal("a leads again although b holds the leadership")
+	}
+}
+
+func seedStale(t *testing.T, st *store.Store, n int) {
+	t.Helper()
+	if _, err := st.Pool().Exec(context.Background(), `
+		INSERT INTO tasks (kind, shard, key, state, claimed_by, claim_epoch, claimed_at)
+		SELECT 'k', g % 16, g::text, 'running', 'gone', 1, now() - interval '1 hour' FROM generate_series(1, $1) g`, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestResignOnShutdownHandsOverAtOnce(t *testing.T) {
+	e := newEnv(t)
+	a := e.start("coord-a", nil)
+	waitFor(t, 10*time.Second, "a leads", a.IsLeader)
+	b := e.start("coord-b", nil)
+	a.stop()
+	took := waitFor(t, 5*time.Second, "b leads", b.IsLeader)
+	t.Logf("after a's shutdown b led in %s (a resigned; no TTL wait)", took)
+	if took > time.Second {
+		t.Fatalf("handover took %s: the leader must resign on shutdown", took)
+	}
+}
+
+func TestTasksAPI(t *testing.T) {
+	e := newEnv(t)
+	c := e.start("coord", nil, func(c *Config) { c.APIToken = "tok" })
+	base := "http://" + c.Addr()
+	code, body := do(t, "POST", base+"/api/tasks", "tok", `{"kind": "noop", "key": "user-42", "payload": {"n": 1}, "max_attempts": 3}`)
+	if code != 201 {
+		t.Fatalf("enqueue: %d %s", code, body)
+	}
+	var created struct{ ID, Shard int64 }
+	_ = json.Unmarshal([]byte(body), &created)
+	if created.Shard != int64(tasks.ShardOf("user-42", 16)) {
+		t.Fatalf("shard %d", created.Shard)
+	}
+	var task tasks.Task
+	getJSON(t, fmt.Sprintf("%s/api/tasks/%d", base, created.ID), &task)
+	if task.Kind != "noop" || task.State != tasks.Ready || task.MaxAttempts != 3 || string(task.Payload) != `{"n":1}` {
+		t.Fatalf("task: %+v", task)
+	}
+	code, body = do(t, "POST", base+"/api/tasks", "tok", `[{"kind": "noop"}, {"kind": "sleep", "payload": {"ms": 5}}]`)
+	if code != 201 || !strings.Contains(body, `"enqueued":2`) {
+		t.Fatalf("batch: %d %s", code, body)
+	}
+	past := time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)
+	for _, tc := range []struct {
+		name, token, body string
+		code              int
+		want              string
+	}{
+		{"no token", "", `{"kind": "noop"}`, 401, "bearer"},
+		{"empty kind", "tok", `{"kind": ""}`, 400, `"field":"kind"`},
+		{"payload not JSON", "tok", `{"kind": "k", "payload": nope}`, 400, "malformed JSON"},
+		{"max attempts zero", "tok", `{"kind": "k", "max_attempts": 0}`, 400, `"field":"max_attempts"`},
+		{"deadline in the past", "tok", `{"kind": "k", "deadline": "` + past + `"}`, 400, `"field":"deadline"`},
+		{"unknown field", "tok", `{"kind": "k", "priority": 3}`, 400, "unknown field"},
+		{"bad task in a batch", "tok", `[{"kind": "a"}, {"kind": "b"}, {"kind": ""}]`, 400, `"index":2`},
+		{"empty batch", "tok", `[]`, 400, "1 to 10000"},
+		{"trailing data", "tok", `{"kind": "a"} {"kind": "b"}`, 400, "unexpected data"},
+		{"too large", "tok", `{"kind": "k", "payload": "` + strings.Repeat("x", MaxRequestBody) + `"}`, 413, "larger than"},
+	} {
+		code, body := do(t, "POST", base+"/api/tasks", tc.token, tc.body)
+		if code != tc.code || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %s, want %d with %q", tc.name, code, body, tc.code, tc.want)
+		}
+	}
+	if code, _ := do(t, "GET", base+"/api/tasks/999999", "", ""); code != 404 {
+		t.Errorf("missing task: %d", code)
+	}
+	if code, _ := do(t, "GET", base+"/api/tasks/abc", "", ""); code != 400 {
+		t.Errorf("non-numeric id: %d", code)
+	}
+	if code, _ := do(t, "DELETE", base+"/api/tasks/1", "tok", ""); code != 405 {
+		t.Errorf("wrong method: %d", code)
+	}
+	if counts, _ := e.store.CountByState(context.Background()); counts[tasks.Ready] != 3 {
+		t.Fatalf("rejected requests enqueued something: %v", counts)
+	}
+}
+
+func TestMetricsAndHealth(t *testing.T) {
+	e := newEnv(t)
+	c := e.start("coord", nil)
+	waitFor(t, 10*time.Second, "leads", c.IsLeader)
+	seedStale(t, e.store, 3)
+	waitFor(t, 10*time.Second, "stale claims swept after the grace period", func() bool {
+		counts, _ := e.store.CountByState(context.Background())
+		return counts[tasks.Ready] == 3
+	})
+	_, body := do(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
+	for _, want := range []string{
+		"shardrun_coordinator_is_leader 1", "shardrun_sweeps_total", "shardrun_sweep_duration_seconds_count",
+		"shardrun_sweep_released_total 3", "shardrun_sweep_deadline_failed_total 0", "shardrun_sweep_dead_total 0",
+		"shardrun_sweep_errors_total 0", `shardrun_tasks{state="running"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if code, body := do(t, "GET", "http://"+c.Addr()+"/healthz", "", ""); code != 200 || !strings.Contains(body, `"leader":true`) {
+		t.Errorf("healthz: %d %s", code, body)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	e := newEnv(t)
+	for flag, mut := range map[string]func(*Config){
+		"--election-ttl":    func(c *Config) { c.ElectionTTL = 1500 * time.Millisecond },
+		"--stale-threshold": func(c *Config) { c.Sweep.StaleThreshold = time.Second; c.Sweep.HeartbeatInterval = 2 * time.Second },
+		"--shard-count":     func(c *Config) { c.ShardCount = -1 },
+	} {
+		cfg := Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store}
+		mut(&cfg)
+		if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: %v", flag, err)
+		}
+	}
+}
+
+func do(t *testing.T, method, url, token, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	code, body := do(t, "GET", url, "", "")
+	if code != 200 {
+		t.Fatalf("GET %s: %d %s", url, code, body)
+	}
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,144 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/runner"
+)
+
+// chromium finds Debian's chromium. The browser test fails without it
+// (CI installs it); SHARDRUN_SKIP_BROWSER=1 opts out knowingly.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("SHARDRUN_SKIP_BROWSER") == "1" {
+		t.Skip("SHARDRUN_SKIP_BROWSER=1: the status page browser test was opted out")
+	}
+	t.Fatal("chromium not found: install it (apt-get install chromium) to check the status page in a real browser, or set SHARDRUN_SKIP_BROWSER=1 to skip this test knowingly")
+	return ""
+}
+
+func headless(t *testing.T, browser string, args ...string) string {
+	t.Helper()
+	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+		"--user-data-dir=" + t.TempDir(), "--virtual-time-budget=5000"}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, browser, append(base, args...)...).Output()
+	if err != nil {
+		t.Fatalf("chromium %v: %v", args, err)
+	}
+	return string(out)
+}
+
+// TestStatusPageInABrowser renders the page in headless Chromium against a
+// coordinator and three real runners, one of them detached by hand, and
+// checks the grid: one cell per shard, every cell coloured by an attached
+// owner, and the detached runner marked. The screenshot is kept in
+// artifacts/status-page.png (not in git).
+func TestStatusPageInABrowser(t *testing.T) {
+	browser := chromium(t)
+	e := newEnv(t)
+	c := e.start("coord", nil, func(c *Config) { c.ShardCount = 64 })
+	var rs []*runner.Runner
+	for i := range 3 {
+		cfg := runner.DefaultConfig()
+		cfg.EtcdEndpoints, cfg.EtcdPrefix, cfg.Cluster = e.etcd.Endpoints(), "/shardrun/", "test"
+		cfg.ShardCount, cfg.DatabaseURL, cfg.AdminAddr = 64, e.dsn, "127.0.0.1:0"
+		cfg.RunnerID, cfg.LeaseTTL, cfg.RecoveryWindow = fmt.Sprintf("runner-%d", i+1), 2*time.Second, 200*time.Millisecond
+		cfg.Logger = hclog.NewNullLogger()
+		r, err := runner.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = r.HandleBuiltins()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+		<-r.Started()
+		rs = append(rs, r)
+	}
+	detachRunner(t, rs[2])
+	waitFor(t, 15*time.Second, "runner-3 detached and the others own all 64 shards", func() bool {
+		v, err := c.Cluster(context.Background())
+		if err != nil {
+			return false
+		}
+		owners := map[string]int{}
+		for _, o := range v.Owners {
+			owners[o]++
+		}
+		return owners["runner-1"] == 32 && owners["runner-2"] == 32
+	})
+
+	url := "http://" + c.Addr() + "/"
+	dom := headless(t, browser, "--dump-dom", url)
+	if !strings.Contains(dom, `data-rendered="true"`) {
+		t.Fatalf("the page did not render from /api/cluster:\n%.2000s", dom)
+	}
+	cells := regexp.MustCompile(`<div class="shard[^"]*" data-shard="\d+" data-owner="([^"]*)"`).FindAllStringSubmatch(dom, -1)
+	if len(cells) != 64 {
+		t.Fatalf("%d shard cells in the grid, want 64", len(cells))
+	}
+	owners := map[string]int{}
+	for _, m := range cells {
+		owners[m[1]]++
+	}
+	if owners["runner-1"] != 32 || owners["runner-2"] != 32 {
+		t.Fatalf("grid owners %v, want 32 each for runner-1 and runner-2", owners)
+	}
+	for _, want := range []string{
+		`data-runner="runner-3"`, `<span class="badge detached">detached</span>`,
+		`<span class="badge attached">attached</span>`, `data-state="completed"`, "leader coord",
+	} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("rendered page lacks %s", want)
+		}
+	}
+
+	dir, err := filepath.Abs(filepath.Join("..", "artifacts"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	png := filepath.Join(dir, "status-page.png")
+	headless(t, browser, "--screenshot="+png, "--window-size=1280,820", url)
+	info, err := os.Stat(png)
+	if err != nil || info.Size() < 10_000 {
+		t.Fatalf("screenshot %s: %v (size %d)", png, err, sizeOf(info))
+	}
+	t.Logf("status page screenshot: %s (%d bytes)", png, info.Size())
+}
+
+func detachRunner(t *testing.T, r *runner.Runner) {
+	t.Helper()
+	code, body := do(t, "POST", "http://"+r.AdminAddr()+"/admin/detach", "", `{"reason": "browser test"}`)
+	if code != 200 {
+		t.Fatalf("detach: %d %s", code, body)
+	}
+}
+
+func sizeOf(info os.FileInfo) int64 {
+	if info == nil {
+		return 0
+	}
+	return info.Size()
+}
