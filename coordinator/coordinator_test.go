@@ -108,7 +108,7 @@ func (e *env) start(id string, rec *recorder, mut ...func(*Config)) *running {
 	cfg := Config{
 		ID: id, Client: newClient(e.t, e.etcd.Endpoints()), Prefix: prefix, ShardCount: 16, Store: e.store,
 		ElectionTTL: 2 * time.Second, HTTPAddr: "127.0.0.1:0",
-		Sweep: sweeper.Config{Interval: 50 * time.Millisecond, StaleThreshold: time.Second, HeartbeatInterval: 200 * time.Millisecond},
+		Sweep:  sweeper.Config{Interval: 50 * time.Millisecond, StaleThreshold: time.Second, HeartbeatInterval: 200 * time.Millisecond},
 		Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{e.t}}),
 	}
 	if rec != nil {
