@@ -25,8 +25,9 @@ lint:
 	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
 
 ## demo: an all-in-one cluster (embedded etcd, throwaway PostgreSQL, coordinator, 3 runners); Ctrl-C stops it
+## (DEMO_FLAGS passes coordinator flags, e.g. DEMO_FLAGS="--http-addr 127.0.0.1:9000 --dev-rate 200")
 demo: build
-	./$(BIN)/coordinator --dev
+	./$(BIN)/coordinator --dev $(DEMO_FLAGS)
 
 ## bench: side-by-side benchmarks; writes bench/results/latest.json
 bench: build

@@ -39,6 +39,7 @@ type Config struct {
 type Server struct {
 	e         *embed.Etcd
 	endpoints []string
+	level     zap.AtomicLevel
 }
 
 // Start starts the server and returns once it serves clients.
@@ -50,7 +51,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	ec.Name = "shardrun"
 	ec.Dir = cfg.Dir
 	ec.LogLevel = "warn"
-	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapLogger(cfg.Logger))
+	level := zap.NewAtomicLevelAt(zap.WarnLevel)
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zapLogger(cfg.Logger, level))
 	if cfg.Fast {
 		ec.TickMs, ec.ElectionMs = 10, 100
 	}
@@ -94,7 +96,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd did not become ready within 60s")
 	}
-	return &Server{e: e, endpoints: []string{cu.String()}}, nil
+	return &Server{e: e, endpoints: []string{cu.String()}, level: level}, nil
 }
 
 // Endpoints are the client URLs.
@@ -103,8 +105,12 @@ func (s *Server) Endpoints() []string { return s.endpoints }
 // Addr is the client host:port.
 func (s *Server) Addr() string { return strings.TrimPrefix(s.endpoints[0], "http://") }
 
-// Close stops the server.
-func (s *Server) Close() { s.e.Close() }
+// Close stops the server. etcd reports its own orderly shutdown (closed
+// listeners) as errors, so nothing short of fatal is logged from here on.
+func (s *Server) Close() {
+	s.level.SetLevel(zap.FatalLevel)
+	s.e.Close()
+}
 
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -116,13 +122,13 @@ func freePort() (int, error) {
 }
 
 // zapLogger routes etcd's warnings and errors into hclog.
-func zapLogger(log hclog.Logger) *zap.Logger {
+func zapLogger(log hclog.Logger, level zap.AtomicLevel) *zap.Logger {
 	if log == nil {
 		return zap.NewNop()
 	}
 	enc := zapcore.NewConsoleEncoder(zapcore.EncoderConfig{MessageKey: "msg", LevelKey: "", TimeKey: ""})
 	w := log.StandardWriter(&hclog.StandardLoggerOptions{ForceLevel: hclog.Warn})
-	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), zap.WarnLevel))
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), level))
 }
 
 // MessagesReceived is the number of gRPC messages (unary requests and stream

@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardrun/shardrun/internal/linewriter"
 )
 
 // dirPrefix names the temporary directories so stale ones can be found.
@@ -175,9 +177,9 @@ func (s *Server) launch(ctx context.Context, data string, cred *syscall.Credenti
 	for _, k := range keys {
 		args = append(args, "-c", k+"="+s.opts.Settings[k])
 	}
-	var logW *lineWriter
+	var logW *linewriter.Writer
 	if s.opts.Log != nil {
-		logW = &lineWriter{fn: s.opts.Log}
+		logW = linewriter.New(s.opts.Log)
 	}
 	started := make(chan error, 1)
 	s.exited = make(chan struct{})
@@ -369,25 +371,4 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
-}
-
-type lineWriter struct {
-	mu  sync.Mutex
-	buf []byte
-	fn  func(string)
-}
-
-func (w *lineWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf = append(w.buf, p...)
-	for {
-		i := strings.IndexByte(string(w.buf), '\n')
-		if i < 0 {
-			break
-		}
-		w.fn(string(w.buf[:i]))
-		w.buf = w.buf[i+1:]
-	}
-	return len(p), nil
 }

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestHelpAndBadInput(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"--help"}, func(string) string { return "" }, &out, &errOut); code != 0 {
+		t.Fatalf("--help: %d %s", code, errOut.String())
+	}
+	for _, want := range []string{"--dev", "--embed-etcd", "--election-ttl", "--stale-threshold", "--sweep-interval",
+		"--http-addr", "--api-token", "SHARDRUN_API_TOKEN", "--database-url", "DATABASE_URL", "--shard-count"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help lacks %s", want)
+		}
+	}
+	env := map[string]string{}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--database-url"},
+		{[]string{"--database-url", "postgres://u@h/db", "--http-addr", "0.0.0.0:8080"}, "--api-token"},
+		{[]string{"--database-url", "postgres://u@h/db", "--etcd-endpoints", "nope"}, "--etcd-endpoints"},
+		{[]string{"--database-url", "postgres://u@h/db", "--sweep-interval", "soon"}, "--sweep-interval"},
+		{[]string{"--dev", "--dev-runners", "0"}, "--dev-runners"},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(tc.args, func(k string) string { return env[k] }, &out, &errOut)
+		msg := strings.TrimSpace(errOut.String())
+		if code != 2 || !strings.Contains(msg, tc.want) || strings.Contains(msg, "\n") {
+			t.Errorf("%v: exit %d %q; want exit 2 and one line naming %s", tc.args, code, msg, tc.want)
+		}
+	}
+	// A stale threshold not above the heartbeat interval is refused at start.
+	var errOut2 bytes.Buffer
+	code := run([]string{"--database-url", pgtest.NewDatabase(t), "--etcd-endpoints", "http://127.0.0.1:1",
+		"--stale-threshold", "5s", "--heartbeat-interval", "5s"}, func(string) string { return "" }, &bytes.Buffer{}, &errOut2)
+	if code == 0 || !strings.Contains(errOut2.String(), "--stale-threshold") {
+		t.Errorf("stale threshold = heartbeat interval: exit %d %q", code, errOut2.String())
+	}
+}
+
+func TestEmbeddedEtcd(t *testing.T) {
+	bin := build(t, ".")
+	addr, etcdAddr := freeAddr(t), freeAddr(t)
+	cmd := exec.Command(bin, "--embed-etcd", filepath.Join(t.TempDir(), "etcd"), "--embed-etcd-addr", etcdAddr,
+		"--database-url", pgtest.NewDatabase(t), "--http-addr", addr)
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("coordinator log:\n%s", logs.String())
+		}
+	}()
+	waitFor(t, 30*time.Second, "the coordinator leads on its embedded etcd", func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(resp.Body)
+		return strings.Contains(b.String(), `"leader":true`)
+	})
+	if c, err := net.Dial("tcp", etcdAddr); err != nil {
+		t.Fatalf("embedded etcd not serving on %s: %v", etcdAddr, err)
+	} else {
+		c.Close()
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit on SIGTERM: %v", err)
+	}
+}
+
+// TestMakeDemoFromAFreshClone does what a new user does: clone the
+// repository, run `make demo`, watch it make progress, press Ctrl-C (SIGINT
+// to the whole foreground process group), and checks that it exits cleanly
+// leaving no process and no temporary directory.
+func TestMakeDemoFromAFreshClone(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clone := filepath.Join(t.TempDir(), "shardrun")
+	if out, err := exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput(); err != nil {
+		t.Fatalf("git clone: %v\n%s", err, out)
+	}
+	cmd := exec.Command("make", "demo", "DEMO_FLAGS=--http-addr 127.0.0.1:0 --dev-rate 60")
+	cmd.Dir = clone
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's foreground group
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var lines []string
+	progress := make(chan string, 100)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			mu.Lock()
+			lines = append(lines, sc.Text())
+			mu.Unlock()
+			if strings.Contains(sc.Text(), " completed ") {
+				progress <- sc.Text()
+			}
+		}
+		close(progress)
+	}()
+	output := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Join(lines, "\n")
+	}
+	defer func() {
+		if t.Failed() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			t.Logf("make demo output:\n%s", output())
+		}
+	}()
+	var last string
+	deadline := time.After(4 * time.Minute) // includes building from the clone
+	for done := 0; done < 3; done++ {
+		select {
+		case l, ok := <-progress:
+			if !ok {
+				t.Fatal("make demo ended before showing progress")
+			}
+			last = l
+		case <-deadline:
+			t.Fatal("no progress lines from make demo")
+		}
+	}
+	if !regexp.MustCompile(`completed [1-9]\d* \(`).MatchString(last) || !strings.Contains(last, "runner-1") {
+		t.Fatalf("progress does not show work being done: %q", last)
+	}
+	out := output()
+	url := regexp.MustCompile(`status page\s+(http://\S+)`).FindStringSubmatch(out)
+	if url == nil {
+		t.Fatalf("no status page URL printed:\n%s", out)
+	}
+	if resp, err := http.Get(url[1] + "api/cluster"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("status API at %s: %v", url[1], err)
+	}
+	pids := regexp.MustCompile(`pid (\d+)`).FindAllStringSubmatch(out, -1)
+	tmp := regexp.MustCompile(`temporary data \((\S+)\)`).FindStringSubmatch(out)
+	if len(pids) != 3 || tmp == nil {
+		t.Fatalf("banner lacks runner pids or the temporary directory:\n%s", out)
+	}
+
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil { // Ctrl-C
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("make demo did not exit cleanly on Ctrl-C: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("make demo did not exit within 60s of Ctrl-C")
+	}
+	out = output()
+	for _, want := range []string{"runner-1 drained and exited", "runner-2 drained and exited", "runner-3 drained and exited", "removed " + tmp[1]} {
+		if !strings.Contains(out, want) {
+			t.Errorf("shutdown output lacks %q", want)
+		}
+	}
+	for _, m := range pids {
+		var pid int
+		fmt.Sscan(m[1], &pid)
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("runner pid %d is still alive after make demo exited", pid)
+		}
+	}
+	if _, err := os.Stat(tmp[1]); !os.IsNotExist(err) {
+		t.Errorf("temporary directory %s left behind", tmp[1])
+	}
+	if pg := regexp.MustCompile(`removed (\S*shardrun-pg-\S+)`).FindStringSubmatch(out); pg == nil {
+		t.Errorf("no sign the throwaway PostgreSQL was removed")
+	} else if _, err := os.Stat(pg[1]); !os.IsNotExist(err) {
+		t.Errorf("PostgreSQL directory %s left behind", pg[1])
+	}
+	t.Logf("make demo, last progress line: %s", strings.TrimSpace(last))
+}
+
+func build(t *testing.T, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
+	if pkg == "." {
+		bin = filepath.Join(t.TempDir(), "coordinator")
+	}
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	}
+	return bin
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not within %s", what, timeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
