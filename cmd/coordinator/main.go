@@ -94,7 +94,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	ctx, stop := cli.SignalContext(log)
 	defer stop()
 	if o.dev {
-		err = runDev(ctx, o, log, stdout)
+		if err = runDev(ctx, o, log, stdout); err == nil {
+			fmt.Fprintln(stdout, "shardrun demo stopped cleanly")
+		}
 	} else {
 		err = serve(ctx, o, log, nil)
 	}

@@ -183,14 +183,17 @@ func TestMakeDemoFromAFreshClone(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	select {
 	case err := <-exited:
-		if err != nil {
-			t.Fatalf("make demo did not exit cleanly on Ctrl-C: %v", err)
+		// make itself dies from the SIGINT once its child is done (GNU make
+		// re-raises it); the coordinator's own clean exit is checked below.
+		if err != nil && !strings.Contains(err.Error(), "interrupt") {
+			t.Fatalf("make demo failed on Ctrl-C: %v", err)
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("make demo did not exit within 60s of Ctrl-C")
 	}
 	out = output()
-	for _, want := range []string{"runner-1 drained and exited", "runner-2 drained and exited", "runner-3 drained and exited", "removed " + tmp[1]} {
+	for _, want := range []string{"runner-1 drained and exited", "runner-2 drained and exited", "runner-3 drained and exited",
+		"removed " + tmp[1], "shardrun demo stopped cleanly"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("shutdown output lacks %q", want)
 		}
