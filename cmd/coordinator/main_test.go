@@ -167,9 +167,12 @@ func TestMakeDemoFromAFreshClone(t *testing.T) {
 	if url == nil {
 		t.Fatalf("no status page URL printed:\n%s", out)
 	}
-	if resp, err := http.Get(url[1] + "api/cluster"); err != nil || resp.StatusCode != 200 {
+	resp, err := http.Get(url[1] + "api/cluster")
+	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("status API at %s: %v", url[1], err)
 	}
+	resp.Body.Close()
+	http.DefaultClient.CloseIdleConnections()
 	pids := regexp.MustCompile(`pid (\d+)`).FindAllStringSubmatch(out, -1)
 	tmp := regexp.MustCompile(`temporary data \((\S+)\)`).FindStringSubmatch(out)
 	if len(pids) != 3 || tmp == nil {
