@@ -1,0 +1,18 @@
+# shardrun: static runner and coordinator binaries on a distroless base,
+# running as a non-root user.
+#   docker build -t shardrun .
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" \
+      -o /out/ ./cmd/runner ./cmd/coordinator
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/runner /out/coordinator /usr/local/bin/
+USER nonroot:nonroot
+# 8080: coordinator API and status page; 9090: runner admin endpoint.
+EXPOSE 8080 9090
+CMD ["runner", "--help"]

@@ -1,0 +1,36 @@
+package integration
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestComposeFileIsValid checks docker-compose.yml with `docker-compose
+// config` (Debian's docker-compose; .ci/run installs it): it parses, names
+// every service, runs three runners, and refuses to start without tokens.
+func TestComposeFileIsValid(t *testing.T) {
+	bin, err := exec.LookPath("docker-compose")
+	if err != nil {
+		t.Skip("docker-compose is not installed (apt-get install docker-compose); .ci/run installs it so CI always checks the compose file")
+	}
+	cmd := exec.Command(bin, "-f", "../docker-compose.yml", "config")
+	cmd.Env = append(os.Environ(), "SHARDRUN_ADMIN_TOKEN=t1", "SHARDRUN_API_TOKEN=t2")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker-compose config: %v\n%s", err, out)
+	}
+	config := string(out)
+	for _, want := range []string{"  etcd:", "  postgres:", "  coordinator:", "  runner:", "replicas: 3",
+		"SHARDRUN_ADMIN_TOKEN: t1", "SHARDRUN_API_TOKEN: t2", "healthcheck:", "etcd-data:", "pg-data:", "condition: service_healthy"} {
+		if !strings.Contains(config, want) {
+			t.Errorf("compose config lacks %q", want)
+		}
+	}
+	cmd = exec.Command(bin, "-f", "../docker-compose.yml", "config")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "SHARDRUN_") {
+		t.Errorf("the compose file must refuse to start without admin and API tokens: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,539 @@
+// Package integration runs the real runner and coordinator binaries as
+// processes against an embedded etcd and a real PostgreSQL, injects the
+// faults that happen in production (kill -9, SIGSTOP, a partitioned etcd
+// link, SIGTERM, a database restart, a dead leader) and checks the
+// system's invariants at the end of every scenario.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/faultproxy"
+	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/pgtmp"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+func TestMain(m *testing.M) {
+	pgtest.Main(m,
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+	)
+}
+
+// Timings shared by every scenario: short, so that failures resolve in
+// seconds.
+const (
+	shards         = 64
+	leaseTTL       = 2 * time.Second
+	recoveryWindow = time.Second
+	electionTTL    = 2 * time.Second
+	staleThreshold = 5 * time.Second
+	adminToken     = "integration-admin"
+	apiToken       = "integration-api"
+	prefix         = "/shardrun/it/"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// binaries builds cmd/runner and cmd/coordinator once per test binary.
+func binaries(t *testing.T) (runner, coordinator string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "shardrun-it-bin-")
+		if buildErr != nil {
+			return
+		}
+		args := []string{"build", "-o", binDir + "/"}
+		if os.Getenv("SHARDRUN_RACE_BINARIES") == "1" {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, "../cmd/runner", "../cmd/coordinator")...).CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("building the binaries: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, "runner"), filepath.Join(binDir, "coordinator")
+}
+
+// cluster is one scenario's world.
+type cluster struct {
+	t      *testing.T
+	start  time.Time
+	etcd   *embedetcd.Server
+	cli    *clientv3.Client
+	dsn    string
+	store  *store.Store
+	runner string
+	coord  string
+
+	mu       sync.Mutex
+	procs    map[string]*proc
+	events   []etcdEvent
+	enqueued map[int64]tasks.State // expected terminal state per task
+	watchEnd func()
+}
+
+type etcdEvent struct {
+	at      time.Time
+	put     bool
+	key     string
+	value   string
+	created int64
+	rev     int64
+}
+
+// proc is one runner or coordinator process.
+type proc struct {
+	name   string
+	kind   string // runner or coordinator
+	addr   string // admin or HTTP address
+	cmd    *exec.Cmd
+	logs   *syncBuffer
+	proxy  *faultproxy.Proxy
+	done   chan error
+	exited bool
+	err    error
+	killed bool
+}
+
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	runnerBin, coordBin := binaries(t)
+	ctx := context.Background()
+	srv, err := embedetcd.Start(ctx, embedetcd.Config{Dir: t.TempDir(), Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := pgtest.NewDatabase(t)
+	st, err := store.Open(ctx, dsn, store.Options{MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, start: time.Now(), etcd: srv, cli: cli, dsn: dsn, store: st, runner: runnerBin, coord: coordBin,
+		procs: map[string]*proc{}, enqueued: map[int64]tasks.State{}}
+	c.watch()
+	t.Cleanup(func() {
+		for _, p := range c.all() {
+			if !p.exited {
+				_ = p.cmd.Process.Kill()
+				<-p.done
+			}
+			if p.proxy != nil {
+				p.proxy.Close()
+			}
+		}
+		if t.Failed() {
+			for _, p := range c.all() {
+				t.Logf("---- log of %s (%s) ----\n%s", p.name, p.kind, tail(p.logs.String(), 150))
+			}
+		}
+		c.watchEnd()
+		st.Close()
+		cli.Close()
+		srv.Close()
+		http.DefaultClient.CloseIdleConnections()
+	})
+	return c
+}
+
+// watch records every etcd event of the cluster from the start.
+func (c *cluster) watch() {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := c.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(1))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for resp := range ch {
+			now := time.Now()
+			c.mu.Lock()
+			for _, ev := range resp.Events {
+				c.events = append(c.events, etcdEvent{at: now, put: ev.Type == clientv3.EventTypePut, key: string(ev.Kv.Key),
+					value: string(ev.Kv.Value), created: ev.Kv.CreateRevision, rev: ev.Kv.ModRevision})
+			}
+			c.mu.Unlock()
+		}
+	}()
+	c.watchEnd = func() { cancel(); <-done }
+}
+
+func (c *cluster) all() []*proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*proc, 0, len(c.procs))
+	for _, p := range c.procs {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+func (c *cluster) proc(name string) *proc {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.procs[name]
+}
+
+func (c *cluster) launch(name, kind, bin, addr string, proxy *faultproxy.Proxy, args ...string) *proc {
+	c.t.Helper()
+	p := &proc{name: name, kind: kind, addr: addr, proxy: proxy, logs: &syncBuffer{}, done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	go func() {
+		err := p.cmd.Wait()
+		c.mu.Lock()
+		p.exited, p.err = true, err
+		c.mu.Unlock()
+		p.done <- err
+	}()
+	c.mu.Lock()
+	c.procs[name] = p
+	c.mu.Unlock()
+	return p
+}
+
+// startRunner starts a runner process; withProxy puts a fault proxy
+// between it and etcd.
+func (c *cluster) startRunner(name string, withProxy bool) *proc {
+	c.t.Helper()
+	endpoint := c.etcd.Endpoints()[0]
+	var proxy *faultproxy.Proxy
+	if withProxy {
+		var err error
+		if proxy, err = faultproxy.New(c.etcd.Addr()); err != nil {
+			c.t.Fatal(err)
+		}
+		endpoint = "http://" + proxy.Addr()
+	}
+	addr := freeAddr(c.t)
+	p := c.launch(name, "runner", c.runner, addr, proxy,
+		"--etcd-endpoints", endpoint, "--etcd-prefix", "/shardrun/", "--cluster", "it", "--shard-count", strconv.Itoa(shards),
+		"--database-url", c.dsn, "--runner-id", name, "--admin-addr", addr, "--admin-token", adminToken,
+		"--lease-ttl", leaseTTL.String(), "--recovery-window", recoveryWindow.String(), "--heartbeat-interval", "1s",
+		"--poll-interval", "500ms", "--handoff-timeout", "2s", "--retry-base", "100ms", "--retry-cap", "500ms",
+		"--log-format", "json", "--log-level", "info")
+	c.waitFor(30*time.Second, name+" ready", func() bool { return httpCode(c.t, "GET", "http://"+addr+"/readyz", "") == 200 })
+	return p
+}
+
+func (c *cluster) startCoordinator(name string) *proc {
+	c.t.Helper()
+	addr := freeAddr(c.t)
+	p := c.launch(name, "coordinator", c.coord, addr, nil,
+		"--etcd-endpoints", c.etcd.Endpoints()[0], "--etcd-prefix", "/shardrun/", "--cluster", "it",
+		"--shard-count", strconv.Itoa(shards), "--database-url", c.dsn, "--coordinator-id", name, "--http-addr", addr,
+		"--api-token", apiToken, "--election-ttl", electionTTL.String(), "--sweep-interval", "1s",
+		"--stale-threshold", staleThreshold.String(), "--heartbeat-interval", "1s", "--retry-base", "100ms",
+		"--retry-cap", "500ms", "--log-format", "json")
+	c.waitFor(30*time.Second, name+" serving", func() bool { return httpCode(c.t, "GET", "http://"+addr+"/healthz", "") == 200 })
+	return p
+}
+
+func (c *cluster) waitFor(timeout time.Duration, what string, cond func() bool) time.Duration {
+	c.t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			c.t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// signal sends sig to a process.
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signalling %s with %v: %v", p.name, sig, err)
+	}
+	if sig == syscall.SIGKILL {
+		p.killed = true
+	}
+}
+
+// terminate sends SIGTERM and requires a clean exit within bound.
+func (p *proc) terminate(t *testing.T, bound time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	p.signal(t, syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		p.done <- err
+		if err != nil {
+			t.Fatalf("%s did not exit cleanly on SIGTERM: %v", p.name, err)
+		}
+	case <-time.After(bound):
+		t.Fatalf("%s did not exit within %s of SIGTERM", p.name, bound)
+	}
+	return time.Since(start)
+}
+
+// pgServer is the throwaway PostgreSQL, for the scenario that restarts it.
+func (c *cluster) pgServer() *pgtmp.Server {
+	c.t.Helper()
+	srv := pgtest.Server()
+	if srv == nil {
+		c.t.Fatal("restarting PostgreSQL needs the throwaway server: unset TEST_DATABASE_URL")
+	}
+	return srv
+}
+
+// owners reads the shard keys now.
+func (c *cluster) owners() map[int]string {
+	c.t.Helper()
+	resp, err := c.cli.Get(context.Background(), prefix+"shards/", clientv3.WithPrefix())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	out := map[int]string{}
+	for _, kv := range resp.Kvs {
+		s, _ := strconv.Atoi(strings.TrimPrefix(string(kv.Key), prefix+"shards/"))
+		out[s] = string(kv.Value)
+	}
+	return out
+}
+
+func (c *cluster) shardsOf(runner string) map[int]bool {
+	out := map[int]bool{}
+	for s, o := range c.owners() {
+		if o == runner {
+			out[s] = true
+		}
+	}
+	return out
+}
+
+// balanced reports whether every shard is owned and each of the given
+// runners owns its fair share.
+func (c *cluster) balanced(runners ...string) bool {
+	o := c.owners()
+	if len(o) != shards {
+		return false
+	}
+	count := map[string]int{}
+	for _, id := range o {
+		count[id]++
+	}
+	lo, hi := shards/len(runners), (shards+len(runners)-1)/len(runners)
+	for _, id := range runners {
+		if count[id] < lo || count[id] > hi {
+			return false
+		}
+	}
+	return len(count) == len(runners)
+}
+
+// enqueue posts tasks through the coordinator API and remembers what each
+// one must end as.
+func (c *cluster) enqueue(coord *proc, n int, kind, payload string, maxAttempts int, expect tasks.State) {
+	c.t.Helper()
+	var batch []map[string]any
+	for i := range n {
+		task := map[string]any{"kind": kind, "key": fmt.Sprintf("%s-%d-%d", kind, time.Now().UnixNano(), i), "max_attempts": maxAttempts}
+		if payload != "" {
+			task["payload"] = json.RawMessage(payload)
+		}
+		batch = append(batch, task)
+	}
+	body, _ := json.Marshal(batch)
+	code, resp := httpDo(c.t, "POST", "http://"+coord.addr+"/api/tasks", apiToken, string(body))
+	if code != 201 {
+		c.t.Fatalf("enqueue through the API: %d %s", code, resp)
+	}
+	// Read back the ids of what was just inserted.
+	rows, err := c.store.Pool().Query(context.Background(), `SELECT id FROM tasks WHERE kind = $1 ORDER BY id DESC LIMIT $2`, kind, n)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer rows.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for rows.Next() {
+		var id int64
+		_ = rows.Scan(&id)
+		c.enqueued[id] = expect
+	}
+}
+
+func (c *cluster) counts() map[tasks.State]int64 {
+	c.t.Helper()
+	counts, err := c.store.CountByState(context.Background())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return counts
+}
+
+// waitDrained waits until no task is ready or running.
+func (c *cluster) waitDrained(timeout time.Duration) time.Duration {
+	c.t.Helper()
+	return c.waitFor(timeout, "all tasks finished", func() bool {
+		counts, err := c.store.CountByState(context.Background())
+		return err == nil && counts[tasks.Ready] == 0 && counts[tasks.Running] == 0
+	})
+}
+
+// metric reads one metric (summed over labels) from a process's /metrics.
+func (c *cluster) metric(p *proc, name string) float64 {
+	c.t.Helper()
+	_, body := httpDo(c.t, "GET", "http://"+p.addr+"/metrics", "", "")
+	var sum float64
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// logEvent is one line of a process's JSON log.
+type logEvent struct {
+	at  time.Time
+	msg string
+	kv  map[string]any
+}
+
+// logEvents parses a process's JSON log lines whose message contains msg.
+func (p *proc) logEvents(msg string) []logEvent {
+	var out []logEvent
+	for _, line := range strings.Split(p.logs.String(), "\n") {
+		if !strings.HasPrefix(line, "{") || !strings.Contains(line, msg) {
+			continue
+		}
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) != nil {
+			continue
+		}
+		at, err := time.Parse("2006-01-02T15:04:05.000000Z07:00", fmt.Sprint(m["@timestamp"]))
+		if err != nil {
+			continue
+		}
+		out = append(out, logEvent{at: at, msg: fmt.Sprint(m["@message"]), kv: m})
+	}
+	return out
+}
+
+// firstAcquisitionAfter is the first etcd PUT of one of shards by someone
+// other than not, after t.
+func (c *cluster) firstAcquisitionAfter(t time.Time, shardSet map[int]bool, not string) (etcdEvent, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.events {
+		s, ok := shardKey(e.key)
+		if ok && e.put && e.at.After(t) && shardSet[s] && e.value != not {
+			return e, true
+		}
+	}
+	return etcdEvent{}, false
+}
+
+func shardKey(key string) (int, bool) {
+	rest, ok := strings.CutPrefix(key, prefix+"shards/")
+	if !ok {
+		return 0, false
+	}
+	s, err := strconv.Atoi(rest)
+	return s, err == nil
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+var httpClient = &http.Client{Timeout: 5 * time.Second}
+
+func httpDo(t *testing.T, method, url, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func httpCode(t *testing.T, method, url, token string) int {
+	code, _ := httpDo(t, method, url, token, "")
+	return code
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

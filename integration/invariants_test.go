@@ -1,0 +1,166 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// summary is what a scenario prints.
+type summary struct {
+	tasks           int
+	duration        time.Duration
+	fenceRejections float64
+	acquisitions    int
+}
+
+// finish drains the work, stops every live process with SIGTERM (each must
+// exit cleanly), and checks the invariants:
+//
+//  1. every enqueued task reached its expected terminal state (noop and
+//     sleep completed, fail beyond its attempts dead), none ready or running;
+//  2. no recorded outcome came from a stale epoch: every completed task was
+//     claimed by the runner that held its shard's key at exactly that epoch,
+//     as etcd's history shows;
+//  3. no shard was owned twice at once: every shard key's history is an
+//     alternation of create and delete, each create the key's first version;
+//  4. no temporary directory of ours is left behind.
+func (c *cluster) finish(drain time.Duration) summary {
+	c.t.Helper()
+	c.waitDrained(drain)
+	s := summary{duration: time.Since(c.start)}
+	for _, p := range c.all() {
+		if p.kind == "runner" && !p.exited && !p.killed {
+			s.fenceRejections += c.metric(p, "shardrun_fence_rejections_total")
+		}
+	}
+	for _, p := range c.all() {
+		if !p.exited && !p.killed {
+			p.terminate(c.t, 30*time.Second)
+		}
+	}
+	c.checkOutcomes()
+	s.acquisitions = c.checkEtcdHistory()
+	c.checkTempDirs()
+	c.mu.Lock()
+	s.tasks = len(c.enqueued)
+	c.mu.Unlock()
+	return s
+}
+
+func (c *cluster) checkOutcomes() {
+	c.t.Helper()
+	ctx := context.Background()
+	rows, err := c.store.Pool().Query(ctx, `SELECT id, kind, shard, state, coalesce(claimed_by, ''), coalesce(claim_epoch, 0), attempt FROM tasks`)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer rows.Close()
+	owner := c.ownersByEpoch()
+	c.mu.Lock()
+	expected := make(map[int64]tasks.State, len(c.enqueued))
+	for id, st := range c.enqueued {
+		expected[id] = st
+	}
+	c.mu.Unlock()
+	seen := 0
+	for rows.Next() {
+		var id, epoch int64
+		var kind, state, claimedBy string
+		var shard, attempt int
+		if err := rows.Scan(&id, &kind, &shard, &state, &claimedBy, &epoch, &attempt); err != nil {
+			c.t.Fatal(err)
+		}
+		want, ok := expected[id]
+		if !ok {
+			continue // seeded directly, not through the API
+		}
+		seen++
+		if tasks.State(state) != want {
+			c.t.Errorf("task %d (%s) ended %s, want %s", id, kind, state, want)
+		}
+		if tasks.State(state) == tasks.Completed {
+			key := fmt.Sprintf("%d/%d", shard, epoch)
+			if got, ok := owner[key]; !ok || got != claimedBy {
+				c.t.Errorf("task %d completed by %s at epoch %d of shard %d, but etcd shows %q holding that epoch",
+					id, claimedBy, epoch, shard, got)
+			}
+		}
+	}
+	if seen != len(expected) {
+		c.t.Errorf("%d enqueued tasks, %d found", len(expected), seen)
+	}
+}
+
+// ownersByEpoch maps "shard/epoch" to the runner whose key had that
+// CreateRevision, from the recorded etcd history.
+func (c *cluster) ownersByEpoch() map[string]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]string{}
+	for _, e := range c.events {
+		if s, ok := shardKey(e.key); ok && e.put {
+			out[fmt.Sprintf("%d/%d", s, e.created)] = e.value
+		}
+	}
+	return out
+}
+
+// checkEtcdHistory verifies that each shard key alternates create/delete
+// and returns the number of acquisitions.
+func (c *cluster) checkEtcdHistory() int {
+	c.t.Helper()
+	c.mu.Lock()
+	events := append([]etcdEvent(nil), c.events...)
+	c.mu.Unlock()
+	sort.SliceStable(events, func(i, j int) bool { return events[i].rev < events[j].rev })
+	held := map[int]bool{}
+	acquisitions := 0
+	for _, e := range events {
+		s, ok := shardKey(e.key)
+		if !ok {
+			continue
+		}
+		if e.put {
+			if held[s] || e.created != e.rev {
+				c.t.Errorf("shard %d: %s wrote its key at revision %d while it was held (created %d)", s, e.value, e.rev, e.created)
+			}
+			held[s] = true
+			acquisitions++
+		} else {
+			held[s] = false
+		}
+	}
+	return acquisitions
+}
+
+// checkTempDirs: the runners and coordinators create no temporary data;
+// the only PostgreSQL directory is the test binary's own server.
+func (c *cluster) checkTempDirs() {
+	c.t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "shardrun-*"))
+	for _, d := range dirs {
+		base := filepath.Base(d)
+		switch {
+		case strings.HasPrefix(base, "shardrun-it-bin-"):
+		case strings.HasPrefix(base, "shardrun-pg-") && pgtest.Server() != nil && d == pgtest.Server().Dir():
+		case strings.HasPrefix(base, "shardrun-pg-") || strings.HasPrefix(base, "shardrun-dev-"):
+			if owner, err := os.ReadFile(filepath.Join(d, "owner.pid")); err == nil && strings.TrimSpace(string(owner)) != fmt.Sprint(os.Getpid()) {
+				continue // another test binary's, still running
+			}
+			c.t.Errorf("temporary directory left behind: %s", d)
+		}
+	}
+}
+
+func (c *cluster) report(name string, s summary, details string) {
+	c.t.Logf("SCENARIO %-26s tasks %4d  duration %6.1fs  acquisitions %4d  fence rejections %3.0f  %s",
+		name, s.tasks, s.duration.Seconds(), s.acquisitions, s.fenceRejections, details)
+}
