@@ -65,6 +65,13 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if opts.ApplicationName != "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = opts.ApplicationName
 	}
+	// Every statement here is an ordered index walk with a LIMIT or a
+	// primary-key lookup. With stale statistics (a queue table is
+	// bulk-loaded and churned faster than autovacuum analyses it) the
+	// planner estimates a few ready rows and prefers a bitmap scan of all of
+	// them plus a sort: 37ms per claim from 50,000 fresh tasks instead of
+	// 0.9ms. Only this pool's sessions are affected.
+	cfg.ConnConfig.RuntimeParams["enable_bitmapscan"] = "off"
 	timeout := cmp.Or(opts.ConnectTimeout, 10*time.Second)
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > timeout {
 		cfg.ConnConfig.ConnectTimeout = timeout
