@@ -86,6 +86,10 @@ func (k *keeper) run(ctx context.Context) {
 func (k *keeper) check(now time.Time) {
 	k.m.metrics.LeaseDeadline.Set(k.lc.TimeLeft(now).Seconds())
 	if r, detach := k.lc.Check(now); detach {
+		if !k.m.machine.IsDetached() {
+			k.m.log.Warn("cannot prove the lease: detaching", "reason", r.String(),
+				"lease_deadline", k.lc.Deadline().UTC().Format(time.RFC3339Nano), "time_left", k.lc.TimeLeft(now))
+		}
 		k.m.machine.Detach(r)
 	}
 }
