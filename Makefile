@@ -4,7 +4,7 @@ GO        ?= go
 BIN       := bin
 STATICCHECK ?= staticcheck
 
-.PHONY: all build test lint demo bench model clean
+.PHONY: all build test lint demo bench model model-bounds clean
 
 all: build
 
@@ -36,6 +36,10 @@ bench: build
 ## model: model-check the ownership protocol with spin
 model:
 	$(MAKE) -C model check
+
+## model-bounds: the model at the edges of its safety bound (slower)
+model-bounds:
+	$(MAKE) -C model bounds
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,288 @@
+// Command bench measures shardrun side by side with River on one throwaway
+// PostgreSQL and one embedded etcd: end-to-end throughput, failover after
+// kill -9, graceful handoff, the detach margin, sweep cost and the cost of
+// running it. It prints a table and writes a JSON report.
+//
+//	make bench        # from the repository root: builds the binaries first
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/pgtmp"
+)
+
+type pgxTx = pgx.Tx
+
+// env is what every measurement shares.
+type env struct {
+	pg        *pgtmp.Server
+	etcd      *embedetcd.Server
+	cli       *clientv3.Client
+	runnerBin string
+	log       io.Writer
+}
+
+// Report is the JSON written to -out.
+type Report struct {
+	GeneratedAt time.Time         `json:"generated_at"`
+	Machine     map[string]string `json:"machine"`
+	Postgres    map[string]string `json:"postgres_settings"`
+	Settings    map[string]any    `json:"settings"`
+	Throughput  []burnDown        `json:"throughput"`
+	Ratios      []ratio           `json:"throughput_ratio_shardrun_over_river"`
+	Failover    []latencies       `json:"failover_after_kill_9"`
+	Handoff     *latencies        `json:"graceful_handoff,omitempty"`
+	Detach      []detachTrial     `json:"detach_margin"`
+	Sweep       []sweepResult     `json:"sweep"`
+	Cost        *cost             `json:"cost,omitempty"`
+	Notes       []string          `json:"notes"`
+}
+
+func main() {
+	out := flag.String("out", "results/latest.json", "where to write the JSON report")
+	trials := flag.Int("trials", 3, "trials of each throughput measurement")
+	faultTrials := flag.Int("fault-trials", 5, "trials of each failover, handoff and detach measurement")
+	n := flag.Int("n", 200_000, "tasks per throughput trial")
+	runnerBin := flag.String("runner", "../bin/runner", "the runner binary")
+	maxWorkers := flag.String("max-workers", "1=1024,3=512", "shardrun runners' --max-workers per process count in the throughput runs")
+	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
+	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,cost (default all)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	tuning = tune{shardrunWorkers: map[int]int{}, riverWorkers: *riverWorkers}
+	for _, kv := range strings.Split(*maxWorkers, ",") {
+		var p, w int
+		if _, err := fmt.Sscanf(kv, "%d=%d", &p, &w); err == nil {
+			tuning.shardrunWorkers[p] = w
+		}
+	}
+	for _, p := range strings.Split(*procs, ",") {
+		var n int
+		fmt.Sscan(p, &n)
+		tuning.procs = append(tuning.procs, n)
+	}
+	if err := run(ctx, *out, *trials, *faultTrials, *n, *runnerBin, *only); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin, only string) error {
+	bin, err := filepath.Abs(runnerBin)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return fmt.Errorf("no runner binary at %s: run `make build` first (make bench does)", bin)
+	}
+	settings := map[string]string{"shared_buffers": "256MB", "max_wal_size": "2GB"}
+	pg, err := pgtmp.Start(ctx, pgtmp.Options{Durable: true, Settings: settings})
+	if err != nil {
+		return err
+	}
+	defer pg.Stop()
+	dir, err := os.MkdirTemp("", "shardrun-bench-etcd-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	etcd, err := embedetcd.Start(ctx, embedetcd.Config{Dir: dir})
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	cli, err := newEtcdClient(etcd.Endpoints())
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	e := &env{pg: pg, etcd: etcd, cli: cli, runnerBin: bin, log: os.Stdout}
+
+	rep := &Report{GeneratedAt: time.Now().UTC(), Machine: machine(ctx, pg), Settings: map[string]any{}}
+	rep.Postgres = map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
+		"shared_buffers": settings["shared_buffers"], "max_wal_size": settings["max_wal_size"], "max_connections": "300",
+		"note": "one server for both systems, started the same way; each trial in a fresh database"}
+	want := func(section string) bool {
+		return only == "" || slices.Contains(strings.Split(only, ","), section)
+	}
+	sections := []struct {
+		name string
+		fn   func() error
+	}{
+		{"throughput", func() error { return e.throughputSection(ctx, rep, trials, n) }},
+		{"failover", func() error { return e.failoverSection(ctx, rep, faultTrials) }},
+		{"handoff", func() error { return e.handoffSection(ctx, rep, faultTrials) }},
+		{"detach", func() error { return e.detachSection(ctx, rep, faultTrials) }},
+		{"sweep", func() error { return e.sweepSection(ctx, rep, trials) }},
+		{"cost", func() error { return e.costSection(ctx, rep) }},
+	}
+	for _, s := range sections {
+		if !want(s.name) {
+			continue
+		}
+		fmt.Fprintf(e.log, "== %s\n", s.name)
+		if err := s.fn(); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	printTable(e.log, rep)
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.log, "\nwrote %s\n", out)
+	return nil
+}
+
+type ratio struct {
+	Processes int       `json:"processes"`
+	PerTrial  []float64 `json:"per_trial"`
+	Median    float64   `json:"median"`
+}
+
+// tune holds the worker counts of the throughput runs (flags).
+type tune struct {
+	shardrunWorkers map[int]int // per process count
+	riverWorkers    int
+	procs           []int
+}
+
+var tuning tune
+
+func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int) error {
+	rs := riverSettings{MaxWorkers: tuning.riverWorkers, FetchCooldown: "2ms", FetchPollInterval: "20ms", PoolConns: 16}
+	rep.Settings["shardrun"] = map[string]any{"max_workers_by_processes": tuning.shardrunWorkers, "db_max_conns": 8, "shard_count": 256}
+	rep.Settings["river"] = rs
+	rep.Notes = append(rep.Notes,
+		"worker counts, chosen by measurement on this machine: one process - shardrun --max-workers 256/512/1024 gave 37.4k/45.9k/50.3k tasks/s, River MaxWorkers 500/1000/2000 gave 27.8k/29.8k/28.9k jobs/s (100,000-task trials); three processes - shardrun 256/512/1024 per runner gave 31.8-32.1k/34.8-36.5k/22.0-33.0k, River 333/1000/2000 per client gave 22.0-25.0k/25.5-30.7k/25.4-29.1k (200,000-task trials); so shardrun runs 1024 workers alone and 512 per runner for three, River 1000 per client. River's FetchCooldown 2ms and FetchPollInterval 20ms are those of River's own benchmark (cmd/river/riverbench)",
+		"River runs in the bench process (one client per process it stands for, each with its own pool); shardrun runners are separate processes of bin/runner; both share the machine's 2 cores with PostgreSQL",
+		"throughput is timed from the first claim (attempt) to the last completion (finalisation), from the database's own timestamps")
+	for _, procs := range tuning.procs {
+		var ratios []float64
+		for trial := range trials {
+			ours, err := e.shardrunBurnDown(ctx, trial, procs, n, cmp.Or(tuning.shardrunWorkers[procs], 512))
+			if err != nil {
+				return err
+			}
+			theirs, err := e.riverBurnDown(ctx, trial, procs, n, rs)
+			if err != nil {
+				return err
+			}
+			rep.Throughput = append(rep.Throughput, ours, theirs)
+			ratios = append(ratios, ours.TasksPerS/theirs.TasksPerS)
+			fmt.Fprintf(e.log, "  %d process(es), trial %d: shardrun %.0f tasks/s, river %.0f jobs/s, ratio %.2f (enqueue %.0f vs %.0f rows/s)\n",
+				procs, trial+1, ours.TasksPerS, theirs.TasksPerS, ours.TasksPerS/theirs.TasksPerS, ours.EnqueuePerS, theirs.EnqueuePerS)
+		}
+		rep.Ratios = append(rep.Ratios, ratio{Processes: procs, PerTrial: ratios, Median: median(ratios)})
+	}
+	return nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func machine(ctx context.Context, pg *pgtmp.Server) map[string]string {
+	m := map[string]string{"cpus": fmt.Sprint(runtime.NumCPU()), "go": runtime.Version(), "os": runtime.GOOS + "/" + runtime.GOARCH}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				m["cpu"] = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	if conn, err := pgx.Connect(ctx, pg.DSN("postgres")); err == nil {
+		var v string
+		_ = conn.QueryRow(ctx, "SHOW server_version").Scan(&v)
+		m["postgres"] = v
+		conn.Close(ctx)
+	}
+	return m
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func printTable(w io.Writer, rep *Report) {
+	fmt.Fprintln(w, "\n| measurement | result |\n| --- | --- |")
+	for _, r := range rep.Ratios {
+		var ours, theirs, enqOurs, enqTheirs []float64
+		for _, t := range rep.Throughput {
+			if t.Processes != r.Processes {
+				continue
+			}
+			if t.System == "shardrun" {
+				ours, enqOurs = append(ours, t.TasksPerS), append(enqOurs, t.EnqueuePerS)
+			} else {
+				theirs, enqTheirs = append(theirs, t.TasksPerS), append(enqTheirs, t.EnqueuePerS)
+			}
+		}
+		fmt.Fprintf(w, "| throughput, %d process(es), %d noop tasks | shardrun %.0f tasks/s, River %.0f jobs/s (medians); ratio median **%.2f** (per trial %s) |\n",
+			r.Processes, rep.Throughput[0].Tasks, median(ours), median(theirs), r.Median, fmtList(r.PerTrial))
+		fmt.Fprintf(w, "| enqueue (COPY), %d process(es) trials | shardrun %.0f rows/s, River %.0f rows/s (medians) |\n",
+			r.Processes, median(enqOurs), median(enqTheirs))
+	}
+	for _, l := range rep.Failover {
+		fmt.Fprintf(w, "| kill -9, lease TTL %s: %s | p50 %.2fs, max %.2fs over %d trials |\n", l.LeaseTTL, l.What, l.P50, l.Max, len(l.Trials))
+	}
+	if h := rep.Handoff; h != nil {
+		fmt.Fprintf(w, "| graceful handoff: %s | p50 %.3fs, max %.3fs over %d trials |\n", h.What, h.P50, h.Max, len(h.Trials))
+	}
+	if len(rep.Detach) > 0 {
+		var dl, ex, tk []float64
+		ok := true
+		for _, d := range rep.Detach {
+			dl, ex, tk = append(dl, d.BeforeDeadlineS), append(ex, d.BeforeExpiryS), append(tk, d.BeforeTakeoverS)
+			ok = ok && d.DetachBeforeTakeOK
+		}
+		fmt.Fprintf(w, "| detach margin, blackholed etcd link, TTL 2s | detached %ss before its lease deadline, %ss before etcd expired the lease, %ss before the first takeover; strictly before in every trial: %v |\n",
+			fmtList(dl), fmtList(ex), fmtList(tk), ok)
+	}
+	for _, sw := range rep.Sweep {
+		fmt.Fprintf(w, "| sweep pass, %d rows with 1,000 stale claims | median %.1f ms (%s) |\n", sw.Rows, sw.MedianMS, fmtList(sw.PassMS))
+	}
+	if c := rep.Cost; c != nil {
+		fmt.Fprintf(w, "| etcd messages/s per runner at steady state | 256 shards: %.2f, 4,096 shards: %.2f |\n", c.EtcdMsgsPerRunnerPerS["256"], c.EtcdMsgsPerRunnerPerS["4096"])
+		fmt.Fprintf(w, "| RSS per runner | idle %.0f MiB, under load %.0f MiB |\n", c.IdleRSSMiB, c.LoadRSSMiB)
+		fmt.Fprintf(w, "| PostgreSQL transactions per completed task | shardrun %.3f, River %.3f |\n", c.StmtsPerTask["shardrun"], c.StmtsPerTask["river"])
+	}
+}
+
+func fmtList(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/shardrun/shardrun/internal/pgtmp"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// burnDown is one throughput trial.
+type burnDown struct {
+	System       string  `json:"system"`
+	Processes    int     `json:"processes"`
+	Tasks        int     `json:"tasks"`
+	EnqueuePerS  float64 `json:"enqueue_rows_per_s"`
+	TasksPerS    float64 `json:"tasks_per_s"`
+	Seconds      float64 `json:"burn_down_s"`
+	StmtsPerTask float64 `json:"pg_transactions_per_task"`
+	PeakRSSMiB   float64 `json:"peak_rss_mib_per_process,omitempty"`
+}
+
+const insertBatch = 10_000
+
+// xacts is the database's committed and rolled back transactions so far:
+// with autocommit statements, one per statement.
+func xacts(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
+	return n, err
+}
+
+// shardrunBurnDown inserts n noop tasks with COPY, then starts processes
+// runners and times the burn-down from the first claim to the last
+// completion (database timestamps).
+func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWorkers int) (burnDown, error) {
+	r := burnDown{System: "shardrun", Processes: processes, Tasks: n}
+	dsn, err := e.database(ctx, fmt.Sprintf("sr_tp_%d_%d", processes, trial))
+	if err != nil {
+		return r, err
+	}
+	st, err := store.Open(ctx, dsn, store.Options{MaxConns: 4})
+	if err != nil {
+		return r, err
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		return r, err
+	}
+	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	if err != nil {
+		return r, err
+	}
+	batch := make([]tasks.NewTask, insertBatch)
+	for i := range batch {
+		batch[i] = tasks.NewTask{Kind: "noop"}
+	}
+	start := time.Now()
+	for done := 0; done < n; done += insertBatch {
+		if _, err := client.EnqueueBatch(ctx, batch[:min(insertBatch, n-done)]); err != nil {
+			return r, err
+		}
+	}
+	r.EnqueuePerS = float64(n) / time.Since(start).Seconds()
+	before, err := xacts(ctx, st.Pool())
+	if err != nil {
+		return r, err
+	}
+
+	c := e.newCluster(fmt.Sprintf("tp-%d-%d-%d", processes, trial, time.Now().UnixNano()), dsn, 256)
+	defer c.stop()
+	var peak sampler
+	for i := range processes {
+		rp, err := c.start(fmt.Sprintf("runner-%d", i+1), runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: maxWorkers})
+		if err != nil {
+			return r, err
+		}
+		peak.watch(rp)
+	}
+	err = waitUntil(10*time.Minute, func() bool {
+		var pending bool
+		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('ready', 'running'))`).Scan(&pending)
+		return !pending
+	})
+	peak.stop()
+	if err != nil {
+		return r, fmt.Errorf("burn-down: %w", err)
+	}
+	after, _ := xacts(ctx, st.Pool())
+	var span float64
+	if err := st.Pool().QueryRow(ctx, `SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM tasks`).Scan(&span); err != nil {
+		return r, err
+	}
+	r.Seconds, r.TasksPerS = span, float64(n)/span
+	r.StmtsPerTask = float64(after-before) / float64(n)
+	r.PeakRSSMiB = peak.max() / (1 << 20)
+	return r, nil
+}
+
+// sampler records the largest RSS of the runners while it runs.
+type sampler struct {
+	mu   sync.Mutex
+	rss  float64
+	quit chan struct{}
+	wg   sync.WaitGroup
+	rps  []*runnerProc
+}
+
+func (s *sampler) watch(r *runnerProc) {
+	if s.quit == nil {
+		s.quit = make(chan struct{})
+		s.wg.Go(s.loop)
+	}
+	s.mu.Lock()
+	s.rps = append(s.rps, r)
+	s.mu.Unlock()
+}
+
+func (s *sampler) loop() {
+	for {
+		s.mu.Lock()
+		rps := append([]*runnerProc(nil), s.rps...)
+		s.mu.Unlock()
+		for _, r := range rps {
+			if v := r.metric("process_resident_memory_bytes"); v > 0 {
+				s.mu.Lock()
+				s.rss = max(s.rss, v)
+				s.mu.Unlock()
+			}
+		}
+		select {
+		case <-s.quit:
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (s *sampler) stop() {
+	if s.quit != nil {
+		close(s.quit)
+		s.wg.Wait()
+	}
+}
+
+func (s *sampler) max() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rss
+}
+
+// NoopArgs is River's no-op job.
+type NoopArgs struct{}
+
+// Kind names the job kind.
+func (NoopArgs) Kind() string { return "noop" }
+
+// NoopWorker does nothing.
+type NoopWorker struct {
+	river.WorkerDefaults[NoopArgs]
+}
+
+// Work completes at once.
+func (NoopWorker) Work(context.Context, *river.Job[NoopArgs]) error { return nil }
+
+// riverSettings are River's settings for this machine: those of River's own
+// benchmark (cmd/river/riverbench), with the worker count that did best
+// here (see the report).
+type riverSettings struct {
+	MaxWorkers        int    `json:"max_workers"`
+	FetchCooldown     string `json:"fetch_cooldown"`
+	FetchPollInterval string `json:"fetch_poll_interval"`
+	PoolConns         int32  `json:"pool_max_conns"`
+}
+
+// riverBurnDown does the same with River: InsertManyFast (COPY) in batches,
+// then clients (each with its own pool, as separate processes would have)
+// burn the jobs down; timed from the first attempt to the last finalisation.
+func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs riverSettings) (burnDown, error) {
+	r := burnDown{System: "river", Processes: clients, Tasks: n}
+	dsn, err := e.database(ctx, fmt.Sprintf("river_tp_%d_%d", clients, trial))
+	if err != nil {
+		return r, err
+	}
+	open := func() (*pgxpool.Pool, error) {
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return nil, err
+		}
+		cfg.MaxConns = rs.PoolConns
+		return pgxpool.NewWithConfig(ctx, cfg)
+	}
+	pool, err := open()
+	if err != nil {
+		return r, err
+	}
+	defer pool.Close()
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
+	if err != nil {
+		return r, err
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return r, err
+	}
+	cooldown, _ := time.ParseDuration(rs.FetchCooldown)
+	poll, _ := time.ParseDuration(rs.FetchPollInterval)
+	newClient := func(p *pgxpool.Pool) (*river.Client[pgxTx], error) {
+		workers := river.NewWorkers()
+		river.AddWorker(workers, &NoopWorker{})
+		return river.NewClient(riverpgxv5.New(p), &river.Config{
+			FetchCooldown: cooldown, FetchPollInterval: poll,
+			Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: rs.MaxWorkers}},
+			Workers: workers, Logger: discardLogger(),
+		})
+	}
+	inserter, err := newClient(pool)
+	if err != nil {
+		return r, err
+	}
+	params := make([]river.InsertManyParams, insertBatch)
+	for i := range params {
+		params[i] = river.InsertManyParams{Args: NoopArgs{}}
+	}
+	start := time.Now()
+	for done := 0; done < n; done += insertBatch {
+		if _, err := inserter.InsertManyFast(ctx, params[:min(insertBatch, n-done)]); err != nil {
+			return r, err
+		}
+	}
+	r.EnqueuePerS = float64(n) / time.Since(start).Seconds()
+	before, err := xacts(ctx, pool)
+	if err != nil {
+		return r, err
+	}
+	var running []*river.Client[pgxTx]
+	for range clients {
+		p, err := open()
+		if err != nil {
+			return r, err
+		}
+		defer p.Close()
+		cl, err := newClient(p)
+		if err != nil {
+			return r, err
+		}
+		if err := cl.Start(ctx); err != nil {
+			return r, err
+		}
+		running = append(running, cl)
+	}
+	err = waitUntil(10*time.Minute, func() bool {
+		var pending bool
+		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable'))`).Scan(&pending)
+		return !pending
+	})
+	for _, cl := range running {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_ = cl.Stop(sctx)
+		cancel()
+	}
+	if err != nil {
+		return r, fmt.Errorf("river burn-down: %w", err)
+	}
+	after, _ := xacts(ctx, pool)
+	var span float64
+	var completed int
+	if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM max(finalized_at) - min(attempted_at)), count(*) FILTER (WHERE state = 'completed') FROM river_job`).Scan(&span, &completed); err != nil {
+		return r, err
+	}
+	if completed != n {
+		return r, fmt.Errorf("river completed %d of %d jobs", completed, n)
+	}
+	r.Seconds, r.TasksPerS = span, float64(n)/span
+	r.StmtsPerTask = float64(after-before) / float64(n)
+	return r, nil
+}
+
+// database creates a fresh database on the bench server.
+func (e *env) database(ctx context.Context, name string) (string, error) {
+	return pgtmp.CreateDatabase(ctx, e.pg.DSN("postgres"), fmt.Sprintf("%s_%d", name, time.Now().UnixNano()%1_000_000))
+}
