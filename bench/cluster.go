@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -19,6 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardrun/shardrun/internal/faultproxy"
+	"github.com/shardrun/shardrun/internal/freeport"
+	"github.com/shardrun/shardrun/internal/linewriter"
 )
 
 // cluster is one trial's set of runner processes under a fresh etcd prefix.
@@ -34,7 +33,7 @@ type runnerProc struct {
 	id    string
 	admin string
 	cmd   *exec.Cmd
-	logs  *syncBuffer
+	logs  *linewriter.Buffer
 	proxy *faultproxy.Proxy
 	done  chan error
 }
@@ -53,7 +52,7 @@ func (c *cluster) prefix() string { return "/shardrun/" + c.name + "/" }
 
 func (c *cluster) start(id string, o runnerOpts) (*runnerProc, error) {
 	endpoint := c.env.etcd.Endpoints()[0]
-	r := &runnerProc{id: id, logs: &syncBuffer{}, done: make(chan error, 1)}
+	r := &runnerProc{id: id, logs: &linewriter.Buffer{}, done: make(chan error, 1)}
 	if o.proxy {
 		p, err := faultproxy.New(c.env.etcd.Addr())
 		if err != nil {
@@ -62,7 +61,7 @@ func (c *cluster) start(id string, o runnerOpts) (*runnerProc, error) {
 		r.proxy = p
 		endpoint = "http://" + p.Addr()
 	}
-	port, err := freePort()
+	port, err := freeport.Port()
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +81,7 @@ func (c *cluster) start(id string, o runnerOpts) (*runnerProc, error) {
 	go func() { r.done <- r.cmd.Wait() }()
 	c.runners = append(c.runners, r)
 	if err := waitUntil(60*time.Second, func() bool { return httpStatus("http://"+r.admin+"/readyz") == 200 }); err != nil {
-		return nil, fmt.Errorf("runner %s not ready: %w\n%s", id, err, tail(r.logs.String(), 20))
+		return nil, fmt.Errorf("runner %s not ready: %w\n%s", id, err, linewriter.Tail(r.logs.String(), 20))
 	}
 	return r, nil
 }
@@ -193,15 +192,6 @@ func newEtcdClient(endpoints []string) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{Endpoints: endpoints, Logger: zap.NewNop()})
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func httpStatus(url string) int {
 	resp, err := http.Get(url)
 	if err != nil {
@@ -220,29 +210,4 @@ func waitUntil(timeout time.Duration, cond func() bool) error {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return nil
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

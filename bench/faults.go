@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -244,7 +245,7 @@ func (e *env) detachSection(ctx context.Context, rep *Report, trials int) error 
 		detachedAt, fields, ok := victim.logTime("cannot prove the lease: detaching", cut)
 		if !ok {
 			c.stop()
-			return fmt.Errorf("trial %d: no detach logged:\n%s", trial, tail(victim.logs.String(), 20))
+			return fmt.Errorf("trial %d: no detach logged:\n%s", trial, linewriter.Tail(victim.logs.String(), 20))
 		}
 		deadline, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(fields["lease_deadline"]))
 		expired, takeover := w.expiryAndTakeover(c.prefix(), victim.id, moved)

@@ -7,27 +7,22 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/sweeper"
 	"github.com/shardrun/shardrun/tasks"
 )
 
 func TestMain(m *testing.M) {
-	pgtest.Main(m,
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
-	)
+	pgtest.Main(m, testutil.EtcdLeaks...)
 }
 
 const prefix = "/shardrun/test/"
@@ -42,33 +37,9 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	ctx := context.Background()
-	dsn := pgtest.NewDatabase(t)
-	st, err := store.Open(ctx, dsn, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := embedetcd.Start(ctx, embedetcd.Config{Dir: t.TempDir(), Fast: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	admin := newClient(t, srv.Endpoints())
+	st, dsn := pgtest.NewStore(t, store.Options{})
+	srv, admin := testutil.Etcd(t)
 	return &env{t: t, dsn: dsn, etcd: srv, admin: admin, store: st}
-}
-
-func newClient(t *testing.T, endpoints []string) *clientv3.Client {
-	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, Logger: zap.NewNop(), DialKeepAliveTime: time.Second, DialKeepAliveTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
 }
 
 // event is one leadership change or sweep pass, with the coordinator's id.
@@ -80,42 +51,25 @@ type event struct {
 	pass   *sweeper.Result
 }
 
-type recorder struct {
-	mu     sync.Mutex
-	events []event
-}
-
-func (r *recorder) add(e event) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.events = append(r.events, e)
-}
-
-func (r *recorder) snapshot() []event {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]event(nil), r.events...)
-}
-
 type running struct {
 	*Coordinator
 	cancel context.CancelFunc
 	done   chan error
 }
 
-func (e *env) start(id string, rec *recorder, mut ...func(*Config)) *running {
+func (e *env) start(id string, rec *testutil.Recorder[event], mut ...func(*Config)) *running {
 	e.t.Helper()
 	cfg := Config{
-		ID: id, Client: newClient(e.t, e.etcd.Endpoints()), Prefix: prefix, ShardCount: 16, Store: e.store,
+		ID: id, Client: testutil.Client(e.t, e.etcd.Endpoints()...), Prefix: prefix, ShardCount: 16, Store: e.store,
 		ElectionTTL: 2 * time.Second, HTTPAddr: "127.0.0.1:0",
 		Sweep:  sweeper.Config{Interval: 50 * time.Millisecond, StaleThreshold: time.Second, HeartbeatInterval: 200 * time.Millisecond},
 		Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{e.t}}),
 	}
 	if rec != nil {
 		cfg.ObserveLeadership = func(leader bool, epoch int64, at time.Time) {
-			rec.add(event{id: id, leader: &leader, epoch: epoch, at: at})
+			rec.Add(event{id: id, leader: &leader, epoch: epoch, at: at})
 		}
-		cfg.Sweep.Observe = func(r sweeper.Result) { rec.add(event{id: id, at: r.Started, pass: &r}) }
+		cfg.Sweep.Observe = func(r sweeper.Result) { rec.Add(event{id: id, at: r.Started, pass: &r}) }
 	}
 	for _, m := range mut {
 		m(&cfg)
@@ -144,24 +98,12 @@ func (r *running) stop() {
 	r.done <- nil
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 func TestExactlyOneCoordinatorSweeps(t *testing.T) {
 	e := newEnv(t)
-	rec := &recorder{}
+	rec := &testutil.Recorder[event]{}
 	a := e.start("coord-a", rec)
 	b := e.start("coord-b", rec)
-	waitFor(t, 10*time.Second, "a leader", func() bool { return a.IsLeader() || b.IsLeader() })
+	testutil.WaitFor(t, 10*time.Second, "a leader", func() bool { return a.IsLeader() || b.IsLeader() })
 	leader, standby := a, b
 	if b.IsLeader() {
 		leader, standby = b, a
@@ -173,7 +115,7 @@ func TestExactlyOneCoordinatorSweeps(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // sampling a steady state over time
 	}
 	passes := map[string]int{}
-	for _, ev := range rec.snapshot() {
+	for _, ev := range rec.Snapshot() {
 		if ev.pass != nil {
 			passes[ev.id]++
 		}
@@ -193,9 +135,9 @@ func TestExactlyOneCoordinatorSweeps(t *testing.T) {
 // raised its fence.
 func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 	e := newEnv(t)
-	rec := &recorder{}
+	rec := &testutil.Recorder[event]{}
 	a := e.start("coord-a", rec)
-	waitFor(t, 10*time.Second, "a leads", a.IsLeader)
+	testutil.WaitFor(t, 10*time.Second, "a leads", a.IsLeader)
 	b := e.start("coord-b", rec)
 	// Stale work for the sweeps to find throughout.
 	seedStale(t, e.store, 200)
@@ -205,12 +147,12 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 	if _, err := e.admin.Revoke(context.Background(), sess.Lease()); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, 2*a.cfg.ElectionTTL, "b leads", b.IsLeader)
+	took := testutil.WaitFor(t, 2*a.cfg.ElectionTTL, "b leads", b.IsLeader)
 	t.Logf("standby led %s after the leader's session was revoked (election TTL %s)", took, a.cfg.ElectionTTL)
 
 	var aStopped, bStarted time.Time
 	var bEpoch int64
-	events := rec.snapshot()
+	events := rec.Snapshot()
 	for _, ev := range events {
 		if ev.leader == nil {
 			continue
@@ -222,10 +164,10 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 			bStarted, bEpoch = ev.at, ev.epoch
 		}
 	}
-	waitFor(t, 5*time.Second, "a stopped leading", func() bool { return !a.IsLeader() })
+	testutil.WaitFor(t, 5*time.Second, "a stopped leading", func() bool { return !a.IsLeader() })
 	t.Logf("a stopped sweeping %s after the kill; b raised fence %d and started %s after the kill",
 		aStopped.Sub(killed), bEpoch, bStarted.Sub(killed))
-	for _, ev := range rec.snapshot() {
+	for _, ev := range rec.Snapshot() {
 		if ev.pass == nil || ev.id != "coord-a" {
 			continue
 		}
@@ -234,8 +176,8 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 		}
 	}
 	// b, not a, keeps sweeping.
-	waitFor(t, 5*time.Second, "b sweeps", func() bool {
-		for _, ev := range rec.snapshot() {
+	testutil.WaitFor(t, 5*time.Second, "b sweeps", func() bool {
+		for _, ev := range rec.Snapshot() {
 			if ev.pass != nil && ev.id == "coord-b" && ev.pass.Err == nil {
 				return true
 			}
@@ -243,7 +185,7 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 		return false
 	})
 	// a campaigns again with a new session and stands by.
-	waitFor(t, 5*time.Second, "a has a new session", func() bool {
+	testutil.WaitFor(t, 5*time.Second, "a has a new session", func() bool {
 		s := a.session.Load()
 		return s != nil && s.Lease() != sess.Lease()
 	})
@@ -264,10 +206,10 @@ func seedStale(t *testing.T, st *store.Store, n int) {
 func TestResignOnShutdownHandsOverAtOnce(t *testing.T) {
 	e := newEnv(t)
 	a := e.start("coord-a", nil)
-	waitFor(t, 10*time.Second, "a leads", a.IsLeader)
+	testutil.WaitFor(t, 10*time.Second, "a leads", a.IsLeader)
 	b := e.start("coord-b", nil)
 	a.stop()
-	took := waitFor(t, 5*time.Second, "b leads", b.IsLeader)
+	took := testutil.WaitFor(t, 5*time.Second, "b leads", b.IsLeader)
 	t.Logf("after a's shutdown b led in %s (a resigned; no TTL wait)", took)
 	if took > time.Second {
 		t.Fatalf("handover took %s: the leader must resign on shutdown", took)
@@ -335,9 +277,9 @@ func TestTasksAPI(t *testing.T) {
 func TestMetricsAndHealth(t *testing.T) {
 	e := newEnv(t)
 	c := e.start("coord", nil)
-	waitFor(t, 10*time.Second, "leads", c.IsLeader)
+	testutil.WaitFor(t, 10*time.Second, "leads", c.IsLeader)
 	seedStale(t, e.store, 3)
-	waitFor(t, 10*time.Second, "stale claims swept after the grace period", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "stale claims swept after the grace period", func() bool {
 		counts, _ := e.store.CountByState(context.Background())
 		return counts[tasks.Ready] == 3
 	})

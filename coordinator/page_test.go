@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/runner"
 )
 
@@ -75,7 +76,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 		rs = append(rs, r)
 	}
 	detachRunner(t, rs[2])
-	waitFor(t, 15*time.Second, "runner-3 detached and the others own all 64 shards", func() bool {
+	testutil.WaitFor(t, 15*time.Second, "runner-3 detached and the others own all 64 shards", func() bool {
 		v, err := c.Cluster(context.Background())
 		if err != nil {
 			return false

@@ -6,12 +6,10 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,22 +23,19 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/faultproxy"
+	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/pgtmp"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
 func TestMain(m *testing.M) {
-	pgtest.Main(m,
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
-	)
+	pgtest.Main(m, testutil.EtcdLeaks...)
 }
 
 // Timings shared by every scenario: short, so that failures resolve in
@@ -118,7 +113,7 @@ type proc struct {
 	kind   string // runner or coordinator
 	addr   string // admin or HTTP address
 	cmd    *exec.Cmd
-	logs   *syncBuffer
+	logs   *linewriter.Buffer
 	proxy  *faultproxy.Proxy
 	done   chan error
 	exited bool
@@ -129,23 +124,8 @@ type proc struct {
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
 	runnerBin, coordBin := binaries(t)
-	ctx := context.Background()
-	srv, err := embedetcd.Start(ctx, embedetcd.Config{Dir: t.TempDir(), Fast: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints(), Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dsn := pgtest.NewDatabase(t)
-	st, err := store.Open(ctx, dsn, store.Options{MaxConns: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	srv, cli := testutil.Etcd(t)
+	st, dsn := pgtest.NewStore(t, store.Options{MaxConns: 4})
 	c := &cluster{t: t, start: time.Now(), etcd: srv, cli: cli, dsn: dsn, store: st, runner: runnerBin, coord: coordBin,
 		procs: map[string]*proc{}, enqueued: map[int64]tasks.State{}}
 	c.watch()
@@ -161,13 +141,10 @@ func newCluster(t *testing.T) *cluster {
 		}
 		if t.Failed() {
 			for _, p := range c.all() {
-				t.Logf("---- log of %s (%s) ----\n%s", p.name, p.kind, tail(p.logs.String(), 150))
+				t.Logf("---- log of %s (%s) ----\n%s", p.name, p.kind, linewriter.Tail(p.logs.String(), 150))
 			}
 		}
 		c.watchEnd()
-		st.Close()
-		cli.Close()
-		srv.Close()
 		http.DefaultClient.CloseIdleConnections()
 	})
 	return c
@@ -212,7 +189,7 @@ func (c *cluster) proc(name string) *proc {
 
 func (c *cluster) launch(name, kind, bin, addr string, proxy *faultproxy.Proxy, args ...string) *proc {
 	c.t.Helper()
-	p := &proc{name: name, kind: kind, addr: addr, proxy: proxy, logs: &syncBuffer{}, done: make(chan error, 1)}
+	p := &proc{name: name, kind: kind, addr: addr, proxy: proxy, logs: &linewriter.Buffer{}, done: make(chan error, 1)}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
@@ -244,7 +221,7 @@ func (c *cluster) startRunner(name string, withProxy bool) *proc {
 		}
 		endpoint = "http://" + proxy.Addr()
 	}
-	addr := freeAddr(c.t)
+	addr := testutil.FreeAddr(c.t)
 	p := c.launch(name, "runner", c.runner, addr, proxy,
 		"--etcd-endpoints", endpoint, "--etcd-prefix", "/shardrun/", "--cluster", "it", "--shard-count", strconv.Itoa(shards),
 		"--database-url", c.dsn, "--runner-id", name, "--admin-addr", addr, "--admin-token", adminToken,
@@ -257,7 +234,7 @@ func (c *cluster) startRunner(name string, withProxy bool) *proc {
 
 func (c *cluster) startCoordinator(name string) *proc {
 	c.t.Helper()
-	addr := freeAddr(c.t)
+	addr := testutil.FreeAddr(c.t)
 	p := c.launch(name, "coordinator", c.coord, addr, nil,
 		"--etcd-endpoints", c.etcd.Endpoints()[0], "--etcd-prefix", "/shardrun/", "--cluster", "it",
 		"--shard-count", strconv.Itoa(shards), "--database-url", c.dsn, "--coordinator-id", name, "--http-addr", addr,
@@ -270,14 +247,7 @@ func (c *cluster) startCoordinator(name string) *proc {
 
 func (c *cluster) waitFor(timeout time.Duration, what string, cond func() bool) time.Duration {
 	c.t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			c.t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
+	return testutil.WaitFor(c.t, timeout, what, cond)
 }
 
 // signal sends sig to a process.
@@ -478,16 +448,6 @@ func shardKey(key string) (int, bool) {
 	return s, err == nil
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 var httpClient = &http.Client{Timeout: 5 * time.Second}
 
 func httpDo(t *testing.T, method, url, token, body string) (int, string) {
@@ -511,29 +471,4 @@ func httpDo(t *testing.T, method, url, token, body string) (int, string) {
 func httpCode(t *testing.T, method, url, token string) int {
 	code, _ := httpDo(t, method, url, token, "")
 	return code
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

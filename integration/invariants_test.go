@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -152,7 +153,7 @@ func (c *cluster) checkTempDirs() {
 		case strings.HasPrefix(base, "shardrun-it-bin-"):
 		case strings.HasPrefix(base, "shardrun-pg-") && pgtest.Server() != nil && d == pgtest.Server().Dir():
 		case strings.HasPrefix(base, "shardrun-pg-") || strings.HasPrefix(base, "shardrun-dev-"):
-			if owner, err := os.ReadFile(filepath.Join(d, "owner.pid")); err == nil && strings.TrimSpace(string(owner)) != fmt.Sprint(os.Getpid()) {
+			if owner := tempdir.Owner(d); owner != 0 && owner != os.Getpid() {
 				continue // another test binary's, still running
 			}
 			c.t.Errorf("temporary directory left behind: %s", d)

@@ -1,32 +1,27 @@
 package runner
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
 	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
 func TestMain(m *testing.M) {
-	pgtest.Main(m,
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
-	)
+	pgtest.Main(m, testutil.EtcdLeaks...)
 }
 
 const testShards = 16
@@ -44,26 +39,8 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	ctx := context.Background()
-	dsn := pgtest.NewDatabase(t)
-	st, err := store.Open(ctx, dsn, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := embedetcd.Start(ctx, embedetcd.Config{Dir: t.TempDir(), Fast: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Close)
-	admin, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints(), Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Close() })
+	st, dsn := pgtest.NewStore(t, store.Options{})
+	srv, admin := testutil.Etcd(t)
 	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: testShards})
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +53,7 @@ type testRunner struct {
 	*Runner
 	cancel context.CancelFunc
 	done   chan error
-	logs   *syncBuffer
+	logs   *linewriter.Buffer
 }
 
 // runnerOpt adjusts a test runner: first with r == nil to change the
@@ -118,7 +95,7 @@ func (e *env) config(id string) Config {
 func (e *env) start(id string, opts ...runnerOpt) *testRunner {
 	e.t.Helper()
 	cfg := e.config(id)
-	logs := &syncBuffer{}
+	logs := &linewriter.Buffer{}
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Info, Output: logs})
 	for _, o := range opts {
 		o(&cfg, nil)
@@ -190,22 +167,6 @@ func (e *env) task(id int64) tasks.Task {
 	return t
 }
 
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for {
-		ok, why := cond()
-		if ok {
-			return time.Since(start)
-		}
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s: %s", what, timeout, why)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // etcdOwners reads the shard keys of the test cluster.
 func (e *env) etcdOwners() map[int]string {
 	e.t.Helper()
@@ -240,21 +201,4 @@ func httpDo(t testing.TB, method, url, token, body string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -36,7 +37,7 @@ func TestThousandTasksCompleteExactlyOnce(t *testing.T) {
 	for _, id := range []string{"r1", "r2", "r3"} {
 		rs = append(rs, e.start(id, withHandler("count", runs.handle)))
 	}
-	waitFor(t, 10*time.Second, "shards spread over 3 runners", func() (bool, string) {
+	testutil.Until(t, 10*time.Second, "shards spread over 3 runners", func() (bool, string) {
 		owners := map[string]int{}
 		for _, o := range e.etcdOwners() {
 			owners[o]++
@@ -45,7 +46,7 @@ func TestThousandTasksCompleteExactlyOnce(t *testing.T) {
 	})
 	start := time.Now()
 	ids := e.enqueue("count", `{}`, 1000)
-	took := waitFor(t, 60*time.Second, "1,000 tasks completed", func() (bool, string) {
+	took := testutil.Until(t, 60*time.Second, "1,000 tasks completed", func() (bool, string) {
 		c := e.counts()
 		return c[tasks.Completed] == 1000, strings.TrimSpace(strings.ReplaceAll(jsonString(c), "\n", ""))
 	})
@@ -84,7 +85,7 @@ func TestShardLossCancelsHandlerAndFencesItsCompletion(t *testing.T) {
 		close(cancelled)
 		// Return success anyway, but only once the new epoch's fence is up,
 		// so the completion is provably stale.
-		waitFor(t, 10*time.Second, "fence raised past the old epoch", func() (bool, string) {
+		testutil.Until(t, 10*time.Second, "fence raised past the old epoch", func() (bool, string) {
 			var epoch int64
 			_ = e.store.Pool().QueryRow(context.Background(), `SELECT epoch FROM shard_fences WHERE shard = $1`, task.Shard).Scan(&epoch)
 			return epoch > task.Epoch, "fence not raised yet"
@@ -103,11 +104,11 @@ func TestShardLossCancelsHandlerAndFencesItsCompletion(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the handler's context was not cancelled when its shard was lost")
 	}
-	waitFor(t, 15*time.Second, "task completed under the new epoch", func() (bool, string) {
+	testutil.Until(t, 15*time.Second, "task completed under the new epoch", func() (bool, string) {
 		got := e.task(ids[0])
 		return got.State == tasks.Completed && got.Epoch > task.Epoch, string(got.State)
 	})
-	waitFor(t, 5*time.Second, "the stale completion refused and counted", func() (bool, string) {
+	testutil.Until(t, 5*time.Second, "the stale completion refused and counted", func() (bool, string) {
 		n := metric(t, a, "shardrun_fence_rejections_total")
 		return n >= 1, fmt.Sprintf("shardrun_fence_rejections_total = %v", n)
 	})
@@ -121,18 +122,18 @@ func TestManualDetachOverHTTPAndAttach(t *testing.T) {
 	e := newEnv(t)
 	a := e.start("a", withToken("s3cret"))
 	b := e.start("b", withToken("s3cret"))
-	waitFor(t, 10*time.Second, "both runners own shards", func() (bool, string) {
+	testutil.Until(t, 10*time.Second, "both runners own shards", func() (bool, string) {
 		return len(a.Status().Owned) > 0 && len(b.Status().Owned) > 0, "not yet"
 	})
 	// Work in flight on a: long sleeps.
 	e.enqueue("sleep", `{"ms": 60000}`, 8)
-	waitFor(t, 10*time.Second, "a is running tasks", func() (bool, string) { return a.exec.InFlight() > 0, "idle" })
+	testutil.Until(t, 10*time.Second, "a is running tasks", func() (bool, string) { return a.exec.InFlight() > 0, "idle" })
 
 	code, body := httpDo(t, "POST", a.url("/admin/detach"), "s3cret", `{"reason": "maintenance window"}`)
 	if code != 200 || !strings.Contains(body, `"state": "detached"`) || !strings.Contains(body, "maintenance window") {
 		t.Fatalf("detach: %d %s", code, body)
 	}
-	took := waitFor(t, 5*time.Second, "b owns every shard and a runs nothing", func() (bool, string) {
+	took := testutil.Until(t, 5*time.Second, "b owns every shard and a runs nothing", func() (bool, string) {
 		for s := range testShards {
 			if e.etcdOwners()[s] != "b" {
 				return false, "a shard is not b's yet"
@@ -153,7 +154,7 @@ func TestManualDetachOverHTTPAndAttach(t *testing.T) {
 	if code, body := httpDo(t, "POST", a.url("/admin/attach"), "s3cret", ""); code != 200 {
 		t.Fatalf("attach: %d %s", code, body)
 	}
-	waitFor(t, 10*time.Second, "a back with its share", func() (bool, string) {
+	testutil.Until(t, 10*time.Second, "a back with its share", func() (bool, string) {
 		st := a.Status()
 		return st.State == shard.StateAttached && len(st.Owned) == testShards/2, st.State
 	})
@@ -169,13 +170,13 @@ func TestDrainHandsShardsOverWithinASecond(t *testing.T) {
 	e := newEnv(t)
 	a := e.start("a")
 	b := e.start("b")
-	waitFor(t, 10*time.Second, "both own shards", func() (bool, string) {
+	testutil.Until(t, 10*time.Second, "both own shards", func() (bool, string) {
 		return len(a.Status().Owned) == testShards/2 && len(b.Status().Owned) == testShards/2, "not balanced"
 	})
 	ids := e.enqueue("sleep", `{"ms": 200}`, 20)
-	waitFor(t, 10*time.Second, "a is running tasks", func() (bool, string) { return a.exec.InFlight() > 0, "idle" })
+	testutil.Until(t, 10*time.Second, "a is running tasks", func() (bool, string) { return a.exec.InFlight() > 0, "idle" })
 	go a.stop()
-	took := waitFor(t, 5*time.Second, "b owns everything", func() (bool, string) {
+	took := testutil.Until(t, 5*time.Second, "b owns everything", func() (bool, string) {
 		owners := e.etcdOwners()
 		for s := range testShards {
 			if owners[s] != "b" {
@@ -188,7 +189,7 @@ func TestDrainHandsShardsOverWithinASecond(t *testing.T) {
 	if took > time.Second {
 		t.Fatalf("handoff took %s, want under a second", took)
 	}
-	waitFor(t, 15*time.Second, "all tasks completed", func() (bool, string) {
+	testutil.Until(t, 15*time.Second, "all tasks completed", func() (bool, string) {
 		return e.counts()[tasks.Completed] == int64(len(ids)), jsonString(e.counts())
 	})
 	for _, id := range ids {
@@ -203,7 +204,7 @@ func TestHandlerPanicFailsTheAttemptOnly(t *testing.T) {
 	e.start("a", withHandler("explode", func(context.Context, *tasks.Task) error { panic("kaboom") }))
 	bad := e.enqueue("explode", `{}`, 1)[0]
 	good := e.enqueue("noop", `{}`, 5)
-	waitFor(t, 10*time.Second, "noops done and the panicking task failed once", func() (bool, string) {
+	testutil.Until(t, 10*time.Second, "noops done and the panicking task failed once", func() (bool, string) {
 		task := e.task(bad)
 		return e.counts()[tasks.Completed] == int64(len(good)) && len(task.Errors) >= 1, jsonString(e.counts())
 	})
@@ -218,7 +219,7 @@ func TestUndecodablePayloadFailsWithTheDecodeError(t *testing.T) {
 	e := newEnv(t)
 	e.start("a")
 	id := e.enqueue("sleep", `{"ms": "soon"}`, 1)[0]
-	waitFor(t, 10*time.Second, "first attempt failed", func() (bool, string) {
+	testutil.Until(t, 10*time.Second, "first attempt failed", func() (bool, string) {
 		return len(e.task(id).Errors) > 0, "no error yet"
 	})
 	if msg := e.task(id).Errors[0].Error; !strings.Contains(msg, "decoding payload") || !strings.Contains(msg, "cannot unmarshal") {
@@ -234,7 +235,7 @@ func TestFailBuiltinRetriesThenCompletes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "retried task completed and doomed task dead", func() (bool, string) {
+	testutil.Until(t, 15*time.Second, "retried task completed and doomed task dead", func() (bool, string) {
 		return e.task(retried).State == tasks.Completed && e.task(doomed).State == tasks.Dead, jsonString(e.counts())
 	})
 	if got := e.task(retried); got.Attempt != 3 || len(got.Errors) != 2 {
@@ -275,10 +276,10 @@ func TestStatusAndEveryMetric(t *testing.T) {
 	a := e.start("a")
 	e.enqueue("noop", `{}`, 20)
 	e.enqueue("sleep", `{"ms": 1500}`, 2)
-	waitFor(t, 10*time.Second, "noops done and sleeps running", func() (bool, string) {
+	testutil.Until(t, 10*time.Second, "noops done and sleeps running", func() (bool, string) {
 		return e.counts()[tasks.Completed] == 20 && a.exec.InFlight() == 2, jsonString(e.counts())
 	})
-	waitFor(t, 5*time.Second, "a keep-alive recorded", func() (bool, string) {
+	testutil.Until(t, 5*time.Second, "a keep-alive recorded", func() (bool, string) {
 		return metric(t, a, "shardrun_lease_deadline_seconds") > 0, "no keep-alive yet"
 	})
 	code, body := httpDo(t, "GET", a.url("/status"), "", "")
@@ -319,7 +320,7 @@ func TestStatusAndEveryMetric(t *testing.T) {
 	}
 	// detached moves with a detach; releases with the release it causes.
 	httpDo(t, "POST", a.url("/admin/detach"), "", "")
-	waitFor(t, 5*time.Second, "detached and released", func() (bool, string) {
+	testutil.Until(t, 5*time.Second, "detached and released", func() (bool, string) {
 		return metric(t, a, "shardrun_detached") == 1 &&
 			metric(t, a, "shardrun_shard_releases_total") == testShards, "not yet"
 	})

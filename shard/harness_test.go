@@ -3,7 +3,6 @@ package shard
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -13,19 +12,15 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/faultproxy"
+	"github.com/shardrun/shardrun/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// etcd's embedded server and gRPC leave these behind after Close.
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
-	)
+	goleak.VerifyTestMain(m, testutil.EtcdLeaks...)
 }
 
 const testPrefix = "/shardrun/test/"
@@ -56,11 +51,7 @@ type member struct {
 
 func newCluster(t testing.TB, shards int) *cluster {
 	t.Helper()
-	srv, err := embedetcd.Start(context.Background(), embedetcd.Config{Dir: t.TempDir(), Fast: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := newClient(t, srv.Endpoints()[0])
+	srv, admin := testutil.Etcd(t)
 	c := &cluster{t: t, etcd: srv, admin: admin, shards: shards, log: &eventLog{}, ttl: 2 * time.Second,
 		members: map[string]*member{}}
 	t.Cleanup(func() {
@@ -73,25 +64,8 @@ func newCluster(t testing.TB, shards int) *cluster {
 		for _, m := range ms {
 			m.crashStop()
 		}
-		admin.Close()
-		srv.Close()
 	})
 	return c
-}
-
-func newClient(t testing.TB, endpoint string) *clientv3.Client {
-	t.Helper()
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:            []string{endpoint},
-		DialTimeout:          2 * time.Second,
-		DialKeepAliveTime:    500 * time.Millisecond,
-		DialKeepAliveTimeout: 500 * time.Millisecond,
-		Logger:               zap.NewNop(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cli
 }
 
 type memberOpt func(*Config)
@@ -119,13 +93,13 @@ func (c *cluster) start(id string, throughProxy bool, opts ...memberOpt) (*membe
 		m.proxy = p
 		endpoint = "http://" + p.Addr()
 	}
-	m.client = newClient(c.t, endpoint)
+	m.client = testutil.Client(c.t, endpoint)
 	m.machine = detach.New(detach.Config{RecoveryWindow: 500 * time.Millisecond})
 	cfg := Config{
 		Client: m.client, Prefix: testPrefix, RunnerID: id, ShardCount: c.shards,
 		LeaseTTL: c.ttl, HandoffTimeout: time.Second, Detach: m.machine,
 		Logger:  hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{c.t}}),
-		Observe: c.log.add,
+		Observe: c.log.Add,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -163,7 +137,7 @@ func (m *member) leave() {
 func (m *member) crashStop() {
 	if m.mgr != nil && m.cancel != nil {
 		// A dead process can do no more work: its intervals end here.
-		m.c.log.add(Event{Kind: Detached, Runner: m.id, Shard: -1, At: time.Now()})
+		m.c.log.Add(Event{Kind: Detached, Runner: m.id, Shard: -1, At: time.Now()})
 		m.mgr.crash.Store(true)
 		m.cancel()
 		<-m.done
@@ -252,45 +226,13 @@ func (c *cluster) converged() (bool, string) {
 	return true, ""
 }
 
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) time.Duration {
-	t.Helper()
-	start := time.Now()
-	var why string
-	for {
-		var ok bool
-		if ok, why = cond(); ok {
-			return time.Since(start)
-		}
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s: %s", what, timeout, why)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func (c *cluster) waitConverged(timeout time.Duration) time.Duration {
 	c.t.Helper()
-	return waitFor(c.t, timeout, "cluster convergence", c.converged)
+	return testutil.Until(c.t, timeout, "cluster convergence", c.converged)
 }
 
 // eventLog collects every member's ownership events on one clock.
-type eventLog struct {
-	mu     sync.Mutex
-	events []Event
-}
-
-func (l *eventLog) add(e Event) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.events = append(l.events, e)
-}
-
-func (l *eventLog) snapshot() []Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.events)
-}
+type eventLog struct{ testutil.Recorder[Event] }
 
 // interval is a stretch during which one member could work on a shard:
 // from the answer to its acquiring Txn until it detached, released (the
@@ -303,7 +245,7 @@ type interval struct {
 }
 
 func (l *eventLog) intervals() map[int][]interval {
-	events := l.snapshot()
+	events := l.Snapshot()
 	out := map[int][]interval{}
 	open := map[string]map[int]*interval{}
 	closeAll := func(runner string, at time.Time, shard int) {
@@ -389,7 +331,7 @@ func (w *etcdWatcher) check(c *cluster) int {
 	w.cancel()
 	<-w.done
 	acquired := map[string]bool{}
-	for _, e := range c.log.snapshot() {
+	for _, e := range c.log.Snapshot() {
 		if e.Kind == Acquired {
 			acquired[fmt.Sprintf("%d/%d/%s", e.Shard, e.Epoch, e.Runner)] = true
 		}

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/detach"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -39,7 +40,7 @@ func TestJoinRebalanceAndGracefulLeave(t *testing.T) {
 		its[se.Shard] = true
 	}
 	go leaver.cancel()
-	handoff := waitFor(t, c.ttl, "leaver's shards owned by others", func() (bool, string) {
+	handoff := testutil.Until(t, c.ttl, "leaver's shards owned by others", func() (bool, string) {
 		owners := c.etcdOwners()
 		for s := range its {
 			if owners[s] == "" || owners[s] == leaver.id {
@@ -74,7 +75,7 @@ func TestBlackholedMemberDetachesBeforeOthersTakeOver(t *testing.T) {
 
 	cut := time.Now()
 	z.proxy.Blackhole()
-	waitFor(t, 3*c.ttl, "others own z's shards", func() (bool, string) {
+	testutil.Until(t, 3*c.ttl, "others own z's shards", func() (bool, string) {
 		owners := c.etcdOwners()
 		for s := range zShards {
 			if owners[s] == "" || owners[s] == "z" {
@@ -85,7 +86,7 @@ func TestBlackholedMemberDetachesBeforeOthersTakeOver(t *testing.T) {
 	})
 	var detachedAt, firstTakeover time.Time
 	var takeover Event
-	for _, e := range c.log.snapshot() {
+	for _, e := range c.log.Snapshot() {
 		switch {
 		case e.Runner == "z" && e.Kind == Detached && e.At.After(cut) && detachedAt.IsZero():
 			detachedAt = e.At
@@ -109,7 +110,7 @@ func TestBlackholedMemberDetachesBeforeOthersTakeOver(t *testing.T) {
 	z.proxy.Pass()
 	c.waitConverged(15 * time.Second)
 	var attachedAt time.Time
-	for _, e := range c.log.snapshot() {
+	for _, e := range c.log.Snapshot() {
 		if e.Runner == "z" && e.Kind == Attached && e.At.After(healed) {
 			attachedAt = e.At
 		}
@@ -132,19 +133,19 @@ func TestLeaseRevokedFromOutside(t *testing.T) {
 	if _, err := c.admin.Revoke(context.Background(), clientv3.LeaseID(a.mgr.Status().LeaseID)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "a detached for its lease", func() (bool, string) {
+	testutil.Until(t, 5*time.Second, "a detached for its lease", func() (bool, string) {
 		st := a.machine.Status()
 		return st.Detached || len(a.mgr.Status().Owned) == 0, "still attached"
 	})
 	lost := false
-	for _, e := range c.log.snapshot() {
+	for _, e := range c.log.Snapshot() {
 		lost = lost || (e.Runner == "a" && e.Kind == Lost)
 	}
 	if !lost {
 		t.Fatal("a never dropped the shards whose keys vanished")
 	}
-	waitFor(t, 5*time.Second, "a detached", func() (bool, string) {
-		for _, e := range c.log.snapshot() {
+	testutil.Until(t, 5*time.Second, "a detached", func() (bool, string) {
+		for _, e := range c.log.Snapshot() {
 			if e.Runner == "a" && e.Kind == Detached {
 				return true, ""
 			}
@@ -188,7 +189,7 @@ func TestManualDetachReleasesAndAttachReturns(t *testing.T) {
 	b := c.add("b", false)
 	c.waitConverged(10 * time.Second)
 	a.machine.Detach(detach.Reason{Kind: detach.Manual, Detail: "test"})
-	took := waitFor(t, 5*time.Second, "b owns every shard", func() (bool, string) {
+	took := testutil.Until(t, 5*time.Second, "b owns every shard", func() (bool, string) {
 		for _, o := range c.etcdOwners() {
 			if o != "b" {
 				return false, "a shard is not b's"
@@ -231,7 +232,7 @@ func TestHandoffWaitsForInflightWork(t *testing.T) {
 		t.Fatal("Begin with a wrong epoch succeeded")
 	}
 	b := c.add("b", false)
-	waitFor(t, 5*time.Second, "a marks shards for release", func() (bool, string) {
+	testutil.Until(t, 5*time.Second, "a marks shards for release", func() (bool, string) {
 		return len(a.mgr.Status().Releasing) == 4, "releasing not yet 4"
 	})
 	releasing := a.mgr.Status().Releasing
@@ -267,7 +268,7 @@ func TestHandoffTimeoutCancelsWork(t *testing.T) {
 		ctxs = append(ctxs, ctx)
 	}
 	c.add("b", false)
-	took := waitFor(t, 5*time.Second, "one shard's work cancelled", func() (bool, string) {
+	took := testutil.Until(t, 5*time.Second, "one shard's work cancelled", func() (bool, string) {
 		n := 0
 		for _, ctx := range ctxs {
 			if ctx.Err() != nil {

@@ -22,14 +22,7 @@ var backoff = store.Backoff{Base: time.Second, Cap: time.Minute}
 func setup(t testing.TB) *store.Store {
 	t.Helper()
 	ctx := context.Background()
-	s, err := store.Open(ctx, pgtest.NewDatabase(t), store.Options{MaxConns: 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Close)
-	if err := s.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s, _ := pgtest.NewStore(t, store.Options{MaxConns: 20})
 	if ok, err := s.RaiseLeaderFence(ctx, "test-coordinator", leaderEpoch); err != nil || !ok {
 		t.Fatalf("raising the coordinator fence: %v %v", ok, err)
 	}

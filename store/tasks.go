@@ -123,18 +123,8 @@ func (s *Store) RequeueOrphans(ctx context.Context, owner string, owned []tasks.
 			FOR SHARE OF f
 		)
 		UPDATE tasks t SET
-			state        = CASE WHEN t.attempt < t.max_attempts THEN 'ready' ELSE 'dead' END,
-			attempt      = CASE WHEN t.attempt < t.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-			run_after    = now(),
-			finished_at  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
-			claimed_by   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_by END,
-			claim_epoch  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claim_epoch END,
-			claimed_at   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_at END,
-			heartbeat_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.heartbeat_at END,
-			errors       = t.errors || jsonb_build_array(jsonb_build_object(
-				'attempt', t.attempt, 'at', now(), 'runner', t.claimed_by,
-				'error', format('orphaned: shard %s moved from epoch %s to %s', t.shard, t.claim_epoch,
-					($2::bigint[])[array_position($1::int[], t.shard)])))
+		`+retryOrBury("now()", "t.claimed_by", `format('orphaned: shard %s moved from epoch %s to %s', t.shard, t.claim_epoch,
+			($2::bigint[])[array_position($1::int[], t.shard)])`)+`
 		WHERE t.shard = ANY (ARRAY(SELECT shard FROM fence)) AND t.state = 'running'
 		  AND t.claim_epoch < ($2::bigint[])[array_position($1::int[], t.shard)]
 		RETURNING t.state`, shards, epochs, owner)
@@ -379,17 +369,8 @@ func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) 
 	for i, f := range failed {
 		refs[i], msgs[i], delays[i] = f.Ref, f.Error, f.RetryAfter.Milliseconds()
 	}
-	return s.fencedWrite(ctx, "failing", owner, refs, `
-			state        = CASE WHEN t.attempt < t.max_attempts THEN 'ready' ELSE 'dead' END,
-			attempt      = CASE WHEN t.attempt < t.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-			run_after    = CASE WHEN t.attempt < t.max_attempts THEN now() + c.delay_ms * interval '1 millisecond' ELSE t.run_after END,
-			finished_at  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
-			claimed_by   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_by END,
-			claim_epoch  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claim_epoch END,
-			claimed_at   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_at END,
-			heartbeat_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.heartbeat_at END,
-			errors       = t.errors || jsonb_build_array(jsonb_build_object(
-				'attempt', t.attempt, 'at', now(), 'runner', $1::text, 'error', c.msg))`,
+	return s.fencedWrite(ctx, "failing", owner, refs,
+		retryOrBury("now() + c.delay_ms * interval '1 millisecond'", "$1::text", "c.msg"),
 		inputCol{"msg", "text", msgs}, inputCol{"delay_ms", "bigint", delays})
 }
 
@@ -464,17 +445,8 @@ func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Dura
 			FOR UPDATE SKIP LOCKED
 		), upd AS (
 			UPDATE tasks t SET
-				state        = CASE WHEN t.attempt < t.max_attempts THEN 'ready' ELSE 'dead' END,
-				attempt      = CASE WHEN t.attempt < t.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-				run_after    = CASE WHEN t.attempt < t.max_attempts THEN now() + shardrun_backoff(t.attempt, $4, $5) ELSE t.run_after END,
-				finished_at  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
-				claimed_by   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_by END,
-				claim_epoch  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claim_epoch END,
-				claimed_at   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_at END,
-				heartbeat_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.heartbeat_at END,
-				errors       = t.errors || jsonb_build_array(jsonb_build_object(
-					'attempt', t.attempt, 'at', now(), 'runner', t.claimed_by,
-					'error', format('stale claim: no sign of life since %s', coalesce(t.heartbeat_at, t.claimed_at))))
+			`+retryOrBury("now() + shardrun_backoff(t.attempt, $4, $5)", "t.claimed_by",
+		"format('stale claim: no sign of life since %s', coalesce(t.heartbeat_at, t.claimed_at))")+`
 			WHERE t.id = ANY (ARRAY(SELECT id FROM stale)) AND t.state = 'running'
 			  AND coalesce(t.heartbeat_at, t.claimed_at) < now() - $2 * interval '1 millisecond'
 			  AND (t.deadline IS NULL OR t.deadline >= now())
@@ -574,4 +546,23 @@ func splitSorted(owned []tasks.ShardEpoch) ([]int32, []int64) {
 		shards[i], epochs[i] = int32(se.Shard), se.Epoch
 	}
 	return shards, epochs
+}
+
+// retryOrBury is the SET list of every statement that ends an attempt in
+// failure: back to ready with attempt+1 at runAfter and the claim cleared, or
+// to dead when the attempts are used up, keeping the claim as evidence. The
+// error (an SQL expression, as is runner) is appended to the task's errors
+// under the attempt that failed.
+func retryOrBury(runAfter, runner, errExpr string) string {
+	return `
+		state        = CASE WHEN t.attempt < t.max_attempts THEN 'ready' ELSE 'dead' END,
+		attempt      = CASE WHEN t.attempt < t.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
+		run_after    = CASE WHEN t.attempt < t.max_attempts THEN ` + runAfter + ` ELSE t.run_after END,
+		finished_at  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
+		claimed_by   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_by END,
+		claim_epoch  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claim_epoch END,
+		claimed_at   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_at END,
+		heartbeat_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.heartbeat_at END,
+		errors       = t.errors || jsonb_build_array(jsonb_build_object(
+			'attempt', t.attempt, 'at', now(), 'runner', ` + runner + `, 'error', ` + errExpr + `))`
 }

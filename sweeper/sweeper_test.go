@@ -28,14 +28,7 @@ type fixture struct {
 func setup(t testing.TB) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	st, err := store.Open(ctx, pgtest.NewDatabase(t), store.Options{MaxConns: 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	st, _ := pgtest.NewStore(t, store.Options{MaxConns: 10})
 	if ok, err := st.RaiseLeaderFence(ctx, "test", epoch); err != nil || !ok {
 		t.Fatal(ok, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,8 +19,10 @@ import (
 
 	"github.com/shardrun/shardrun/coordinator"
 	"github.com/shardrun/shardrun/internal/cli"
+	"github.com/shardrun/shardrun/internal/freeport"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtmp"
+	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -37,16 +38,14 @@ const devDirPrefix = "shardrun-dev-"
 // line every few seconds. On the way out it drains the runners, stops
 // everything and removes its temporary data.
 func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (err error) {
-	removeStaleDevDirs()
 	runnerBin, err := findRunner(o.runnerBin)
 	if err != nil {
 		return err
 	}
-	tmp, err := os.MkdirTemp("", devDirPrefix)
+	tmp, err := tempdir.New(devDirPrefix)
 	if err != nil {
-		return fmt.Errorf("creating a temporary directory: %w", err)
+		return err
 	}
-	_ = os.WriteFile(filepath.Join(tmp, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644)
 	defer func() {
 		if rerr := os.RemoveAll(tmp); rerr == nil {
 			fmt.Fprintf(out, "removed %s\n", tmp)
@@ -67,7 +66,7 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 			return err
 		}
 	}
-	etcdPort, err := freePort()
+	etcdPort, err := freeport.Port()
 	if err != nil {
 		return err
 	}
@@ -247,7 +246,7 @@ type devRunner struct {
 }
 
 func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, error) {
-	port, err := freePort()
+	port, err := freeport.Port()
 	if err != nil {
 		return nil, err
 	}
@@ -312,27 +311,4 @@ func findRunner(flagValue string) (string, error) {
 		return "", fmt.Errorf("--runner-bin: no runner binary at %s; build it with `make build` or pass --runner-bin", bin)
 	}
 	return bin, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// removeStaleDevDirs deletes --dev directories whose demo process is gone.
-func removeStaleDevDirs() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), devDirPrefix+"*"))
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
-		if err != nil {
-			continue
-		}
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && syscall.Kill(pid, 0) == syscall.ESRCH {
-			_ = os.RemoveAll(d)
-		}
-	}
 }

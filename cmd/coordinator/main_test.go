@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -17,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/testutil"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -62,10 +63,10 @@ func TestHelpAndBadInput(t *testing.T) {
 
 func TestEmbeddedEtcd(t *testing.T) {
 	bin := build(t, ".")
-	addr, etcdAddr := freeAddr(t), freeAddr(t)
+	addr, etcdAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	cmd := exec.Command(bin, "--embed-etcd", filepath.Join(t.TempDir(), "etcd"), "--embed-etcd-addr", etcdAddr,
 		"--database-url", pgtest.NewDatabase(t), "--http-addr", addr)
-	var logs syncBuffer
+	var logs linewriter.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -75,7 +76,7 @@ func TestEmbeddedEtcd(t *testing.T) {
 			t.Logf("coordinator log:\n%s", logs.String())
 		}
 	}()
-	waitFor(t, 30*time.Second, "the coordinator leads on its embedded etcd", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "the coordinator leads on its embedded etcd", func() bool {
 		resp, err := http.Get("http://" + addr + "/healthz")
 		if err != nil {
 			return false
@@ -229,44 +230,4 @@ func build(t *testing.T, pkg string) string {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not within %s", what, timeout)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,20 +14,16 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
-	"go.uber.org/zap"
 
-	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
 func TestMain(m *testing.M) {
-	pgtest.Main(m,
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
-	)
+	pgtest.Main(m, testutil.EtcdLeaks...)
 }
 
 func TestHelpExplainsEveryFlag(t *testing.T) {
@@ -95,13 +90,13 @@ func buildRunner(t *testing.T) string {
 
 type process struct {
 	cmd  *exec.Cmd
-	logs *bytes.Buffer
+	logs *linewriter.Buffer
 	done chan error
 }
 
 func startRunner(t *testing.T, bin string, args ...string) *process {
 	t.Helper()
-	p := &process{cmd: exec.Command(bin, args...), logs: &bytes.Buffer{}, done: make(chan error, 1)}
+	p := &process{cmd: exec.Command(bin, args...), logs: &linewriter.Buffer{}, done: make(chan error, 1)}
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -119,28 +114,6 @@ func startRunner(t *testing.T, bin string, args ...string) *process {
 	return p
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not within %s", what, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 func httpStatus(url string) int {
 	resp, err := http.Get(url)
 	if err != nil {
@@ -156,32 +129,18 @@ func httpStatus(url string) int {
 func TestBinaryAsANewUserRunsIt(t *testing.T) {
 	ctx := context.Background()
 	bin := buildRunner(t)
-	dsn := pgtest.NewDatabase(t)
-	etcd, err := embedetcd.Start(ctx, embedetcd.Config{Dir: t.TempDir(), Fast: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcd.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	st, dsn := pgtest.NewStore(t, store.Options{})
+	etcd, cli := testutil.Etcd(t)
 
 	common := []string{"--etcd-endpoints", etcd.Endpoints()[0], "--database-url", dsn, "--shard-count", "32",
 		"--lease-ttl", "2s", "--recovery-window", "500ms", "--handoff-timeout", "2s"}
-	addrA, addrB := freeAddr(t), freeAddr(t)
+	addrA, addrB := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	a := startRunner(t, bin, append(common, "--runner-id", "alpha", "--admin-addr", addrA)...)
 	b := startRunner(t, bin, append(common, "--runner-id", "beta", "--admin-addr", addrB, "--log-format", "json")...)
 	for _, addr := range []string{addrA, addrB} {
-		waitFor(t, 30*time.Second, "readyz on "+addr, func() bool { return httpStatus("http://"+addr+"/readyz") == 200 })
+		testutil.WaitFor(t, 30*time.Second, "readyz on "+addr, func() bool { return httpStatus("http://"+addr+"/readyz") == 200 })
 	}
 
-	st, err := store.Open(ctx, dsn, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
 	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 32})
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +152,7 @@ func TestBinaryAsANewUserRunsIt(t *testing.T) {
 	if _, err := client.EnqueueBatch(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "100 tasks completed", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "100 tasks completed", func() bool {
 		c, err := st.CountByState(ctx)
 		return err == nil && c[tasks.Completed] == 100
 	})
@@ -209,14 +168,14 @@ func TestBinaryAsANewUserRunsIt(t *testing.T) {
 		}
 		return m
 	}
-	waitFor(t, 10*time.Second, "16 shards each", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "16 shards each", func() bool {
 		o := owners()
 		return o["alpha"] == 16 && o["beta"] == 16
 	})
 	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, 5*time.Second, "beta owns every shard", func() bool { return owners()["beta"] == 32 })
+	took := testutil.WaitFor(t, 5*time.Second, "beta owns every shard", func() bool { return owners()["beta"] == 32 })
 	t.Logf("SIGTERM: beta owned all 32 shards %s after alpha was signalled", took)
 	if took > time.Second {
 		t.Fatalf("handoff after SIGTERM took %s, want under a second", took)

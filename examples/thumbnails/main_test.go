@@ -6,17 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
-	pgtest.Main(m,
-		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
-	)
+	pgtest.Main(m, testutil.EtcdLeaks...)
 }
 
 // The example runs end to end against a real PostgreSQL and etcd.

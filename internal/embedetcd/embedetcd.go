@@ -6,13 +6,13 @@ package embedetcd
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shardrun/shardrun/internal/freeport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -61,15 +61,15 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	clientAddr := cfg.ClientAddr
 	if clientAddr == "" {
-		port, err := freePort()
+		port, err := freeport.Port()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("embedded etcd: %w", err)
 		}
 		clientAddr = fmt.Sprintf("127.0.0.1:%d", port)
 	}
-	peerPort, err := freePort()
+	peerPort, err := freeport.Port()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("embedded etcd: %w", err)
 	}
 	cu, err := url.Parse("http://" + clientAddr)
 	if err != nil {
@@ -110,15 +110,6 @@ func (s *Server) Addr() string { return strings.TrimPrefix(s.endpoints[0], "http
 func (s *Server) Close() {
 	s.level.SetLevel(zap.FatalLevel)
 	s.e.Close()
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("embedded etcd: finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // zapLogger routes etcd's warnings and errors into hclog.

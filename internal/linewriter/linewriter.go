@@ -4,6 +4,7 @@ package linewriter
 
 import (
 	"bytes"
+	"strings"
 	"sync"
 )
 
@@ -30,4 +31,33 @@ func (w *Writer) Write(p []byte) (int, error) {
 		w.fn(string(w.buf[:i]))
 		w.buf = w.buf[i+1:]
 	}
+}
+
+// Buffer keeps everything a child process writes, from its stdout and
+// stderr at once, for showing when something went wrong.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String returns all that was written so far.
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Tail returns the last n lines of s.
+func Tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shardrun/shardrun/internal/pgtmp"
+	"github.com/shardrun/shardrun/store"
 )
 
 var (
@@ -141,4 +142,21 @@ func sanitize(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// NewStore opens a store on a fresh database with the schema migrated, closed
+// when the test ends, and returns it with the database's URL.
+func NewStore(t testing.TB, opts store.Options) (*store.Store, string) {
+	t.Helper()
+	ctx := context.Background()
+	dsn := NewDatabase(t)
+	st, err := store.Open(ctx, dsn, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return st, dsn
 }

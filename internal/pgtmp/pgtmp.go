@@ -29,7 +29,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardrun/shardrun/internal/freeport"
 	"github.com/shardrun/shardrun/internal/linewriter"
+	"github.com/shardrun/shardrun/internal/tempdir"
 )
 
 // dirPrefix names the temporary directories so stale ones can be found.
@@ -99,7 +101,6 @@ func versionOf(binDir string) float64 {
 // Start initialises a data directory and starts the server, returning once it
 // accepts connections.
 func Start(ctx context.Context, opts Options) (*Server, error) {
-	removeStale()
 	bin, err := FindBinaries()
 	if err != nil {
 		return nil, err
@@ -108,15 +109,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", dirPrefix)
+	dir, err := tempdir.New(dirPrefix)
 	if err != nil {
-		return nil, fmt.Errorf("creating data directory: %w", err)
+		return nil, err
 	}
 	s := &Server{dir: dir, bin: bin, opts: opts, exited: make(chan struct{})}
-	if err := os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		s.cleanup()
-		return nil, fmt.Errorf("recording owner pid: %w", err)
-	}
 	data := filepath.Join(dir, "data")
 	if cred != nil {
 		if err := os.Chmod(dir, 0o755); err != nil {
@@ -138,10 +135,10 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	initdb.Dir = dir
 	if out, err := initdb.CombinedOutput(); err != nil {
 		s.cleanup()
-		return nil, fmt.Errorf("running initdb in %s: %w: %s (%s)", data, err, strings.TrimSpace(lastLines(string(out), 5)), InstallHint)
+		return nil, fmt.Errorf("running initdb in %s: %w: %s (%s)", data, err, strings.TrimSpace(linewriter.Tail(string(out), 5)), InstallHint)
 	}
 	for attempt := 0; ; attempt++ {
-		port, err := freePort()
+		port, err := freeport.Port()
 		if err != nil {
 			s.cleanup()
 			return nil, err
@@ -336,39 +333,4 @@ func credential() (*syscall.Credential, error) {
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// removeStale deletes directories of servers whose owning process is gone.
-func removeStale() {
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "owner.pid"))
-		if err != nil {
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if syscall.Kill(pid, 0) == syscall.ESRCH {
-			_ = os.RemoveAll(d)
-		}
-	}
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, " | ")
 }

@@ -1,0 +1,112 @@
+// Package testutil holds what the test packages share: polling with a
+// deadline instead of sleeping, an embedded etcd per test, the goleak
+// allowances for it, free loopback addresses, and an event recorder.
+package testutil
+
+import (
+	"context"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/shardrun/shardrun/internal/embedetcd"
+)
+
+// EtcdLeaks are the goroutines embedded etcd and gRPC leave running after
+// Close; every package that embeds etcd passes them to goleak.
+var EtcdLeaks = []goleak.Option{
+	goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+	goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+}
+
+// Until polls cond every 5ms until it holds, and returns how long that took.
+// When timeout passes first it fails the test naming what it waited for and
+// the last reason cond gave.
+func Until(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for {
+		ok, why := cond()
+		if ok {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %s: %s", what, timeout, why)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// WaitFor is Until for conditions without a reason.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	return Until(t, timeout, what, func() (bool, string) { return cond(), "condition false" })
+}
+
+// FreeAddr returns a loopback host:port nothing listens on now.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Etcd starts an embedded single-node etcd for one test and returns it with
+// a client; both close when the test ends.
+func Etcd(t testing.TB) (*embedetcd.Server, *clientv3.Client) {
+	t.Helper()
+	srv, err := embedetcd.Start(context.Background(), embedetcd.Config{Dir: t.TempDir(), Fast: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	return srv, Client(t, srv.Endpoints()...)
+}
+
+// Client connects to etcd, with keep-alive probes short enough that a test
+// cutting the connection sees the client notice within a second. It closes
+// when the test ends, if the test has not closed it already.
+func Client(t testing.TB, endpoints ...string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            endpoints,
+		Logger:               zap.NewNop(),
+		DialTimeout:          2 * time.Second,
+		DialKeepAliveTime:    500 * time.Millisecond,
+		DialKeepAliveTimeout: 500 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// Recorder collects events from many goroutines in arrival order.
+type Recorder[T any] struct {
+	mu     sync.Mutex
+	events []T
+}
+
+// Add appends e.
+func (r *Recorder[T]) Add(e T) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+// Snapshot returns a copy of the events so far.
+func (r *Recorder[T]) Snapshot() []T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
