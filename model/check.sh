@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Model-checks ownership.pml with spin: every property that must hold, and
+# every weakened protocol that must produce a counterexample. Prints states
+# explored, depth and time per check; exits non-zero on any surprise.
+# MEMLIM (megabytes, default 8192) caps what one search may use.
+set -euo pipefail
+cd "$(dirname "$0")"
+command -v spin >/dev/null || { echo "spin is not installed: apt-get install spin"; exit 1; }
+command -v gcc >/dev/null || { echo "gcc is not installed: apt-get install gcc"; exit 1; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Interrupted (Ctrl-C, a CI timeout): still remove the work dir, via EXIT.
+trap 'exit 130' INT TERM
+cp ownership.pml "$work/"
+failed=0
+printf '%-44s %-8s %-6s %12s %6s %8s  %s\n' check expect result states depth seconds parameters
+
+# run NAME EXPECT(holds|fails) "SPIN -D FLAGS" "CC FLAGS" "PAN FLAGS"
+run() {
+	local name=$1 expect=$2 defs=$3 cflags=$4 panflags=$5
+	(
+		cd "$work"
+		rm -f pan pan.* ./*.trail
+		spin -a $defs ownership.pml >/dev/null
+		gcc -O2 -w -DMEMLIM="${MEMLIM:-8192}" $cflags -o pan pan.c
+		./pan -m10000000 $panflags > "$name.out" 2>&1 || true
+	)
+	local out="$work/$name.out"
+	local errors states depth secs result
+	errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$out" | tail -1)
+	states=$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' "$out" | tail -1)
+	depth=$(sed -n 's/.*depth reached \([0-9]*\).*/\1/p' "$out" | tail -1)
+	secs=$(sed -n 's/.*elapsed time \([0-9.e+]*\) seconds.*/\1/p' "$out" | tail -1)
+	# A search cut short (out of memory, or too deep) proves nothing either
+	# way, whatever the error count says.
+	if grep -qE "out of memory|memory limit|pan: reached -DMEMLIM" "$out"; then
+		result=incomplete
+	elif grep -q "max search depth too small" "$out" && [ "$expect" = holds ]; then
+		result=truncated
+	elif [ "${errors:-1}" = 0 ]; then
+		result=holds
+	else
+		result=fails
+	fi
+	printf '%-44s %-8s %-6s %12s %6s %8s  %s\n' "$name" "$expect" "$result" "${states:-?}" "${depth:-?}" "${secs:-?}" "$defs"
+	if [ "$result" != "$expect" ]; then
+		failed=1
+		echo "---- $name: expected $expect, got $result"
+		tail -30 "$out"
+	fi
+	if [ "$result" = fails ] && [ "$expect" = fails ]; then
+		# Keep the (shortest, breadth-first) counterexample as evidence.
+		local at trace="traces/${name//[^A-Za-z0-9_.+-]/_}.txt"
+		at=$(sed -n 's/.*(at depth \([0-9]*\)).*/\1/p' "$out" | head -1)
+		mkdir -p traces
+		{
+			echo "# $name: $(grep -m1 -E 'assertion violated|acceptance cycle' "$out")"
+			echo "# spin -t -p $defs ownership.pml, statements of the shortest counterexample"
+			(cd "$work" && spin -t -p -g $defs ownership.pml 2>/dev/null) | grep -E '^ *[0-9]+:' | sed 's/ownership.pml:[0-9]* //'
+		} > "$trace"
+		echo "    counterexample: ${at:-?} steps, trace in model/$trace"
+	fi
+}
+
+# Breadth-first: a complete search with no depth limit for what must hold,
+# and the shortest counterexample for what must fail.
+holds="-DNOCLAIM -DSAFETY -DCOLLAPSE -DBFS"
+fails="$holds"
+
+if [ "${1:-}" != bounds ]; then
+# The protocol as built, with a slow clock: safety properties in every state.
+run NoDoubleExecution+NoStaleWrite+OutcomeOnce holds "-DTTL=4 -DMARGIN=2 -DLAG=1" "$holds" "-E"
+# A pause as long as the margin: still safe.
+run ...pause_equal_to_margin                   holds "-DTTL=4 -DMARGIN=2 -DPAUSE=2" "$holds" "-E"
+# An operator detaching and attaching each runner.
+run ...manual_detach_and_attach                holds "-DTTL=4 -DMARGIN=2 -DMANUAL=1" "$holds" "-E"
+# A pause longer than the margin: execution may overlap (the documented
+# at-least-once limit) ...
+run NoDoubleExecution_pause_over_margin        fails "-DTTL=4 -DMARGIN=2 -DPAUSE=3" "$fails" "-E"
+# ... and in that same setting the fence still refuses every stale write,
+# and there is still one outcome.
+run NoStaleWrite+OutcomeOnce_pause_over_margin holds "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DNO_DOUBLE_EXEC_CHECK" "$holds" "-E"
+# Progress: no faults, keep-alives on schedule, weak fairness.
+run Progress                                   holds "-DTTL=4 -DMARGIN=2 -DFAULTS=0" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+
+# Weakened protocols must produce counterexamples.
+run weakened:margin_0_slow_clock               fails "-DTTL=4 -DMARGIN=0 -DLAG=1" "$fails" "-E"
+# (the bug needs a response delayed by more than the margin while the runner
+# is still attached: MARGIN < delay < TTL - MARGIN - 1, so TTL 5, MARGIN 1)
+run weakened:deadline_from_receipt             fails "-DTTL=5 -DMARGIN=1 -DRECEIPT_BUG=1" "$fails" "-E"
+run weakened:fenced_write_without_lock         fails "-DTTL=4 -DMARGIN=2 -DNOLOCK=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
+else
+# The bound, at its edges (slower: make model-bounds): holds while
+# LAG + PAUSE <= MARGIN, fails beyond.
+run bound:lag1+pause1=margin2                  holds "-DTTL=4 -DMARGIN=2 -DLAG=1 -DPAUSE=1" "$holds" "-E"
+run bound:lag1+pause2                          fails "-DTTL=4 -DMARGIN=2 -DLAG=1 -DPAUSE=2" "$fails" "-E"
+run bound:lag1=margin1                         holds "-DTTL=4 -DMARGIN=1 -DLAG=1" "$holds" "-E"
+run bound:pause1=margin1                       holds "-DTTL=3 -DMARGIN=1 -DPAUSE=1" "$holds" "-E"
+run bound:three_acquisitions                   holds "-DTTL=4 -DMARGIN=2 -DLAG=1 -DMAXACQ=3" "$holds" "-E"
+fi
+
+if [ $failed != 0 ]; then
+	echo "model check: unexpected results"
+	exit 1
+fi
+echo "model check: all as expected"
