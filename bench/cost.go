@@ -108,12 +108,13 @@ type cost struct {
 	EtcdMsgsPerRunnerPerS map[string]float64 `json:"etcd_msgs_per_runner_per_s_by_shard_count"`
 	IdleRSSMiB            float64            `json:"idle_rss_mib_per_runner"`
 	LoadRSSMiB            float64            `json:"peak_rss_mib_per_runner_under_load"`
-	StmtsPerTask          map[string]float64 `json:"pg_transactions_per_completed_task"`
+	XactsPerTask          map[string]float64 `json:"pg_transactions_per_completed_task"`
+	StmtsPerTask          map[string]float64 `json:"pg_statements_per_completed_task,omitempty"`
 	Window                string             `json:"measurement_window"`
 }
 
 func (e *env) costSection(ctx context.Context, rep *Report) error {
-	c := &cost{EtcdMsgsPerRunnerPerS: map[string]float64{}, StmtsPerTask: map[string]float64{}, Window: "20s, 3 idle runners, lease TTL 10s"}
+	c := &cost{EtcdMsgsPerRunnerPerS: map[string]float64{}, XactsPerTask: map[string]float64{}, StmtsPerTask: map[string]float64{}, Window: "20s, 3 idle runners, lease TTL 10s"}
 	for _, shards := range []int{256, 4096} {
 		dsn, err := e.database(ctx, fmt.Sprintf("cost_%d", shards))
 		if err != nil {
@@ -153,14 +154,19 @@ func (e *env) costSection(ctx context.Context, rep *Report) error {
 		cl.stop()
 		fmt.Fprintf(e.log, "  %d shards: %.2f etcd messages/s per runner at steady state\n", shards, rate)
 	}
+	// Per-task database cost: the median over the one-process trials.
+	xacts, stmts := map[string][]float64{}, map[string][]float64{}
 	for _, t := range rep.Throughput {
 		if t.Processes == 1 {
-			key := t.System
-			c.StmtsPerTask[key] = t.StmtsPerTask
+			xacts[t.System] = append(xacts[t.System], t.XactsPerTask)
+			stmts[t.System] = append(stmts[t.System], t.StmtsPerTask)
 			if t.System == "shardrun" {
 				c.LoadRSSMiB = max(c.LoadRSSMiB, t.PeakRSSMiB)
 			}
 		}
+	}
+	for sys := range xacts {
+		c.XactsPerTask[sys], c.StmtsPerTask[sys] = median(xacts[sys]), median(stmts[sys])
 	}
 	rep.Cost = c
 	return nil

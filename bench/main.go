@@ -38,6 +38,8 @@ type env struct {
 	cli       *clientv3.Client
 	runnerBin string
 	log       io.Writer
+	// statStatements: pg_stat_statements is loaded, so statements are counted.
+	statStatements bool
 }
 
 // Report is the JSON written to -out.
@@ -96,11 +98,20 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		return fmt.Errorf("no runner binary at %s: run `make build` first (make bench does)", bin)
 	}
 	settings := map[string]string{"shared_buffers": "256MB", "max_wal_size": "2GB"}
+	statStatements := pgStatStatementsInstalled()
+	if statStatements {
+		settings["shared_preload_libraries"] = "pg_stat_statements"
+	}
 	pg, err := pgtmp.Start(ctx, pgtmp.Options{Durable: true, Settings: settings})
 	if err != nil {
 		return err
 	}
 	defer pg.Stop()
+	if statStatements {
+		if err := createExtension(ctx, pg.DSN("postgres"), "pg_stat_statements"); err != nil {
+			return err
+		}
+	}
 	dir, err := os.MkdirTemp("", "shardrun-bench-etcd-")
 	if err != nil {
 		return err
@@ -116,12 +127,16 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		return err
 	}
 	defer cli.Close()
-	e := &env{pg: pg, etcd: etcd, cli: cli, runnerBin: bin, log: os.Stdout}
+	e := &env{pg: pg, etcd: etcd, cli: cli, runnerBin: bin, log: os.Stdout, statStatements: statStatements}
 
 	rep := &Report{GeneratedAt: time.Now().UTC(), Machine: machine(ctx, pg), Settings: map[string]any{}}
 	rep.Postgres = map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
 		"shared_buffers": settings["shared_buffers"], "max_wal_size": settings["max_wal_size"], "max_connections": "300",
-		"note": "one server for both systems, started the same way; each trial in a fresh database"}
+		"shared_preload_libraries": settings["shared_preload_libraries"],
+		"note":                     "one server for both systems, started the same way; each trial in a fresh database"}
+	if !statStatements {
+		rep.Notes = append(rep.Notes, "pg_stat_statements is not installed with these PostgreSQL binaries: statements per task not measured, transactions only")
+	}
 	want := func(section string) bool {
 		return only == "" || slices.Contains(strings.Split(only, ","), section)
 	}
@@ -232,6 +247,30 @@ func machine(ctx context.Context, pg *pgtmp.Server) map[string]string {
 	return m
 }
 
+// pgStatStatementsInstalled reports whether the server binaries come with
+// pg_stat_statements (Debian's postgresql package does), which must be
+// preloaded for statements to be counted.
+func pgStatStatementsInstalled() bool {
+	bin, err := pgtmp.FindBinaries()
+	if err != nil {
+		return false
+	}
+	_, err = os.Stat(filepath.Join(bin, "..", "lib", "pg_stat_statements.so"))
+	return err == nil
+}
+
+func createExtension(ctx context.Context, dsn, name string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return fmt.Errorf("connecting to create extension %s: %w", name, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return fmt.Errorf("creating extension %s: %w", name, err)
+	}
+	return nil
+}
+
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 func printTable(w io.Writer, rep *Report) {
@@ -275,7 +314,10 @@ func printTable(w io.Writer, rep *Report) {
 	if c := rep.Cost; c != nil {
 		fmt.Fprintf(w, "| etcd messages/s per runner at steady state | 256 shards: %.2f, 4,096 shards: %.2f |\n", c.EtcdMsgsPerRunnerPerS["256"], c.EtcdMsgsPerRunnerPerS["4096"])
 		fmt.Fprintf(w, "| RSS per runner | idle %.0f MiB, under load %.0f MiB |\n", c.IdleRSSMiB, c.LoadRSSMiB)
-		fmt.Fprintf(w, "| PostgreSQL transactions per completed task | shardrun %.3f, River %.3f |\n", c.StmtsPerTask["shardrun"], c.StmtsPerTask["river"])
+		if c.StmtsPerTask["shardrun"] > 0 {
+			fmt.Fprintf(w, "| PostgreSQL statements per completed task | shardrun %.4f, River %.4f |\n", c.StmtsPerTask["shardrun"], c.StmtsPerTask["river"])
+		}
+		fmt.Fprintf(w, "| PostgreSQL transactions per completed task | shardrun %.4f, River %.4f |\n", c.XactsPerTask["shardrun"], c.XactsPerTask["river"])
 	}
 }
 

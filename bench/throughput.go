@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -24,18 +25,52 @@ type burnDown struct {
 	EnqueuePerS  float64 `json:"enqueue_rows_per_s"`
 	TasksPerS    float64 `json:"tasks_per_s"`
 	Seconds      float64 `json:"burn_down_s"`
-	StmtsPerTask float64 `json:"pg_transactions_per_task"`
+	XactsPerTask float64 `json:"pg_transactions_per_task"`
+	// StmtsPerTask is 0 when pg_stat_statements could not be loaded.
+	StmtsPerTask float64 `json:"pg_statements_per_task,omitempty"`
 	PeakRSSMiB   float64 `json:"peak_rss_mib_per_process,omitempty"`
 }
 
 const insertBatch = 10_000
 
-// xacts is the database's committed and rolled back transactions so far:
-// with autocommit statements, one per statement.
-func xacts(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
-	var n int64
-	err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
-	return n, err
+// pgCounters are a database's cumulative transaction and statement counts.
+type pgCounters struct{ xacts, stmts int64 }
+
+// counters reads the counters of the database pool is connected to; stmts
+// stays 0 without pg_stat_statements. The statements counted are those
+// clients sent (pg_stat_statements.track = top), read from the admin
+// database so that reading them adds nothing to the count.
+func (e *env) counters(ctx context.Context, pool *pgxpool.Pool) (pgCounters, error) {
+	var c pgCounters
+	if err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.xacts); err != nil {
+		return c, err
+	}
+	if !e.statStatements {
+		return c, nil
+	}
+	conn, err := pgx.Connect(ctx, e.pg.DSN("postgres"))
+	if err != nil {
+		return c, err
+	}
+	defer conn.Close(ctx)
+	err = conn.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, pool.Config().ConnConfig.Database).Scan(&c.stmts)
+	return c, err
+}
+
+// perTask is what a system cost per task between two readings, less the
+// bench's own polls (one autocommit statement each) and one reading of the
+// transaction counter (the other falls outside each count). Read after
+// the system's connections closed: a backend may hold its transaction
+// counts back for up to a second while it stays connected and idle, but
+// flushes them when it exits; pg_stat_statements counts at once.
+func perTask(before, after pgCounters, polls, n int) (xacts, stmts float64) {
+	own := int64(polls + 1)
+	xacts = float64(after.xacts-before.xacts-own) / float64(n)
+	if after.stmts > 0 {
+		stmts = float64(after.stmts-before.stmts-own) / float64(n)
+	}
+	return xacts, stmts
 }
 
 // shardrunBurnDown inserts n noop tasks with COPY, then starts processes
@@ -70,7 +105,7 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 		}
 	}
 	r.EnqueuePerS = float64(n) / time.Since(start).Seconds()
-	before, err := xacts(ctx, st.Pool())
+	before, err := e.counters(ctx, st.Pool())
 	if err != nil {
 		return r, err
 	}
@@ -85,8 +120,10 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 		}
 		peak.watch(rp)
 	}
+	polls := 0
 	err = waitUntil(10*time.Minute, func() bool {
 		var pending bool
+		polls++
 		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks WHERE state IN ('ready', 'running'))`).Scan(&pending)
 		return !pending
 	})
@@ -94,13 +131,17 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 	if err != nil {
 		return r, fmt.Errorf("burn-down: %w", err)
 	}
-	after, _ := xacts(ctx, st.Pool())
+	c.stop()
+	after, err := e.counters(ctx, st.Pool())
+	if err != nil {
+		return r, err
+	}
 	var span float64
 	if err := st.Pool().QueryRow(ctx, `SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM tasks`).Scan(&span); err != nil {
 		return r, err
 	}
 	r.Seconds, r.TasksPerS = span, float64(n)/span
-	r.StmtsPerTask = float64(after-before) / float64(n)
+	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
 	r.PeakRSSMiB = peak.max() / (1 << 20)
 	return r, nil
 }
@@ -236,17 +277,19 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 		}
 	}
 	r.EnqueuePerS = float64(n) / time.Since(start).Seconds()
-	before, err := xacts(ctx, pool)
+	before, err := e.counters(ctx, pool)
 	if err != nil {
 		return r, err
 	}
 	var running []*river.Client[pgxTx]
+	var pools []*pgxpool.Pool
 	for range clients {
 		p, err := open()
 		if err != nil {
 			return r, err
 		}
 		defer p.Close()
+		pools = append(pools, p)
 		cl, err := newClient(p)
 		if err != nil {
 			return r, err
@@ -256,8 +299,10 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 		}
 		running = append(running, cl)
 	}
+	polls := 0
 	err = waitUntil(10*time.Minute, func() bool {
 		var pending bool
+		polls++
 		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable'))`).Scan(&pending)
 		return !pending
 	})
@@ -266,10 +311,16 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 		_ = cl.Stop(sctx)
 		cancel()
 	}
+	for _, p := range pools {
+		p.Close()
+	}
 	if err != nil {
 		return r, fmt.Errorf("river burn-down: %w", err)
 	}
-	after, _ := xacts(ctx, pool)
+	after, err := e.counters(ctx, pool)
+	if err != nil {
+		return r, err
+	}
 	var span float64
 	var completed int
 	if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM max(finalized_at) - min(attempted_at)), count(*) FILTER (WHERE state = 'completed') FROM river_job`).Scan(&span, &completed); err != nil {
@@ -279,7 +330,7 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 		return r, fmt.Errorf("river completed %d of %d jobs", completed, n)
 	}
 	r.Seconds, r.TasksPerS = span, float64(n)/span
-	r.StmtsPerTask = float64(after-before) / float64(n)
+	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
 	return r, nil
 }
 
