@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -123,11 +124,11 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	c := &Coordinator{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reg: cfg.Registry, client: client, started: make(chan struct{})}
 	c.sweepM = sweeper.NewMetrics(c.reg)
-	c.metrics.isLeader = prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
+	f := promauto.With(c.reg)
+	c.metrics.isLeader = f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
 		Help: "1 while this coordinator is the leader and sweeps."})
-	c.metrics.tasks = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_tasks",
+	c.metrics.tasks = f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_tasks",
 		Help: "Tasks by state (refreshed every few seconds)."}, []string{"state"})
-	c.reg.MustRegister(c.metrics.isLeader, c.metrics.tasks)
 	return c, nil
 }
 

@@ -1,6 +1,9 @@
 package shard
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+)
 
 // Metrics are the runner's membership and ownership metrics.
 type Metrics struct {
@@ -18,29 +21,25 @@ type Metrics struct {
 // NewMetrics creates the metrics and registers them with reg (nil: not
 // registered, for tests that run many members in one process).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		Detached: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardrun_detached",
+	f := promauto.With(reg) // With(nil) creates them without registering
+	return &Metrics{
+		Detached: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_detached",
 			Help: "1 while the runner is detached from the cluster and runs no shard work."}),
-		KeepaliveFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_lease_keepalive_failures_total",
+		KeepaliveFailures: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_lease_keepalive_failures_total",
 			Help: "Lease keep-alives that got no answer in time."}),
-		KeepaliveStreak: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_keepalive_failure_streak",
+		KeepaliveStreak: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_keepalive_failure_streak",
 			Help: "Current run of consecutive keep-alive failures."}),
-		LeaseDeadline: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_deadline_seconds",
+		LeaseDeadline: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_deadline_seconds",
 			Help: "Seconds until the earliest time etcd may expire the runner's lease (from keep-alive send times)."}),
-		ShardsOwned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardrun_shards_owned",
+		ShardsOwned: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_shards_owned",
 			Help: "Shards this runner owns and may work on."}),
-		ShardsAssigned: prometheus.NewGauge(prometheus.GaugeOpts{Name: "shardrun_shards_assigned",
+		ShardsAssigned: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_shards_assigned",
 			Help: "Shards the assignment gives this runner; alert when it differs from shards_owned for long."}),
-		Acquisitions: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_shard_acquisitions_total",
+		Acquisitions: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_shard_acquisitions_total",
 			Help: "Shard keys acquired."}),
-		Releases: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_shard_releases_total",
+		Releases: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_shard_releases_total",
 			Help: "Shard keys released after their work stopped."}),
-		AcquireRetries: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_acquire_retry_attempts_total",
+		AcquireRetries: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_acquire_retry_attempts_total",
 			Help: "Retries to acquire an assigned shard that was still held elsewhere."}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.Detached, m.KeepaliveFailures, m.KeepaliveStreak, m.LeaseDeadline,
-			m.ShardsOwned, m.ShardsAssigned, m.Acquisitions, m.Releases, m.AcquireRetries)
-	}
-	return m
 }

@@ -32,6 +32,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/store"
@@ -242,22 +243,19 @@ type Metrics struct {
 // NewMetrics creates the metrics and registers them with reg (nil: not
 // registered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		Passes: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweeps_total",
+	f := promauto.With(reg) // With(nil) creates them without registering
+	return &Metrics{
+		Passes: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweeps_total",
 			Help: "Completed sweep passes."}),
-		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "shardrun_sweep_duration_seconds",
+		Duration: f.NewHistogram(prometheus.HistogramOpts{Name: "shardrun_sweep_duration_seconds",
 			Help: "Duration of sweep passes.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)}),
-		Released: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_released_total",
+		Released: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_released_total",
 			Help: "Stale claims put back to ready."}),
-		DeadlineFailed: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_deadline_failed_total",
+		DeadlineFailed: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_deadline_failed_total",
 			Help: "Tasks failed because their deadline passed."}),
-		Dead: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_dead_total",
+		Dead: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_dead_total",
 			Help: "Stale claims whose attempts were used up."}),
-		Errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_errors_total",
+		Errors: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_errors_total",
 			Help: "Sweep passes that failed."}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.Passes, m.Duration, m.Released, m.DeadlineFailed, m.Dead, m.Errors)
-	}
-	return m
 }
