@@ -313,6 +313,18 @@ func (c *cluster) shardsOf(runner string) map[int]bool {
 	return out
 }
 
+// ownedElsewhere reports whether every one of the shards is owned by a
+// runner other than from.
+func (c *cluster) ownedElsewhere(set map[int]bool, from string) bool {
+	o := c.owners()
+	for s := range set {
+		if o[s] == "" || o[s] == from {
+			return false
+		}
+	}
+	return true
+}
+
 // balanced reports whether every shard is owned and each of the given
 // runners owns its fair share.
 func (c *cluster) balanced(runners ...string) bool {

@@ -57,15 +57,7 @@ func TestKill9RunnerMidLoad(t *testing.T) {
 	pending := c.pending()
 	killed := time.Now()
 	victim.signal(t, syscall.SIGKILL)
-	failover := c.waitFor(15*time.Second, "runner-2's shards owned again", func() bool {
-		o := c.owners()
-		for s := range moved {
-			if o[s] == "" || o[s] == "runner-2" {
-				return false
-			}
-		}
-		return true
-	})
+	failover := c.waitFor(15*time.Second, "runner-2's shards owned again", func() bool { return c.ownedElsewhere(moved, "runner-2") })
 	var firstDone time.Duration
 	c.waitFor(15*time.Second, "a task of a moved shard completed elsewhere", func() bool {
 		var at time.Time
@@ -94,15 +86,7 @@ func TestSIGSTOPZombieIsFencedOut(t *testing.T) {
 	moved := c.shardsOf("runner-2")
 	stopped := time.Now()
 	zombie.signal(t, syscall.SIGSTOP)
-	takeover := c.waitFor(15*time.Second, "the zombie's shards owned by others", func() bool {
-		o := c.owners()
-		for s := range moved {
-			if o[s] == "" || o[s] == "runner-2" {
-				return false
-			}
-		}
-		return true
-	})
+	takeover := c.waitFor(15*time.Second, "the zombie's shards owned by others", func() bool { return c.ownedElsewhere(moved, "runner-2") })
 	time.Sleep(time.Second) // the zombie stays frozen past its lease; nothing to poll while it sleeps
 	zombie.signal(t, syscall.SIGCONT)
 	woke := time.Now()
@@ -147,15 +131,7 @@ func TestBlackholedEtcdLinkDetachesBeforeTakeover(t *testing.T) {
 	moved := c.shardsOf("runner-2")
 	cut := time.Now()
 	victim.proxy.Blackhole()
-	c.waitFor(15*time.Second, "runner-2's shards owned by others", func() bool {
-		o := c.owners()
-		for s := range moved {
-			if o[s] == "" || o[s] == "runner-2" {
-				return false
-			}
-		}
-		return true
-	})
+	c.waitFor(15*time.Second, "runner-2's shards owned by others", func() bool { return c.ownedElsewhere(moved, "runner-2") })
 	var detached time.Time
 	for _, e := range victim.logEvents("runner detached from cluster") {
 		if e.at.After(cut) {
