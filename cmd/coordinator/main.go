@@ -74,8 +74,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	fs.Int(&o.devRunners, "dev-runners", "", 3, "--dev: runner processes to start")
 	fs.Int(&o.devRate, "dev-rate", "", 40, "--dev: demo tasks enqueued per second")
 	fs.String(&o.runnerBin, "runner-bin", "", "", "--dev: the runner binary (default: runner next to this binary)")
-	fs.String(&o.logLevel, "log-level", "SHARDRUN_LOG_LEVEL", "info", "trace, debug, info, warn or error")
-	fs.String(&o.logFormat, "log-format", "SHARDRUN_LOG_FORMAT", "text", "text or json")
+	fs.LogFlags(&o.logLevel, &o.logFormat)
 	if err := fs.Parse(args, getenv, stdout); err != nil {
 		if errors.Is(err, cli.ErrHelp) {
 			return 0

@@ -50,36 +50,35 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	fs.Duration(&cfg.HandoffTimeout, "handoff-timeout", "SHARDRUN_HANDOFF_TIMEOUT", cfg.HandoffTimeout, "how long a moving shard's running tasks may finish before they are cancelled")
 	fs.Duration(&cfg.RetryBase, "retry-base", "SHARDRUN_RETRY_BASE", cfg.RetryBase, "backoff after a task's first failed attempt (doubles per attempt, with jitter)")
 	fs.Duration(&cfg.RetryCap, "retry-cap", "SHARDRUN_RETRY_CAP", cfg.RetryCap, "longest backoff between attempts")
-	fs.String(&logLevel, "log-level", "SHARDRUN_LOG_LEVEL", "info", "trace, debug, info, warn or error")
-	fs.String(&logFormat, "log-format", "SHARDRUN_LOG_FORMAT", "text", "text or json")
+	fs.LogFlags(&logLevel, &logFormat)
+	// Exit codes: 2 for bad flags or settings, 1 for a failure while running.
+	fail := func(err error, code int) int {
+		fmt.Fprintf(stderr, "runner: %s\n", cli.OneLine(err))
+		return code
+	}
 	if err := fs.Parse(args, getenv, stdout); err != nil {
 		if errors.Is(err, cli.ErrHelp) {
 			return 0
 		}
-		fmt.Fprintf(stderr, "runner: %s\n", cli.OneLine(err))
-		return 2
+		return fail(err, 2)
 	}
 	cfg.EtcdEndpoints = cli.SplitList(endpoints)
 	log, err := cli.NewLogger("runner", logLevel, logFormat, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "runner: %s\n", cli.OneLine(err))
-		return 2
+		return fail(err, 2)
 	}
 	cfg.Logger = log
 	r, err := runner.New(cfg)
 	if err != nil {
-		fmt.Fprintf(stderr, "runner: %s\n", cli.OneLine(err))
-		return 2
+		return fail(err, 2)
 	}
 	if err := r.HandleBuiltins(); err != nil {
-		fmt.Fprintf(stderr, "runner: %s\n", cli.OneLine(err))
-		return 2
+		return fail(err, 2)
 	}
 	ctx, stop := cli.SignalContext(log)
 	defer stop()
 	if err := r.Run(ctx); err != nil {
-		fmt.Fprintf(stderr, "runner: %s\n", cli.OneLine(err))
-		return 1
+		return fail(err, 1)
 	}
 	return 0
 }

@@ -134,6 +134,13 @@ func (f *FlagSet) Usage(w io.Writer) {
 	tw.Flush()
 }
 
+// LogFlags declares --log-level and --log-format, the two flags NewLogger
+// takes, the same way for every binary.
+func (f *FlagSet) LogFlags(level, format *string) {
+	f.String(level, "log-level", "SHARDRUN_LOG_LEVEL", "info", "trace, debug, info, warn or error")
+	f.String(format, "log-format", "SHARDRUN_LOG_FORMAT", "text", "text or json")
+}
+
 // NewLogger returns the root hclog logger. level is trace, debug, info,
 // warn or error; format is text or json.
 func NewLogger(name, level, format string, w io.Writer) (hclog.Logger, error) {
