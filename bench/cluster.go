@@ -13,7 +13,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/shardrun/shardrun/internal/faultproxy"
 	"github.com/shardrun/shardrun/internal/freeport"
@@ -186,10 +185,6 @@ func (r *runnerProc) logTime(msg string, after time.Time) (time.Time, map[string
 		}
 	}
 	return time.Time{}, nil, false
-}
-
-func newEtcdClient(endpoints []string) (*clientv3.Client, error) {
-	return clientv3.New(clientv3.Config{Endpoints: endpoints, Logger: zap.NewNop()})
 }
 
 func httpStatus(url string) int {

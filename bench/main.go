@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/pgtmp"
 )
@@ -122,12 +123,12 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		return err
 	}
 	defer etcd.Close()
-	cli, err := newEtcdClient(etcd.Endpoints())
+	etcdCli, err := cli.NewEtcdClient(etcd.Endpoints())
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	e := &env{pg: pg, etcd: etcd, cli: cli, runnerBin: bin, log: os.Stdout, statStatements: statStatements}
+	defer etcdCli.Close()
+	e := &env{pg: pg, etcd: etcd, cli: etcdCli, runnerBin: bin, log: os.Stdout, statStatements: statStatements}
 
 	rep := &Report{GeneratedAt: time.Now().UTC(), Machine: machine(ctx, pg), Settings: map[string]any{}}
 	rep.Postgres = map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
