@@ -17,8 +17,8 @@ import (
 	"github.com/shardrun/shardrun/runner"
 )
 
-// chromium finds Debian's chromium. The browser test fails without it
-// (CI installs it); SHARDRUN_SKIP_BROWSER=1 opts out knowingly.
+// chromium finds Debian's chromium. Without it the browser test fails,
+// unless SHARDRUN_SKIP_BROWSER=1 opts out knowingly outside CI.
 func chromium(t *testing.T) string {
 	t.Helper()
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
@@ -26,10 +26,11 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
+	const why = "chromium not found: install it (apt-get install chromium) to check the status page in a real browser"
 	if os.Getenv("SHARDRUN_SKIP_BROWSER") == "1" {
-		t.Skip("SHARDRUN_SKIP_BROWSER=1: the status page browser test was opted out")
+		testutil.MissingTool(t, why+"; SHARDRUN_SKIP_BROWSER=1 opted out")
 	}
-	t.Fatal("chromium not found: install it (apt-get install chromium) to check the status page in a real browser, or set SHARDRUN_SKIP_BROWSER=1 to skip this test knowingly")
+	t.Fatal(why + ", or set SHARDRUN_SKIP_BROWSER=1 to skip this test knowingly")
 	return ""
 }
 

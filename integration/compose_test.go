@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/shardrun/shardrun/internal/testutil"
 )
 
 // TestComposeFileIsValid checks docker-compose.yml with `docker-compose
@@ -13,7 +15,7 @@ import (
 func TestComposeFileIsValid(t *testing.T) {
 	bin, err := exec.LookPath("docker-compose")
 	if err != nil {
-		t.Skip("docker-compose is not installed (apt-get install docker-compose); .ci/run installs it so CI always checks the compose file")
+		testutil.MissingTool(t, "docker-compose is not installed (apt-get install docker-compose) to check docker-compose.yml")
 	}
 	cmd := exec.Command(bin, "-f", "../docker-compose.yml", "config")
 	cmd.Env = append(os.Environ(), "SHARDRUN_ADMIN_TOKEN=t1", "SHARDRUN_API_TOKEN=t2")

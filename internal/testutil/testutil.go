@@ -1,11 +1,13 @@
 // Package testutil holds what the test packages share: polling with a
 // deadline instead of sleeping, an embedded etcd per test, the goleak
-// allowances for it, free loopback addresses, and an event recorder.
+// allowances for it, free loopback addresses, an event recorder, and the one
+// rule for a test whose tool is missing.
 package testutil
 
 import (
 	"context"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -23,6 +25,18 @@ import (
 var EtcdLeaks = []goleak.Option{
 	goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
 	goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/schedule.(*fifo).run"),
+}
+
+// MissingTool ends a test whose external tool (a browser, docker-compose) is
+// not installed. On a developer's machine it skips with how to install it;
+// in CI (CI set, where .ci/run installs every tool) it fails, so a check
+// never silently stops running there.
+func MissingTool(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s (CI is set: .ci/run must have installed it)", why)
+	}
+	t.Skip(why)
 }
 
 // Until polls cond every 5ms until it holds, and returns how long that took.
