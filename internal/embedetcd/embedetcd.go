@@ -5,9 +5,11 @@ package embedetcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -59,30 +61,23 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MaxTxnOps > 0 {
 		ec.MaxTxnOps = cfg.MaxTxnOps
 	}
-	clientAddr := cfg.ClientAddr
-	if clientAddr == "" {
-		port, err := freeport.Port()
-		if err != nil {
-			return nil, fmt.Errorf("embedded etcd: %w", err)
+	// The ports are probed free and bound a moment later; another process
+	// (a parallel test package) may take one in between. Binding happens
+	// before etcd writes its data directory, so trying new ports is safe.
+	var e *embed.Etcd
+	var cu url.URL
+	for attempt := 0; ; attempt++ {
+		var err error
+		if cu, err = listenURLs(ec, cfg.ClientAddr); err != nil {
+			return nil, err
 		}
-		clientAddr = fmt.Sprintf("127.0.0.1:%d", port)
-	}
-	peerPort, err := freeport.Port()
-	if err != nil {
-		return nil, fmt.Errorf("embedded etcd: %w", err)
-	}
-	cu, err := url.Parse("http://" + clientAddr)
-	if err != nil {
-		return nil, fmt.Errorf("embedded etcd: client address %q: %w", clientAddr, err)
-	}
-	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", peerPort))
-	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
-	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
-	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
-
-	e, err := embed.StartEtcd(ec)
-	if err != nil {
-		return nil, fmt.Errorf("starting embedded etcd in %s on %s: %w", cfg.Dir, clientAddr, err)
+		e, err = embed.StartEtcd(ec)
+		if err == nil {
+			break
+		}
+		if attempt >= 3 || !isAddrInUse(err) {
+			return nil, fmt.Errorf("starting embedded etcd in %s on %s: %w", cfg.Dir, cu.Host, err)
+		}
 	}
 	select {
 	case <-e.Server.ReadyNotify():
@@ -97,6 +92,37 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("embedded etcd did not become ready within 60s")
 	}
 	return &Server{e: e, endpoints: []string{cu.String()}, level: level}, nil
+}
+
+// listenURLs sets the client and peer URLs: clientAddr, or a free loopback
+// port when empty, and always a free loopback peer port.
+func listenURLs(ec *embed.Config, clientAddr string) (url.URL, error) {
+	if clientAddr == "" {
+		port, err := freeport.Port()
+		if err != nil {
+			return url.URL{}, fmt.Errorf("embedded etcd: %w", err)
+		}
+		clientAddr = fmt.Sprintf("127.0.0.1:%d", port)
+	}
+	peerPort, err := freeport.Port()
+	if err != nil {
+		return url.URL{}, fmt.Errorf("embedded etcd: %w", err)
+	}
+	cu, err := url.Parse("http://" + clientAddr)
+	if err != nil {
+		return url.URL{}, fmt.Errorf("embedded etcd: client address %q: %w", clientAddr, err)
+	}
+	pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", peerPort)}
+	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	return *cu, nil
+}
+
+// isAddrInUse reports a failed bind. etcd does not always wrap the
+// syscall error, so its text is checked too.
+func isAddrInUse(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), "address already in use")
 }
 
 // Endpoints are the client URLs.
