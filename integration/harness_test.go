@@ -221,28 +221,53 @@ func (c *cluster) startRunner(name string, withProxy bool) *proc {
 		}
 		endpoint = "http://" + proxy.Addr()
 	}
-	addr := testutil.FreeAddr(c.t)
-	p := c.launch(name, "runner", c.runner, addr, proxy,
-		"--etcd-endpoints", endpoint, "--etcd-prefix", "/shardrun/", "--cluster", "it", "--shard-count", strconv.Itoa(shards),
-		"--database-url", c.dsn, "--runner-id", name, "--admin-addr", addr, "--admin-token", adminToken,
-		"--lease-ttl", leaseTTL.String(), "--recovery-window", recoveryWindow.String(), "--heartbeat-interval", "1s",
-		"--poll-interval", "500ms", "--handoff-timeout", "2s", "--retry-base", "100ms", "--retry-cap", "500ms",
-		"--log-format", "json", "--log-level", "info")
-	c.waitFor(30*time.Second, name+" ready", func() bool { return httpCode(c.t, "GET", "http://"+addr+"/readyz", "") == 200 })
-	return p
+	return c.serve(name, "runner", c.runner, proxy, "/readyz", func(addr string) []string {
+		return []string{"--etcd-endpoints", endpoint, "--etcd-prefix", "/shardrun/", "--cluster", "it", "--shard-count", strconv.Itoa(shards),
+			"--database-url", c.dsn, "--runner-id", name, "--admin-addr", addr, "--admin-token", adminToken,
+			"--lease-ttl", leaseTTL.String(), "--recovery-window", recoveryWindow.String(), "--heartbeat-interval", "1s",
+			"--poll-interval", "500ms", "--handoff-timeout", "2s", "--retry-base", "100ms", "--retry-cap", "500ms",
+			"--log-format", "json", "--log-level", "info"}
+	})
 }
 
 func (c *cluster) startCoordinator(name string) *proc {
 	c.t.Helper()
-	addr := testutil.FreeAddr(c.t)
-	p := c.launch(name, "coordinator", c.coord, addr, nil,
-		"--etcd-endpoints", c.etcd.Endpoints()[0], "--etcd-prefix", "/shardrun/", "--cluster", "it",
-		"--shard-count", strconv.Itoa(shards), "--database-url", c.dsn, "--coordinator-id", name, "--http-addr", addr,
-		"--api-token", apiToken, "--election-ttl", electionTTL.String(), "--sweep-interval", "1s",
-		"--stale-threshold", staleThreshold.String(), "--heartbeat-interval", "1s", "--retry-base", "100ms",
-		"--retry-cap", "500ms", "--log-format", "json")
-	c.waitFor(30*time.Second, name+" serving", func() bool { return httpCode(c.t, "GET", "http://"+addr+"/healthz", "") == 200 })
-	return p
+	return c.serve(name, "coordinator", c.coord, nil, "/healthz", func(addr string) []string {
+		return []string{"--etcd-endpoints", c.etcd.Endpoints()[0], "--etcd-prefix", "/shardrun/", "--cluster", "it",
+			"--shard-count", strconv.Itoa(shards), "--database-url", c.dsn, "--coordinator-id", name, "--http-addr", addr,
+			"--api-token", apiToken, "--election-ttl", electionTTL.String(), "--sweep-interval", "1s",
+			"--stale-threshold", staleThreshold.String(), "--heartbeat-interval", "1s", "--retry-base", "100ms",
+			"--retry-cap", "500ms", "--log-format", "json"}
+	})
+}
+
+// serve launches a process listening on a free loopback address and waits
+// until health answers 200. The address is probed free and bound by the
+// process a moment later; if another process took it in between, the
+// process exits saying so and serve tries a new address.
+func (c *cluster) serve(name, kind, bin string, proxy *faultproxy.Proxy, health string, args func(addr string) []string) *proc {
+	c.t.Helper()
+	for attempt := 0; ; attempt++ {
+		addr := testutil.FreeAddr(c.t)
+		p := c.launch(name, kind, bin, addr, proxy, args(addr)...)
+		var exited bool
+		c.waitFor(30*time.Second, name+" serving", func() bool {
+			select {
+			case err := <-p.done:
+				p.done <- err // leave it for whoever waits on the process
+				exited = true
+				return true
+			default:
+			}
+			return httpCode(c.t, "GET", "http://"+addr+health, "") == 200
+		})
+		if !exited {
+			return p
+		}
+		if attempt >= 3 || !strings.Contains(p.logs.String(), "address already in use") {
+			c.t.Fatalf("%s exited while starting:\n%s", name, p.logs.String())
+		}
+	}
 }
 
 func (c *cluster) waitFor(timeout time.Duration, what string, cond func() bool) time.Duration {
