@@ -380,12 +380,12 @@ func (e *Executor) fenceNew(ctx context.Context, owned []ShardEpoch) error {
 // start runs one claimed task on its own goroutine.
 func (e *Executor) start(shardCtx context.Context, t Task, done func(), workers *sync.WaitGroup) {
 	h, _ := e.cfg.Registry.Lookup(t.Kind)
-	tctx, cancel := context.WithCancel(shardCtx)
+	var tctx context.Context
+	var cancel context.CancelFunc
 	if t.Deadline != nil {
-		var c2 context.CancelFunc
-		tctx, c2 = context.WithDeadline(tctx, *t.Deadline)
-		prev := cancel
-		cancel = func() { c2(); prev() }
+		tctx, cancel = context.WithDeadline(shardCtx, *t.Deadline)
+	} else {
+		tctx, cancel = context.WithCancel(shardCtx)
 	}
 	e.mu.Lock()
 	e.running[t.ID] = &running{task: t, cancel: cancel}
