@@ -140,13 +140,12 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.state, t.attemp
 
 // Plans must not depend on fresh statistics: a queue table is often
 // bulk-loaded and churned faster than autovacuum analyses it, and the
-// planner then estimates its CTEs and scans at a row or two. So no
-// statement joins a CTE to tasks: the UPDATEs find their targets by primary
-// key from arrays (id = ANY(ARRAY(...)), or unnest of arrays), and the claim
-// and orphan scans filter on shard = ANY(ARRAY(SELECT shard FROM fence)),
-// looking the epoch up in the input arrays. Joining instead made the planner
-// loop over the CTE once per row: a claim of 512 from 50,000 fresh tasks
-// took 1.9s, a sweep of 1,000 stale claims 137ms.
+// planner then estimates its CTEs and scans at a row or two. So rows of
+// tasks are found only by primary key from input arrays (unnest, or
+// id = ANY(ARRAY(...))) or by an index scan whose filter is an array
+// (shard = ANY(ARRAY(SELECT shard FROM fence)), the epoch looked up in the
+// input arrays), never by joining a scan of tasks to a CTE.
+// docs/architecture.md has what the join cost.
 
 // Claim moves up to limit ready tasks of the given kinds, in run_after order,
 // from the shards the runner holds the fence of, to running under that
