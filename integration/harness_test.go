@@ -462,6 +462,16 @@ func (p *proc) logEvents(msg string) []logEvent {
 	return out
 }
 
+// firstEventAfter is the time of p's first log event msg after t, or zero.
+func (p *proc) firstEventAfter(msg string, t time.Time) time.Time {
+	for _, e := range p.logEvents(msg) {
+		if e.at.After(t) {
+			return e.at
+		}
+	}
+	return time.Time{}
+}
+
 // firstAcquisitionAfter is the first etcd PUT of one of shards by someone
 // other than not, after t.
 func (c *cluster) firstAcquisitionAfter(t time.Time, shardSet map[int]bool, not string) (etcdEvent, bool) {

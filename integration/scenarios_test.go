@@ -91,12 +91,7 @@ func TestSIGSTOPZombieIsFencedOut(t *testing.T) {
 	zombie.signal(t, syscall.SIGCONT)
 	woke := time.Now()
 	c.waitFor(10*time.Second, "the zombie detached after waking", func() bool {
-		for _, e := range zombie.logEvents("runner detached from cluster") {
-			if e.at.After(stopped) {
-				return true
-			}
-		}
-		return false
+		return !zombie.firstEventAfter("runner detached from cluster", stopped).IsZero()
 	})
 	c.waitFor(10*time.Second, "the zombie's late writes rejected", func() bool {
 		return c.metric(zombie, "shardrun_fence_rejections_total") > 0 ||
@@ -105,13 +100,7 @@ func TestSIGSTOPZombieIsFencedOut(t *testing.T) {
 	c.waitFor(20*time.Second, "the zombie re-attached and the cluster rebalanced", func() bool {
 		return c.balanced("runner-1", "runner-2", "runner-3")
 	})
-	var attached time.Time
-	for _, e := range zombie.logEvents("runner re-attached to cluster") {
-		if e.at.After(woke) {
-			attached = e.at
-			break
-		}
-	}
+	attached := zombie.firstEventAfter("runner re-attached to cluster", woke)
 	if attached.IsZero() || attached.Sub(woke) < recoveryWindow {
 		t.Errorf("the zombie re-attached %s after waking, want at least the recovery window %s", attached.Sub(woke), recoveryWindow)
 	}
@@ -132,13 +121,7 @@ func TestBlackholedEtcdLinkDetachesBeforeTakeover(t *testing.T) {
 	cut := time.Now()
 	victim.proxy.Blackhole()
 	c.waitFor(15*time.Second, "runner-2's shards owned by others", func() bool { return c.ownedElsewhere(moved, "runner-2") })
-	var detached time.Time
-	for _, e := range victim.logEvents("runner detached from cluster") {
-		if e.at.After(cut) {
-			detached = e.at
-			break
-		}
-	}
+	detached := victim.firstEventAfter("runner detached from cluster", cut)
 	first, ok := c.firstAcquisitionAfter(cut, moved, "runner-2")
 	if detached.IsZero() || !ok {
 		t.Fatalf("detach at %v, first takeover found %v", detached, ok)
@@ -151,13 +134,7 @@ func TestBlackholedEtcdLinkDetachesBeforeTakeover(t *testing.T) {
 	healed := time.Now()
 	victim.proxy.Pass()
 	c.waitFor(20*time.Second, "runner-2 back and balanced", func() bool { return c.balanced("runner-1", "runner-2", "runner-3") })
-	var attached time.Time
-	for _, e := range victim.logEvents("runner re-attached to cluster") {
-		if e.at.After(healed) {
-			attached = e.at
-			break
-		}
-	}
+	attached := victim.firstEventAfter("runner re-attached to cluster", healed)
 	if attached.IsZero() || attached.Sub(healed) < recoveryWindow {
 		t.Errorf("re-attached %s after the heal, want at least the recovery window %s", attached.Sub(healed), recoveryWindow)
 	}
