@@ -29,6 +29,7 @@ import (
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/pgtmp"
+	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -51,6 +52,9 @@ const (
 	prefix         = "/shardrun/it/"
 )
 
+// binDirPrefix names the directory of the binaries built for the tests.
+const binDirPrefix = "shardrun-it-bin-"
+
 var (
 	buildOnce sync.Once
 	binDir    string
@@ -61,10 +65,13 @@ var (
 func binaries(t *testing.T) (runner, coordinator string) {
 	t.Helper()
 	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "shardrun-it-bin-")
+		// tempdir records this process as the owner, so a directory left by
+		// a killed test binary is removed by the next run.
+		binDir, buildErr = tempdir.New(binDirPrefix)
 		if buildErr != nil {
 			return
 		}
+		pgtest.AtExit(func() { _ = os.RemoveAll(binDir) })
 		args := []string{"build", "-o", binDir + "/"}
 		if os.Getenv("SHARDRUN_RACE_BINARIES") == "1" {
 			args = append(args, "-race")

@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
+	"syscall"
 	"time"
 
 	"github.com/shardrun/shardrun/internal/pgtest"
@@ -142,24 +142,31 @@ func (c *cluster) checkEtcdHistory() int {
 	return acquisitions
 }
 
-// checkTempDirs: the runners and coordinators create no temporary data;
-// the only PostgreSQL directory is the test binary's own server.
+// checkTempDirs: the runners and coordinators create no temporary data.
+// The only directories of this test binary are its own server's and its
+// binaries' (both removed when the package's tests end); those of other
+// test binaries still running are theirs.
 func (c *cluster) checkTempDirs() {
 	c.t.Helper()
-	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "shardrun-*"))
+	var dirs []string
+	for _, prefix := range []string{"shardrun-pg-", "shardrun-dev-", binDirPrefix} {
+		found, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+		dirs = append(dirs, found...)
+	}
 	for _, d := range dirs {
-		base := filepath.Base(d)
 		switch {
-		case strings.HasPrefix(base, "shardrun-it-bin-"):
-		case strings.HasPrefix(base, "shardrun-pg-") && pgtest.Server() != nil && d == pgtest.Server().Dir():
-		case strings.HasPrefix(base, "shardrun-pg-") || strings.HasPrefix(base, "shardrun-dev-"):
-			if owner := tempdir.Owner(d); owner != 0 && owner != os.Getpid() {
+		case d == binDir:
+		case pgtest.Server() != nil && d == pgtest.Server().Dir():
+		default:
+			if owner := tempdir.Owner(d); owner != 0 && owner != os.Getpid() && processAlive(owner) {
 				continue // another test binary's, still running
 			}
 			c.t.Errorf("temporary directory left behind: %s", d)
 		}
 	}
 }
+
+func processAlive(pid int) bool { return syscall.Kill(pid, 0) != syscall.ESRCH }
 
 func (c *cluster) report(name string, s summary, details string) {
 	c.t.Logf("SCENARIO %-26s tasks %4d  duration %6.1fs  acquisitions %4d  fence rejections %3.0f  %s",

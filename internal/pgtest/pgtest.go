@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -28,7 +29,30 @@ var (
 	adminDSN string
 	server   *pgtmp.Server
 	seq      atomic.Int64
+
+	atExitMu sync.Mutex
+	atExit   []func()
 )
+
+// AtExit registers fn to run once the package's tests have ended (or the
+// test binary is interrupted), before the server stops: for what a package
+// shares between its tests, such as binaries built once, so that a test run
+// leaves nothing behind.
+func AtExit(fn func()) {
+	atExitMu.Lock()
+	defer atExitMu.Unlock()
+	atExit = append(atExit, fn)
+}
+
+func runAtExit() {
+	atExitMu.Lock()
+	fns := atExit
+	atExit = nil
+	atExitMu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
+}
 
 // Main runs the package's tests against a throwaway server, then checks that
 // no goroutine was left behind. Call it from TestMain.
@@ -44,6 +68,7 @@ func run(m *testing.M, leakOpts []goleak.Option) int {
 	stopSignals := stopOnSignal()
 	code := m.Run()
 	stopSignals()
+	runAtExit()
 	if server != nil {
 		if err := server.Stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
@@ -83,6 +108,7 @@ func stopOnSignal() (stop func()) {
 	go func() {
 		select {
 		case <-ch:
+			runAtExit()
 			if server != nil {
 				_ = server.Stop()
 			}
