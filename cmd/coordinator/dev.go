@@ -11,11 +11,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/coordinator"
 	"github.com/shardrun/shardrun/internal/cli"
@@ -31,6 +31,31 @@ import (
 // devDirPrefix names the --dev temporary directories, so that one left by a
 // killed demo is removed by the next.
 const devDirPrefix = "shardrun-dev-"
+
+// devLeaseTTL is the demo runners' lease TTL: short, so that a kill -9 or a
+// SIGSTOP moves shards within seconds, long enough for a loaded laptop.
+const devLeaseTTL = 5 * time.Second
+
+// devDefaults are the timings --dev uses for the flags the user did not
+// give: short, so that failures (kill -9, SIGSTOP, manual detach) show
+// within seconds. Given flags are honoured (and validated as usual).
+func (o *options) devDefaults(given func(name string) bool) {
+	for _, d := range []struct {
+		flag string
+		p    *time.Duration
+		v    time.Duration
+	}{
+		{"election-ttl", &o.electionTTL, 5 * time.Second},
+		{"sweep-interval", &o.sweepInterval, 2 * time.Second},
+		{"stale-threshold", &o.staleThreshold, 10 * time.Second},
+		{"heartbeat-interval", &o.heartbeatInterval, 2 * time.Second},
+		{"retry-base", &o.retryBase, 500 * time.Millisecond},
+	} {
+		if !given(d.flag) {
+			*d.p = d.v
+		}
+	}
+}
 
 // runDev runs a whole cluster on this machine until ctx ends: a throwaway
 // PostgreSQL (or DATABASE_URL), an embedded etcd, this coordinator, runner
@@ -72,9 +97,6 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	}
 	o.embedDir, o.embedAddr = filepath.Join(tmp, "etcd"), fmt.Sprintf("127.0.0.1:%d", etcdPort)
 	o.endpoints = "http://" + o.embedAddr
-	// Short timings so that failures (kill -9, SIGSTOP, manual detach) show
-	// within seconds.
-	o.electionTTL, o.sweepInterval, o.staleThreshold, o.heartbeatInterval = 5*time.Second, 2*time.Second, 10*time.Second, 2*time.Second
 
 	coordCtx, stopCoord := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCoord()
@@ -112,11 +134,6 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 		return err
 	}
 	defer st.Close()
-	etcd, err := cli.NewEtcdClient([]string{o.endpoints})
-	if err != nil {
-		return err
-	}
-	defer etcd.Close()
 
 	url := "http://" + c.Addr() + "/"
 	fmt.Fprintf(out, "\nshardrun demo: an all-in-one cluster is running\n")
@@ -126,7 +143,13 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	for _, r := range runners {
 		fmt.Fprintf(out, "  %-12s pid %d, admin http://%s  (try: curl -X POST http://%s/admin/detach)\n", r.id, r.cmd.Process.Pid, r.admin, r.admin)
 	}
-	fmt.Fprintf(out, "  faults       kill -STOP <pid> makes a zombie runner (kill -CONT it back); kill -9 <pid> a dead one\n")
+	fmt.Fprintf(out, "  faults       kill -STOP <pid> makes a zombie runner (kill -CONT it back); kill -9 <pid> a dead one:\n")
+	fmt.Fprintf(out, "               its shards move within about %s (the demo's lease TTL); a manual detach moves them at once\n", devLeaseTTL)
+	fmt.Fprintf(out, "  tasks        %d/s: 55%% sleep, 30%% noop, and on purpose 12%% that fail once then complete,\n", o.devRate)
+	fmt.Fprintf(out, "               2%% that always fail (dead after 2 attempts) and 1%% that miss their deadline (failed):\n")
+	fmt.Fprintf(out, "               failed and dead grow steadily by design\n")
+	fmt.Fprintf(out, "  timings      stale threshold %s, task heartbeat %s, election TTL %s (flags you give override them)\n",
+		o.staleThreshold, o.heartbeatInterval, o.electionTTL)
 	fmt.Fprintf(out, "  Ctrl-C stops everything and removes the temporary data (%s)\n\n", tmp)
 
 	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: o.shardCount})
@@ -135,7 +158,7 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { produce(ctx, client, o.devRate, log) })
-	progress(ctx, st, etcd, o, out)
+	progress(ctx, c, out)
 	wg.Wait()
 	fmt.Fprintln(out, "\nstopping: draining the runners…")
 	return nil
@@ -190,13 +213,12 @@ func demoTask() tasks.NewTask {
 }
 
 // progress prints a line every few seconds until ctx ends: tasks done,
-// rate, counts by state and shards per runner.
-func progress(ctx context.Context, st *store.Store, etcd *clientv3.Client, o options, out io.Writer) {
+// rate, counts by state, and shards per runner with any runner that is not
+// healthy marked (unresponsive, lost).
+func progress(ctx context.Context, c *coordinator.Coordinator, out io.Writer) {
 	start := time.Now()
 	tick := time.NewTicker(3 * time.Second)
 	defer tick.Stop()
-	var last int64
-	lastAt := start
 	for {
 		select {
 		case <-ctx.Done():
@@ -204,45 +226,59 @@ func progress(ctx context.Context, st *store.Store, etcd *clientv3.Client, o opt
 		case <-tick.C:
 		}
 		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		counts, err := st.CountByState(qctx)
-		cl, cerr := shard.ReadCluster(qctx, etcd, o.prefix+o.cluster+"/", o.shardCount)
+		v, err := c.Cluster(qctx)
 		cancel()
-		if err != nil || cerr != nil {
+		if err != nil {
 			if ctx.Err() == nil {
-				fmt.Fprintf(out, "%5.0fs  (progress unavailable: %v %v)\n", time.Since(start).Seconds(), err, cerr)
+				fmt.Fprintf(out, "%5.0fs  (progress unavailable: %s)\n", time.Since(start).Seconds(), cli.OneLine(err))
 			}
 			continue
 		}
-		now := time.Now()
-		done := counts[tasks.Completed]
-		rate := float64(done-last) / now.Sub(lastAt).Seconds()
-		last, lastAt = done, now
-		owners := map[string]int{}
-		for _, id := range cl.Owners {
-			owners[id]++
-		}
-		var parts []string
-		for _, r := range cl.Runners {
-			mark := ""
-			if r.State != shard.StateAttached {
-				mark = " (" + r.State + ")"
-			}
-			parts = append(parts, fmt.Sprintf("%s %d%s", r.ID, owners[r.ID], mark))
-		}
-		if owners[""] > 0 {
-			parts = append(parts, fmt.Sprintf("unowned %d", owners[""]))
-		}
 		fmt.Fprintf(out, "%5.0fs  completed %d (%.0f/s)  ready %d  running %d  failed %d  dead %d  |  shards: %s\n",
-			now.Sub(start).Seconds(), done, rate, counts[tasks.Ready], counts[tasks.Running],
-			counts[tasks.Failed], counts[tasks.Dead], strings.Join(parts, ", "))
+			time.Since(start).Seconds(), v.Tasks[tasks.Completed], v.Rates[tasks.Completed], v.Tasks[tasks.Ready],
+			v.Tasks[tasks.Running], v.Tasks[tasks.Failed], v.Tasks[tasks.Dead], shardsLine(v))
 	}
 }
 
+// shardsLine is "runner-1 85, runner-2 86 (detached), runner-3 85 (unresponsive)",
+// then runners lost in the last minute and unowned shards.
+func shardsLine(v coordinator.ClusterView) string {
+	owners := map[string]int{}
+	for _, id := range v.Owners {
+		owners[id]++
+	}
+	var parts []string
+	for _, r := range v.Runners {
+		var marks []string
+		if r.State != shard.StateAttached {
+			marks = append(marks, r.State)
+		}
+		if r.Health != coordinator.HealthOK {
+			marks = append(marks, r.Health)
+		}
+		mark := ""
+		if len(marks) > 0 {
+			mark = " (" + strings.Join(marks, ", ") + ")"
+		}
+		parts = append(parts, fmt.Sprintf("%s %d%s", r.ID, owners[r.ID], mark))
+	}
+	for _, r := range v.Gone {
+		if r.Health == coordinator.HealthLost && time.Since(r.LastSeen) < time.Minute {
+			parts = append(parts, r.ID+" lost")
+		}
+	}
+	if owners[""] > 0 {
+		parts = append(parts, fmt.Sprintf("unowned %d", owners[""]))
+	}
+	return strings.Join(parts, ", ")
+}
+
 type devRunner struct {
-	id    string
-	admin string
-	cmd   *exec.Cmd
-	done  chan error
+	id       string
+	admin    string
+	cmd      *exec.Cmd
+	done     chan error
+	stopping atomic.Bool // set before the demo stops it, so its exit is expected
 }
 
 func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, error) {
@@ -254,8 +290,9 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 	r.cmd = exec.Command(bin,
 		"--etcd-endpoints", o.endpoints, "--etcd-prefix", o.prefix, "--cluster", o.cluster,
 		"--shard-count", strconv.Itoa(o.shardCount), "--database-url", o.databaseURL,
-		"--runner-id", r.id, "--admin-addr", r.admin, "--lease-ttl", "5s", "--recovery-window", "2s",
-		"--heartbeat-interval", "2s", "--handoff-timeout", "5s", "--retry-base", "500ms", "--log-level", "warn")
+		"--runner-id", r.id, "--admin-addr", r.admin, "--lease-ttl", devLeaseTTL.String(), "--recovery-window", "2s",
+		"--heartbeat-interval", o.heartbeatInterval.String(), "--handoff-timeout", "5s",
+		"--retry-base", o.retryBase.String(), "--retry-cap", o.retryCap.String(), "--log-level", "warn")
 	// Its own process group, so a terminal's Ctrl-C reaches only this
 	// process, which then drains the runner with exactly one SIGTERM (a
 	// second signal would make it exit at once); and SIGTERM if this
@@ -266,7 +303,16 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 	if err := r.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s from %s: %w", r.id, bin, err)
 	}
-	go func() { r.done <- r.cmd.Wait() }()
+	go func() {
+		err := r.cmd.Wait()
+		if !r.stopping.Load() {
+			// Killed or crashed while the demo runs: say so where the user
+			// is looking, with what happens next.
+			fmt.Fprintf(out, "!! %s (pid %d) exited: %v — it will not be restarted; its lease expires within %s and the other runners take its shards\n",
+				r.id, r.cmd.Process.Pid, exitText(err), devLeaseTTL)
+		}
+		r.done <- err
+	}()
 	return r, nil
 }
 
@@ -275,6 +321,7 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 func stopRunners(rs []*devRunner, out io.Writer) {
 	for _, r := range rs {
 		if r != nil {
+			r.stopping.Store(true)
 			_ = r.cmd.Process.Signal(syscall.SIGTERM)
 		}
 	}
@@ -296,6 +343,13 @@ func stopRunners(rs []*devRunner, out io.Writer) {
 			fmt.Fprintf(out, "%s did not exit within 20s; killed it\n", r.id)
 		}
 	}
+}
+
+func exitText(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
 }
 
 func findRunner(flagValue string) (string, error) {

@@ -82,6 +82,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "coordinator: %s\n", cli.OneLine(err))
 		return 2
 	}
+	if o.dev {
+		o.devDefaults(fs.Given)
+	}
 	log, err := cli.NewLogger("coordinator", o.logLevel, o.logFormat, stderr)
 	if err == nil {
 		err = o.validate()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
@@ -230,4 +232,28 @@ func build(t *testing.T, pkg string) string {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
+}
+
+// TestDevHonoursGivenFlags: --dev brings short timings only for the flags
+// the user did not give; given ones (command line or environment) stay.
+func TestDevHonoursGivenFlags(t *testing.T) {
+	o := options{staleThreshold: time.Second, heartbeatInterval: 5 * time.Second, electionTTL: time.Minute}
+	o.devDefaults(func(name string) bool { return name == "stale-threshold" || name == "heartbeat-interval" })
+	if o.staleThreshold != time.Second || o.heartbeatInterval != 5*time.Second {
+		t.Errorf("given flags replaced: stale %s heartbeat %s", o.staleThreshold, o.heartbeatInterval)
+	}
+	if o.electionTTL != 5*time.Second || o.sweepInterval != 2*time.Second {
+		t.Errorf("flags not given should take the demo's timings: election %s sweep %s", o.electionTTL, o.sweepInterval)
+	}
+	fs := cli.NewFlagSet("t", "")
+	var d time.Duration
+	fs.Duration(&d, "stale-threshold", "SHARDRUN_STALE_THRESHOLD", time.Minute, "")
+	fs.Duration(&d, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", time.Minute, "")
+	env := map[string]string{"SHARDRUN_HEARTBEAT_INTERVAL": "3s"}
+	if err := fs.Parse([]string{"--stale-threshold", "9s"}, func(k string) string { return env[k] }, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !fs.Given("stale-threshold") || !fs.Given("heartbeat-interval") {
+		t.Error("a flag set on the command line or by its variable must count as given")
+	}
 }

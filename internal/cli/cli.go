@@ -30,13 +30,14 @@ type FlagSet struct {
 	env     map[string]string // flag name -> variable
 	order   []string
 	dynamic map[string]bool // defaults computed at run time, described in the usage instead
+	given   map[string]bool // set on the command line or by the environment
 }
 
 // NewFlagSet returns an empty set for the named command.
 func NewFlagSet(name, summary string) *FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	return &FlagSet{fs: fs, summary: summary, env: map[string]string{}, dynamic: map[string]bool{}}
+	return &FlagSet{fs: fs, summary: summary, env: map[string]string{}, dynamic: map[string]bool{}, given: map[string]bool{}}
 }
 
 // DynamicDefault marks a flag whose default is computed at run time (such
@@ -89,21 +90,26 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string, out io.Writer
 	if f.fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (see --help)", f.fs.Arg(0))
 	}
-	set := map[string]bool{}
-	f.fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	f.fs.Visit(func(fl *flag.Flag) { f.given[fl.Name] = true })
 	for _, name := range f.order {
 		env := f.env[name]
-		if set[name] || env == "" {
+		if f.given[name] || env == "" {
 			continue
 		}
 		if v, ok := lookup(getenv, env); ok {
 			if err := f.fs.Set(name, v); err != nil {
 				return fmt.Errorf("invalid value %q for %s (--%s): %v", v, env, name, err)
 			}
+			f.given[name] = true
 		}
 	}
 	return nil
 }
+
+// Given reports whether the flag was set on the command line or by its
+// environment variable (after Parse): a mode that brings its own defaults
+// (--dev) changes only the flags the user did not give.
+func (f *FlagSet) Given(name string) bool { return f.given[name] }
 
 func lookup(getenv func(string) string, name string) (string, bool) {
 	if getenv == nil {
