@@ -54,21 +54,42 @@ type RunnerView struct {
 	shard.RunnerInfo
 	Assigned int `json:"assigned"`
 	Owned    int `json:"owned"`
+	// Health is ok, unresponsive (its keep-alives stopped arriving; it will
+	// lose its shards when its lease runs out), left (drained and gone) or
+	// lost (vanished without draining). See the Health constants.
+	Health string `json:"health"`
+	// LeaseLeft is how long etcd will keep the runner's lease without a
+	// keep-alive, in whole seconds as etcd reports it.
+	LeaseLeft *float64 `json:"lease_left_seconds,omitempty"`
+	// LastSeen is when this coordinator last saw the runner's key.
+	LastSeen time.Time `json:"last_seen"`
 }
 
 // ClusterView is the JSON of GET /api/cluster.
 type ClusterView struct {
-	Prefix      string                `json:"prefix"`
-	ShardCount  int                   `json:"shard_count"`
-	Revision    int64                 `json:"revision"`
-	Leader      string                `json:"leader"`
-	Coordinator string                `json:"coordinator"`
-	GeneratedAt time.Time             `json:"generated_at"`
-	Runners     []RunnerView          `json:"runners"`
-	Owners      []string              `json:"owners"`
-	Epochs      []int64               `json:"epochs"`
-	Tasks       map[tasks.State]int64 `json:"tasks"`
+	Prefix      string       `json:"prefix"`
+	ShardCount  int          `json:"shard_count"`
+	Revision    int64        `json:"revision"`
+	Leader      string       `json:"leader"`
+	Coordinator string       `json:"coordinator"`
+	GeneratedAt time.Time    `json:"generated_at"`
+	Runners     []RunnerView `json:"runners"`
+	// Gone lists runners this coordinator saw that left or were lost in the
+	// last ten minutes, most recent first.
+	Gone   []RunnerView          `json:"gone"`
+	Owners []string              `json:"owners"`
+	Epochs []int64               `json:"epochs"`
+	Tasks  map[tasks.State]int64 `json:"tasks"`
+	// Rates are the tasks finished per second over the last RateWindow, by
+	// final state (completed, failed, dead).
+	Rates map[tasks.State]float64 `json:"rates"`
+	// RateWindow is the window of Rates, in seconds.
+	RateWindow float64 `json:"rate_window_seconds"`
 }
+
+// rateWindow is the window of ClusterView.Rates: long enough to smooth
+// batches, short enough to show a stall within seconds.
+const rateWindow = 10 * time.Second
 
 // Cluster reads the view served by GET /api/cluster.
 func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
@@ -80,16 +101,24 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	if err != nil {
 		return ClusterView{}, err
 	}
+	rates, err := c.cfg.Store.FinishedRates(ctx, rateWindow)
+	if err != nil {
+		return ClusterView{}, err
+	}
+	now := c.clock.Now()
 	v := ClusterView{Prefix: c.cfg.Prefix, ShardCount: c.cfg.ShardCount, Revision: cl.Revision,
-		Coordinator: c.cfg.ID, GeneratedAt: c.clock.Now().UTC(), Owners: cl.Owners, Epochs: cl.Epochs, Tasks: counts,
-		Runners: []RunnerView{}}
+		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Owners: cl.Owners, Epochs: cl.Epochs, Tasks: counts,
+		Runners: []RunnerView{}, Rates: rates, RateWindow: rateWindow.Seconds()}
 	owned := map[string]int{}
 	for _, o := range cl.Owners {
 		owned[o]++
 	}
 	for _, r := range cl.Runners {
-		v.Runners = append(v.Runners, RunnerView{RunnerInfo: r, Assigned: len(cl.Assigned[r.ID]), Owned: owned[r.ID]})
+		rv := RunnerView{RunnerInfo: r, Assigned: len(cl.Assigned[r.ID]), Owned: owned[r.ID], Health: HealthOK, LastSeen: now.UTC()}
+		leaseHealth(ctx, c.cfg.Client, &rv, cl.Leases[r.ID])
+		v.Runners = append(v.Runners, rv)
 	}
+	v.Gone = c.roster.Gone(DefaultGoneFor)
 	resp, err := c.cfg.Client.Get(ctx, c.cfg.Prefix+"coordinator/leader/", clientv3.WithFirstCreate()...)
 	if err == nil && len(resp.Kvs) == 1 {
 		v.Leader = string(resp.Kvs[0].Value)
@@ -213,7 +242,9 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
 			return
 		}
-		writeJSON(w, http.StatusCreated, map[string]any{"id": id, "shard": ins[0].Shard, "key": ins[0].Key})
+		resp := map[string]any{"id": id, "shard": ins[0].Shard, "key": ins[0].Key}
+		c.warnUnhandled(ctx, resp, ins)
+		writeJSON(w, http.StatusCreated, resp)
 		return
 	}
 	n, err := c.cfg.Store.EnqueueBatch(ctx, ins)
@@ -221,7 +252,9 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
 		return
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{"enqueued": n})
+	resp := map[string]any{"enqueued": n}
+	c.warnUnhandled(ctx, resp, ins)
+	writeJSON(w, http.StatusCreated, resp)
 }
 
 func (c *Coordinator) handleGetTask(w http.ResponseWriter, r *http.Request) {
@@ -245,4 +278,52 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// warnUnhandled adds "warnings" to an enqueue answer when no attached
+// runner handles one of the kinds just enqueued: such tasks stay ready until
+// a runner that handles them attaches. It is advice, so an etcd error adds
+// nothing.
+func (c *Coordinator) warnUnhandled(ctx context.Context, resp map[string]any, ins []tasks.Insert) {
+	handled, err := c.handledKinds(ctx)
+	if err != nil {
+		return
+	}
+	var warnings []string
+	seen := map[string]bool{}
+	for _, in := range ins {
+		if handled[in.Kind] || seen[in.Kind] {
+			continue
+		}
+		seen[in.Kind] = true
+		warnings = append(warnings, fmt.Sprintf("no attached runner handles kind %q: its tasks stay ready until one does", in.Kind))
+	}
+	if len(warnings) > 0 {
+		resp["warnings"] = warnings
+	}
+}
+
+// handledKinds returns the kinds the attached runners publish, read from
+// etcd at most once a second so that enqueue bursts cost one read.
+func (c *Coordinator) handledKinds(ctx context.Context) (map[string]bool, error) {
+	c.kindsMu.Lock()
+	defer c.kindsMu.Unlock()
+	if c.kinds != nil && c.clock.Now().Sub(c.kindsAt) < time.Second {
+		return c.kinds, nil
+	}
+	resp, err := c.cfg.Client.Get(ctx, c.cfg.Prefix+"runners/", clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("reading the runners' kinds: %w", err)
+	}
+	kinds := map[string]bool{}
+	for _, kv := range resp.Kvs {
+		var info shard.RunnerInfo
+		if json.Unmarshal(kv.Value, &info) == nil && info.State == shard.StateAttached {
+			for _, k := range info.Kinds {
+				kinds[k] = true
+			}
+		}
+	}
+	c.kinds, c.kindsAt = kinds, c.clock.Now()
+	return kinds, nil
 }

@@ -79,6 +79,7 @@ type Coordinator struct {
 		tasks    *prometheus.GaugeVec
 	}
 	leader  atomic.Bool
+	roster  *roster
 	session atomic.Pointer[concurrency.Session]
 	addr    string
 	started chan struct{}
@@ -86,6 +87,10 @@ type Coordinator struct {
 	countsMu sync.Mutex
 	counts   map[tasks.State]int64
 	countsAt time.Time
+
+	kindsMu sync.Mutex
+	kinds   map[string]bool
+	kindsAt time.Time
 }
 
 // New validates cfg.
@@ -122,7 +127,8 @@ func New(cfg Config) (*Coordinator, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Coordinator{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reg: cfg.Registry, client: client, started: make(chan struct{})}
+	c := &Coordinator{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reg: cfg.Registry, client: client, started: make(chan struct{}),
+		roster: newRoster(cfg.Client, cfg.Prefix, cfg.Clock, cfg.Logger.Named("roster"))}
 	c.sweepM = sweeper.NewMetrics(c.reg)
 	f := promauto.With(c.reg)
 	c.metrics.isLeader = f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
@@ -167,6 +173,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		}
 	})
 	wg.Go(func() { c.refreshCounts(ctx) })
+	wg.Go(func() { c.roster.Run(ctx) })
 	c.log.Info("coordinator started", "http", c.addr, "prefix", c.cfg.Prefix, "election_ttl", c.cfg.ElectionTTL)
 	close(c.started)
 

@@ -16,6 +16,7 @@ import (
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/sweeper"
 	"github.com/shardrun/shardrun/tasks"
@@ -224,8 +225,14 @@ func TestTasksAPI(t *testing.T) {
 	if code != 201 {
 		t.Fatalf("enqueue: %d %s", code, body)
 	}
-	var created struct{ ID, Shard int64 }
+	var created struct {
+		ID, Shard int64
+		Warnings  []string
+	}
 	_ = json.Unmarshal([]byte(body), &created)
+	if len(created.Warnings) != 1 || !strings.Contains(created.Warnings[0], `no attached runner handles kind "noop"`) {
+		t.Fatalf("enqueueing a kind no runner handles must warn: %s", body)
+	}
 	if created.Shard != int64(tasks.ShardOf("user-42", 16)) {
 		t.Fatalf("shard %d", created.Shard)
 	}
@@ -271,6 +278,65 @@ func TestTasksAPI(t *testing.T) {
 	}
 	if counts, _ := e.store.CountByState(context.Background()); counts[tasks.Ready] != 3 {
 		t.Fatalf("rejected requests enqueued something: %v", counts)
+	}
+}
+
+// TestClusterShowsRunnerHealth: a runner whose keep-alives stopped is
+// unresponsive while its key lives, a runner whose key vanished without a
+// drain is lost and one that drained has left, and both stay listed; the
+// rate counts recent completions; only attached runners handle kinds.
+func TestClusterShowsRunnerHealth(t *testing.T) {
+	e := newEnv(t)
+	c := e.start("coord", nil)
+	ctx := context.Background()
+	ghost := func(id, state string, kinds ...string) clientv3.LeaseID {
+		lease, err := e.admin.Grant(ctx, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, _ := json.Marshal(shard.RunnerInfo{ID: id, State: state, Kinds: kinds})
+		if _, err := e.admin.Put(ctx, prefix+"runners/"+id, string(info), clientv3.WithLease(lease.ID)); err != nil {
+			t.Fatal(err)
+		}
+		return lease.ID
+	}
+	ghost("paused", shard.StateDetached, "noop")
+	lost := ghost("crashed", shard.StateAttached)
+	left := ghost("drained", shard.StateDraining)
+	if _, err := c.Cluster(ctx); err != nil { // the coordinator sees them all once
+		t.Fatal(err)
+	}
+	for _, l := range []clientv3.LeaseID{lost, left} {
+		if _, err := e.admin.Revoke(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seedStale(t, e.store, 1)
+	if _, err := e.store.Pool().Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	health := func(rs []RunnerView) map[string]string {
+		m := map[string]string{}
+		for _, r := range rs {
+			m[r.ID] = r.Health
+		}
+		return m
+	}
+	var v ClusterView
+	testutil.Until(t, 10*time.Second, "the paused runner's lease runs low", func() (bool, string) {
+		var err error
+		v, err = c.Cluster(ctx)
+		return err == nil && health(v.Runners)["paused"] == HealthUnresponsive, fmt.Sprintf("%+v %v", v.Runners, err)
+	})
+	if got := health(v.Gone); got["crashed"] != HealthLost || got["drained"] != HealthLeft || len(got) != 2 {
+		t.Errorf("gone runners %v, want crashed lost and drained left", got)
+	}
+	if v.Rates[tasks.Completed] != 1.0/rateWindow.Seconds() {
+		t.Errorf("completion rate %v, want one task over the window", v.Rates)
+	}
+	code, body := do(t, "POST", "http://"+c.Addr()+"/api/tasks", "", `{"kind": "noop"}`)
+	if code != 201 || !strings.Contains(body, `no attached runner handles kind \"noop\"`) {
+		t.Errorf("a kind only a detached runner handles must draw a warning: %d %s", code, body)
 	}
 }
 

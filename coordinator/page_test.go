@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,16 +50,18 @@ func headless(t *testing.T, browser string, args ...string) string {
 }
 
 // TestStatusPageInABrowser renders the page in headless Chromium against a
-// coordinator and three real runners, one of them detached by hand, and
-// checks the grid: one cell per shard, every cell coloured by an attached
-// owner, and the detached runner marked. The screenshot is kept in
-// artifacts/status-page.png (not in git).
+// coordinator and four real runners, one of them detached by hand and one
+// stopped, and checks the grid (one cell per shard, every cell coloured by
+// an attached owner, filling its card), the detached runner marked, the
+// stopped one still listed as gone, the completion rate and the legend.
+// The screenshot is kept in artifacts/status-page.png (not in git).
 func TestStatusPageInABrowser(t *testing.T) {
 	browser := chromium(t)
 	e := newEnv(t)
 	c := e.start("coord", nil, func(c *Config) { c.ShardCount = 64 })
 	var rs []*runner.Runner
-	for i := range 3 {
+	var stops []func()
+	for i := range 4 {
 		cfg := runner.DefaultConfig()
 		cfg.EtcdEndpoints, cfg.EtcdPrefix, cfg.Cluster = e.etcd.Endpoints(), "/shardrun/", "test"
 		cfg.ShardCount, cfg.DatabaseURL, cfg.AdminAddr = 64, e.dsn, "127.0.0.1:0"
@@ -72,10 +75,16 @@ func TestStatusPageInABrowser(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- r.Run(ctx) }()
-		t.Cleanup(func() { cancel(); <-done })
+		stop := sync.OnceFunc(func() { cancel(); <-done })
+		t.Cleanup(stop)
 		<-r.Started()
-		rs = append(rs, r)
+		rs, stops = append(rs, r), append(stops, stop)
 	}
+	testutil.WaitFor(t, 15*time.Second, "the coordinator sees runner-4", func() bool {
+		v, err := c.Cluster(context.Background())
+		return err == nil && len(v.Runners) == 4
+	})
+	stops[3]() // drains and leaves: listed as gone
 	detachRunner(t, rs[2])
 	testutil.WaitFor(t, 15*time.Second, "runner-3 detached and the others own all 64 shards", func() bool {
 		v, err := c.Cluster(context.Background())
@@ -108,6 +117,8 @@ func TestStatusPageInABrowser(t *testing.T) {
 	for _, want := range []string{
 		`data-runner="runner-3"`, `<span class="badge detached">detached</span>`,
 		`<span class="badge attached">attached</span>`, `data-state="completed"`, "leader coord",
+		`<tr class="gone" data-runner="runner-4" data-health="left">`, `id="rate" data-completed-per-second=`,
+		"tasks/s completed", "minmax(0px, 1fr)",
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered page lacks %s", want)

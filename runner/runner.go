@@ -112,6 +112,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.machine = detach.New(detach.Config{RecoveryWindow: cfg.RecoveryWindow, Logger: r.log.Named("detach")})
 	r.mgr, err = shard.New(shard.Config{
 		Client: etcd, Prefix: cfg.Prefix(), RunnerID: cfg.RunnerID, AdminAddr: r.adminAddr, Version: cfg.Version,
+		Kinds:      r.handlers.Kinds(),
 		ShardCount: cfg.ShardCount, LeaseTTL: cfg.LeaseTTL, DetachMargin: cfg.margin(),
 		FailureThreshold: cfg.KeepaliveFailures, HandoffTimeout: cfg.HandoffTimeout,
 		Detach: r.machine, Logger: r.log.Named("shard"), Metrics: shard.NewMetrics(r.reg),

@@ -40,6 +40,9 @@ type Cluster struct {
 	Revision int64
 	// Runners, sorted by id.
 	Runners []RunnerInfo
+	// Leases[id] is the lease runners/<id> is attached to, for asking etcd
+	// how long the runner's lease has left.
+	Leases map[string]int64
 	// Owners[s] is the runner holding shard s's key ("" when free) and
 	// Epochs[s] the key's CreateRevision.
 	Owners []string
@@ -58,12 +61,14 @@ func ReadCluster(ctx context.Context, client *clientv3.Client, prefix string, sh
 	k := keys{prefix}
 	v := newView(shardCount)
 	v.load(k, resp.Kvs, resp.Header.Revision)
-	c := Cluster{Revision: resp.Header.Revision, Owners: v.owners(), Epochs: make([]int64, shardCount), Assigned: map[string][]int{}}
+	c := Cluster{Revision: resp.Header.Revision, Owners: v.owners(), Epochs: make([]int64, shardCount),
+		Assigned: map[string][]int{}, Leases: map[string]int64{}}
 	for s, e := range v.shards {
 		c.Epochs[s] = e.createRev
 	}
-	for _, e := range v.runners {
+	for id, e := range v.runners {
 		c.Runners = append(c.Runners, e.info)
+		c.Leases[id] = e.lease
 	}
 	slices.SortFunc(c.Runners, func(a, b RunnerInfo) int { return strings.Compare(a.ID, b.ID) })
 	for s, id := range Assign(v.attached(), c.Owners) {

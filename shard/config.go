@@ -51,9 +51,11 @@ type Config struct {
 	Prefix string
 	// RunnerID names this runner; required, unique in the cluster.
 	RunnerID string
-	// AdminAddr and Version are published in the runner's key.
+	// AdminAddr, Version and Kinds (the task kinds it handles) are
+	// published in the runner's key.
 	AdminAddr string
 	Version   string
+	Kinds     []string
 	// ShardCount is written once to meta/shard-count; a runner configured
 	// with another count refuses to start.
 	ShardCount int

@@ -32,6 +32,9 @@ type RunnerInfo struct {
 	Version   string    `json:"version,omitempty"`
 	StartedAt time.Time `json:"started_at"`
 	State     string    `json:"state"`
+	// Kinds are the task kinds the runner has handlers for, so that the
+	// coordinator can tell producers when no attached runner handles one.
+	Kinds []string `json:"kinds,omitempty"`
 }
 
 // ErrShardCountMismatch is returned by Start when the cluster was created
@@ -201,7 +204,7 @@ func (m *Manager) register(ctx context.Context) error {
 
 func (m *Manager) runnerValue(state string) string {
 	b, _ := json.Marshal(RunnerInfo{ID: m.cfg.RunnerID, AdminAddr: m.cfg.AdminAddr, Version: m.cfg.Version,
-		StartedAt: m.started.UTC(), State: state})
+		StartedAt: m.started.UTC(), State: state, Kinds: m.cfg.Kinds})
 	return string(b)
 }
 

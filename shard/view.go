@@ -20,6 +20,7 @@ type view struct {
 type runnerEntry struct {
 	info   RunnerInfo
 	modRev int64
+	lease  int64
 }
 
 // shardEntry is one shard key; owner "" means no key (free).
@@ -91,7 +92,7 @@ func (v *view) set(k keys, kv *mvccpb.KeyValue, deleted bool) {
 		if err := json.Unmarshal(kv.Value, &info); err != nil {
 			info = RunnerInfo{ID: id, State: "unknown"}
 		}
-		v.runners[id] = runnerEntry{info: info, modRev: kv.ModRevision}
+		v.runners[id] = runnerEntry{info: info, modRev: kv.ModRevision, lease: kv.Lease}
 		return
 	}
 	s, ok := k.parseShard(kv.Key, len(v.shards))

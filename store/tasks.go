@@ -502,6 +502,31 @@ func (s *Store) CountByState(ctx context.Context) (map[tasks.State]int64, error)
 	return counts, nil
 }
 
+// FinishedRates returns how many tasks per second reached each final state
+// (completed, failed, dead; all three present) over the last window, from
+// the finished_at index: a rate that counts deltas of CountByState would go
+// negative when retention deletes old tasks.
+func (s *Store) FinishedRates(ctx context.Context, window time.Duration) (map[tasks.State]float64, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT state, count(*) FROM tasks
+		WHERE finished_at > now() - $1 * interval '1 millisecond'
+		GROUP BY state`, window.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("counting recently finished tasks: %w", err)
+	}
+	rates := map[tasks.State]float64{tasks.Completed: 0, tasks.Failed: 0, tasks.Dead: 0}
+	var state string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&state, &n}, func() error {
+		rates[tasks.State(state)] = float64(n) / window.Seconds()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("counting recently finished tasks: %w", err)
+	}
+	return rates, nil
+}
+
 // Get returns one task, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, id int64) (tasks.Task, error) {
 	var t tasks.Task

@@ -3,7 +3,10 @@
 // fake clock instead of sleeps.
 package clock
 
-import "time"
+import (
+	"math/rand/v2"
+	"time"
+)
 
 // Clock is the subset of the time package the rest of the code uses.
 // Implementations must return monotonic readings from Now: durations are
@@ -51,3 +54,22 @@ func Sleep(c Clock, d time.Duration, done <-chan struct{}) bool {
 		return false
 	}
 }
+
+// Backoff is the delay between retries of one loop: it doubles from Min up
+// to Max and every delay is scaled by a uniform factor in [0.5, 1) ("equal
+// jitter"), so that many processes retrying the same failure (a database
+// restart, an etcd election) spread out instead of arriving together. The
+// zero value is not usable; Reset after a success.
+type Backoff struct {
+	Min, Max time.Duration
+	cur      time.Duration
+}
+
+// Next returns the delay before the next retry.
+func (b *Backoff) Next() time.Duration {
+	b.cur = min(max(2*b.cur, b.Min), b.Max)
+	return time.Duration(float64(b.cur) * (0.5 + rand.Float64()/2))
+}
+
+// Reset starts the next failure's delays from Min again.
+func (b *Backoff) Reset() { b.cur = 0 }
