@@ -21,10 +21,12 @@ import (
 	"io/fs"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -84,7 +86,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connecting to database %s: %w", masked, err)
+		return nil, fmt.Errorf("connecting to database %s: %w", masked, dedupeAttempts(err))
 	}
 	log := opts.Logger
 	if log == nil {
@@ -122,6 +124,38 @@ func (s *Store) Migrate(ctx context.Context) error {
 		s.log.Info("applied migration", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
 	}
 	return nil
+}
+
+// attemptsError is a connection error whose message names each distinct
+// failure once.
+type attemptsError struct {
+	msg string
+	err error
+}
+
+func (e *attemptsError) Error() string { return e.msg }
+func (e *attemptsError) Unwrap() error { return e.err }
+
+// dedupeAttempts shortens pgx's connection error, which lists one line per
+// attempt: with the default sslmode=prefer it tries TLS and then plain text,
+// so a refused connection read "dial error … connection refused" twice.
+func dedupeAttempts(err error) error {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	joined, ok := ce.Unwrap().(interface{ Unwrap() []error })
+	if !ok {
+		return err
+	}
+	var parts []string
+	for _, e := range joined.Unwrap() {
+		if msg := e.Error(); !slices.Contains(parts, msg) {
+			parts = append(parts, msg)
+		}
+	}
+	return &attemptsError{err: err, msg: fmt.Sprintf("failed to connect as user %s to database %s: %s",
+		ce.Config.User, ce.Config.Database, strings.Join(parts, "; "))}
 }
 
 var passwordKV = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)

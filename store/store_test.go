@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -129,6 +130,25 @@ func TestMigrateConcurrentlyAndTwice(t *testing.T) {
 	}
 	if _, err := s.Enqueue(ctx, insert("k", 1, 1)); err != nil {
 		t.Fatalf("schema unusable after migrating: %v", err)
+	}
+}
+
+// TestRefusedConnectionSaysItOnce: with sslmode=prefer pgx tries twice and
+// lists both attempts; the error names the refusal once and no password.
+func TestRefusedConnectionSaysItOnce(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close() // nothing listens there now
+	_, err = store.Open(context.Background(), "postgres://u:secret@"+addr+"/db", store.Options{ConnectTimeout: 2 * time.Second})
+	if err == nil {
+		t.Fatal("opening a closed port succeeded")
+	}
+	msg := err.Error()
+	if strings.Count(msg, "connection refused") != 1 || strings.Contains(msg, "secret") || strings.Contains(msg, "\n") {
+		t.Fatalf("want one line naming the refusal once, without the password: %q", msg)
 	}
 }
 
