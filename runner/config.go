@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardrun/shardrun/detach"
+	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
@@ -78,9 +79,9 @@ func DefaultConfig() Config {
 		LeaseTTL:          shard.DefaultLeaseTTL,
 		KeepaliveFailures: shard.DefaultFailureThreshold,
 		RecoveryWindow:    detach.DefaultRecoveryWindow,
-		HeartbeatInterval: tasks.DefaultHeartbeatInterval,
-		PollInterval:      tasks.DefaultPollInterval,
-		MaxWorkers:        tasks.DefaultMaxWorkers,
+		HeartbeatInterval: executor.DefaultHeartbeatInterval,
+		PollInterval:      executor.DefaultPollInterval,
+		MaxWorkers:        executor.DefaultMaxWorkers,
 		HandoffTimeout:    shard.DefaultHandoffTimeout,
 		RetryBase:         tasks.DefaultRetryBase,
 		RetryCap:          tasks.DefaultRetryCap,

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/shardrun/shardrun/detach"
+	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
@@ -32,7 +33,7 @@ type Runner struct {
 	// Set by Run before started is closed.
 	machine   *detach.Machine
 	mgr       *shard.Manager
-	exec      *tasks.Executor
+	exec      *executor.Executor
 	adminAddr string
 }
 
@@ -123,12 +124,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err := r.mgr.Start(ctx); err != nil {
 		return err
 	}
-	r.exec, err = tasks.NewExecutor(tasks.ExecutorConfig{
-		RunnerID: cfg.RunnerID, Store: st, Ownership: r.mgr, Registry: r.handlers,
+	r.exec, err = executor.New(executor.Config{
+		RunnerID: cfg.RunnerID, Store: st, Ownership: ownership{r.mgr}, Registry: r.handlers,
 		Retry:      tasks.RetryPolicy{MaxAttempts: tasks.DefaultMaxAttempts, Base: cfg.RetryBase, Cap: cfg.RetryCap},
 		MaxWorkers: cfg.MaxWorkers, HeartbeatInterval: cfg.HeartbeatInterval, PollInterval: cfg.PollInterval,
 		ShutdownTimeout: cfg.HandoffTimeout + 5*time.Second,
-		Logger:          r.log.Named("executor"), Metrics: tasks.NewMetrics(r.reg),
+		Logger:          r.log.Named("executor"), Metrics: executor.NewMetrics(r.reg),
 	})
 	if err != nil {
 		return err
@@ -169,3 +170,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.log.Info("runner stopped")
 	return runErr
 }
+
+// ownership is the shard manager as the executor sees it. Go interfaces
+// match method signatures exactly, and shard (below the executor) cannot
+// name executor.Hold, so Hold is adapted here.
+type ownership struct{ *shard.Manager }
+
+// Hold pins the claimable terms for one claim.
+func (o ownership) Hold() executor.Hold { return o.Manager.Hold() }

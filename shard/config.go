@@ -21,6 +21,7 @@ import (
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/testsignal"
 )
 
 // Defaults of Config.
@@ -86,15 +87,16 @@ type Config struct {
 	Logger hclog.Logger
 	// Metrics defaults to unregistered metrics.
 	Metrics *Metrics
-	// Observe, when set, is called synchronously on ownership events; the
-	// tests use it to check invariants across members on one clock.
-	Observe func(Event)
+	// Events, when set, receives every ownership event as it happens; tests
+	// share one among members to check invariants on one timeline. Nil in
+	// production.
+	Events *testsignal.Signal[Event]
 }
 
 // EventKind is what happened to a shard or to the runner.
 type EventKind int
 
-// Event kinds given to Config.Observe.
+// Event kinds given to Config.Events.
 const (
 	Acquired EventKind = iota + 1 // Sent: when the acquiring Txn was sent
 	Released                      // the key was deleted after the work stopped; At is when the delete was sent
@@ -104,7 +106,19 @@ const (
 )
 
 func (k EventKind) String() string {
-	return [...]string{"", "acquired", "released", "lost", "detached", "attached"}[k]
+	switch k {
+	case Acquired:
+		return "acquired"
+	case Released:
+		return "released"
+	case Lost:
+		return "lost"
+	case Detached:
+		return "detached"
+	case Attached:
+		return "attached"
+	}
+	return fmt.Sprintf("EventKind(%d)", int(k))
 }
 
 // Event is an ownership event.

@@ -16,6 +16,7 @@ import (
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/faultproxy"
+	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/testutil"
 )
 
@@ -31,7 +32,7 @@ type cluster struct {
 	etcd   *embedetcd.Server
 	admin  *clientv3.Client
 	shards int
-	log    *eventLog
+	log    eventLog
 	ttl    time.Duration
 
 	mu      sync.Mutex
@@ -52,7 +53,7 @@ type member struct {
 func newCluster(t testing.TB, shards int) *cluster {
 	t.Helper()
 	srv, admin := testutil.Etcd(t)
-	c := &cluster{t: t, etcd: srv, admin: admin, shards: shards, log: &eventLog{}, ttl: 2 * time.Second,
+	c := &cluster{t: t, etcd: srv, admin: admin, shards: shards, log: eventLog{testsignal.New[Event]()}, ttl: 2 * time.Second,
 		members: map[string]*member{}}
 	t.Cleanup(func() {
 		c.mu.Lock()
@@ -98,8 +99,8 @@ func (c *cluster) start(id string, throughProxy bool, opts ...memberOpt) (*membe
 	cfg := Config{
 		Client: m.client, Prefix: testPrefix, RunnerID: id, ShardCount: c.shards,
 		LeaseTTL: c.ttl, HandoffTimeout: time.Second, Detach: m.machine,
-		Logger:  hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{c.t}}),
-		Observe: c.log.Add,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{c.t}}),
+		Events: c.log.Signal,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -137,8 +138,8 @@ func (m *member) leave() {
 func (m *member) crashStop() {
 	if m.mgr != nil && m.cancel != nil {
 		// A dead process can do no more work: its intervals end here.
-		m.c.log.Add(Event{Kind: Detached, Runner: m.id, Shard: -1, At: time.Now()})
-		m.mgr.crash.Store(true)
+		m.c.log.Emit(Event{Kind: Detached, Runner: m.id, Shard: -1, At: time.Now()})
+		m.mgr.Orphan()
 		m.cancel()
 		<-m.done
 	}
@@ -232,7 +233,7 @@ func (c *cluster) waitConverged(timeout time.Duration) time.Duration {
 }
 
 // eventLog collects every member's ownership events on one clock.
-type eventLog struct{ testutil.Recorder[Event] }
+type eventLog struct{ *testsignal.Signal[Event] }
 
 // interval is a stretch during which one member could work on a shard:
 // from the answer to its acquiring Txn until it detached, released (the
@@ -244,8 +245,8 @@ type interval struct {
 	sent       time.Time
 }
 
-func (l *eventLog) intervals() map[int][]interval {
-	events := l.Snapshot()
+func (l eventLog) intervals() map[int][]interval {
+	events := l.Events()
 	out := map[int][]interval{}
 	open := map[string]map[int]*interval{}
 	closeAll := func(runner string, at time.Time, shard int) {
@@ -331,7 +332,7 @@ func (w *etcdWatcher) check(c *cluster) int {
 	w.cancel()
 	<-w.done
 	acquired := map[string]bool{}
-	for _, e := range c.log.Snapshot() {
+	for _, e := range c.log.Events() {
 		if e.Kind == Acquired {
 			acquired[fmt.Sprintf("%d/%d/%s", e.Shard, e.Epoch, e.Runner)] = true
 		}

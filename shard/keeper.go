@@ -4,35 +4,94 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/detach"
+	"github.com/shardrun/shardrun/internal/clock"
 )
 
-// keeper is the lease keep-alive loop. It does not use clientv3's KeepAlive,
-// which hides when each request was sent and computes its deadline from
-// receipt: it sends one KeepAliveOnce every interval, each with a deadline
-// no later than the moment the runner must detach, records the send time,
-// and feeds the lease clock and the detach machine.
+// keeper owns the runner's lease: its id, its generation (a new lease after
+// the old one expired is a new generation) and its lease clock. It does not
+// use clientv3's KeepAlive, which hides when each request was sent and
+// computes its deadline from receipt: it sends one KeepAliveOnce every
+// interval, each with a deadline no later than the moment the runner must
+// detach, records the send time, and feeds the lease clock and the detach
+// machine.
 type keeper struct {
-	m  *Manager
-	lc *detach.LeaseClock
+	client   *clientv3.Client
+	cfg      Config
+	machine  *detach.Machine
+	clock    clock.Clock
+	log      hclog.Logger
+	metrics  *Metrics
+	newLease func() // tells the manager a new lease was granted
+
+	mu  sync.Mutex
+	id  clientv3.LeaseID
+	gen int
+	lc  *detach.LeaseClock
+}
+
+// grant obtains a lease; the runner may work under it until its lease
+// clock says otherwise.
+func (k *keeper) grant(ctx context.Context, timeout time.Duration) error {
+	sent := k.clock.Now()
+	gctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
+	resp, err := k.client.Grant(gctx, int64(k.cfg.LeaseTTL/time.Second))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("granting the runner lease on etcd %v: %w", k.client.Endpoints(), err)
+	}
+	ttl := time.Duration(resp.TTL) * time.Second
+	k.mu.Lock()
+	k.id, k.gen = resp.ID, k.gen+1
+	k.lc = detach.NewLeaseClock(sent, ttl, k.cfg.DetachMargin, k.cfg.FailureThreshold)
+	k.mu.Unlock()
+	if k.newLease != nil {
+		k.newLease()
+	}
+	return nil
+}
+
+// lease returns the current lease and its generation.
+func (k *keeper) lease() (clientv3.LeaseID, int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.id, k.gen
+}
+
+// deadline is the earliest time etcd may expire the lease, and detachAt
+// the latest time the runner may keep working under it.
+func (k *keeper) deadline() (deadline, detachAt time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lc.Deadline(), k.lc.DetachAt()
+}
+
+// trusted reports whether work may start at now: before the lease clock's
+// detach point. The keep-alive loop detaches at that point too, but a
+// process that was paused past it would otherwise start work in the moment
+// between waking up and the loop noticing.
+func (k *keeper) trusted(now time.Time) bool {
+	_, at := k.deadline()
+	return now.Before(at)
 }
 
 // run keeps the lease alive until ctx ends.
 func (k *keeper) run(ctx context.Context) {
-	m := k.m
-	interval := m.cfg.KeepAliveInterval
-	next := m.clock.Now().Add(interval)
-	timer := m.clock.NewTimer(0)
+	interval := k.cfg.KeepAliveInterval
+	next := k.clock.Now().Add(interval)
+	timer := k.clock.NewTimer(0)
 	defer timer.Stop()
 	for {
-		now := m.clock.Now()
+		now := k.clock.Now()
 		wake := next
-		if at := k.lc.DetachAt(); !m.machine.IsDetached() && at.Before(wake) {
+		if _, at := k.deadline(); !k.machine.IsDetached() && at.Before(wake) {
 			wake = at
 		}
 		timer.Reset(wake.Sub(now))
@@ -41,89 +100,88 @@ func (k *keeper) run(ctx context.Context) {
 			return
 		case <-timer.C():
 		}
-		if now := m.clock.Now(); now.Before(next) {
+		if now := k.clock.Now(); now.Before(next) {
 			k.check(now)
 			continue
 		}
-		sent := m.clock.Now()
+		sent := k.clock.Now()
 		next = sent.Add(interval)
 		timeout := interval
-		if until := k.lc.DetachAt().Sub(sent); until > 0 && until < timeout {
-			timeout = until
+		if _, at := k.deadline(); at.Sub(sent) > 0 && at.Sub(sent) < timeout {
+			timeout = at.Sub(sent)
 		}
-		lease := m.leaseID()
+		lease, _ := k.lease()
 		cctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
-		resp, err := m.client.KeepAliveOnce(cctx, lease)
+		resp, err := k.client.KeepAliveOnce(cctx, lease)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
 		switch {
 		case err == nil && resp.TTL > 0:
+			k.mu.Lock()
 			k.lc.Succeeded(sent, time.Duration(resp.TTL)*time.Second)
-			m.metrics.KeepaliveStreak.Set(0)
-			m.setLeaseClock(k.lc)
-			m.machine.Healthy()
+			k.mu.Unlock()
+			k.metrics.KeepaliveStreak.Set(0)
+			k.machine.Healthy()
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
-			m.machine.Detach(detach.Reason{Kind: detach.LeaseExpired, Detail: fmt.Sprintf("etcd no longer has lease %x", int64(lease))})
+			k.machine.Detach(detach.Reason{Kind: detach.LeaseExpired, Detail: fmt.Sprintf("etcd no longer has lease %x", int64(lease))})
 			if !k.regrant(ctx) {
 				return
 			}
-			next = m.clock.Now().Add(interval)
+			next = k.clock.Now().Add(interval)
 			continue
 		default:
+			k.mu.Lock()
 			streak := k.lc.Failed()
-			m.metrics.KeepaliveFailures.Inc()
-			m.metrics.KeepaliveStreak.Set(float64(streak))
-			m.machine.Unhealthy()
-			m.log.Warn("lease keep-alive failed", "lease", fmt.Sprintf("%x", int64(lease)), "streak", streak, "error", err)
+			k.mu.Unlock()
+			k.metrics.KeepaliveFailures.Inc()
+			k.metrics.KeepaliveStreak.Set(float64(streak))
+			k.machine.Unhealthy()
+			k.log.Warn("lease keep-alive failed", "lease", fmt.Sprintf("%x", int64(lease)), "streak", streak, "error", err)
 		}
-		k.check(m.clock.Now())
+		k.check(k.clock.Now())
 	}
 }
 
 // check detaches when the lease clock says so.
 func (k *keeper) check(now time.Time) {
-	k.m.metrics.LeaseDeadline.Set(k.lc.TimeLeft(now).Seconds())
-	if r, detach := k.lc.Check(now); detach {
-		if !k.m.machine.IsDetached() {
-			k.m.log.Warn("cannot prove the lease: detaching", "reason", r.String(),
-				"lease_deadline", k.lc.Deadline().UTC().Format(time.RFC3339Nano), "time_left", k.lc.TimeLeft(now))
-		}
-		k.m.machine.Detach(r)
+	k.mu.Lock()
+	left := k.lc.TimeLeft(now)
+	r, detach := k.lc.Check(now)
+	deadline := k.lc.Deadline()
+	k.mu.Unlock()
+	k.metrics.LeaseDeadline.Set(left.Seconds())
+	if !detach {
+		return
 	}
+	if !k.machine.IsDetached() {
+		k.log.Warn("cannot prove the lease: detaching", "reason", r.String(),
+			"lease_deadline", deadline.UTC().Format(time.RFC3339Nano), "time_left", left)
+	}
+	k.machine.Detach(r)
 }
 
 // regrant obtains a new lease after the old one expired, retrying with
 // backoff until ctx ends. The runner stays detached meanwhile; the manager
 // re-registers under the new lease and the recovery window applies.
 func (k *keeper) regrant(ctx context.Context) bool {
-	m := k.m
-	backoff := 200 * time.Millisecond
+	backoff := clock.Backoff{Min: 200 * time.Millisecond, Max: 5 * time.Second}
 	for {
-		sent := m.clock.Now()
-		cctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), m.cfg.KeepAliveInterval)
-		resp, err := m.client.Grant(cctx, int64(m.cfg.LeaseTTL/time.Second))
-		cancel()
+		err := k.grant(ctx, k.cfg.KeepAliveInterval)
 		if ctx.Err() != nil {
 			return false
 		}
 		if err == nil {
-			ttl := time.Duration(resp.TTL) * time.Second
-			k.lc = detach.NewLeaseClock(sent, ttl, m.cfg.DetachMargin, m.cfg.FailureThreshold)
-			m.newLease(resp.ID, k.lc)
-			m.log.Info("granted a new lease after the old one expired", "lease", fmt.Sprintf("%x", int64(resp.ID)), "ttl", ttl)
-			m.machine.Healthy()
+			id, _ := k.lease()
+			k.log.Info("granted a new lease after the old one expired", "lease", fmt.Sprintf("%x", int64(id)), "ttl", k.cfg.LeaseTTL)
+			k.machine.Healthy()
 			return true
 		}
-		m.log.Warn("granting a new lease failed", "error", err, "backoff", backoff)
-		t := m.clock.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		wait := backoff.Next()
+		k.log.Warn("granting a new lease failed", "error", err, "backoff", wait)
+		if !clock.Sleep(k.clock, wait, ctx.Done()) {
 			return false
-		case <-t.C():
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,7 +41,14 @@ type RunnerInfo struct {
 var ErrShardCountMismatch = errors.New("shard count mismatch")
 
 // Manager owns this runner's membership and shards. Start it, then Run it;
-// the executor uses Owned, Begin, FenceLost and Changes.
+// the executor uses it through Unfenced, Fenced, Hold, FenceLost and
+// Changes. Its state lives in three places, each with one owner:
+//
+//   - the keeper: the lease (id, generation, lease clock);
+//   - the ledger: the ownership terms, one per shard key held, each moved
+//     only by ledger.move (see termState for the legal moves);
+//   - the Run loop's own fields below: the view of etcd and what it
+//     published, touched by no other goroutine.
 type Manager struct {
 	cfg     Config
 	keys    keys
@@ -52,56 +58,27 @@ type Manager struct {
 	log     hclog.Logger
 	metrics *Metrics
 	started time.Time
+	keeper  *keeper
+	ledger  *ledger
 
-	leaseMu  sync.Mutex
-	lease    clientv3.LeaseID
-	leaseGen int
-	deadline time.Time // earliest expiry of the current lease
-	detachAt time.Time
-	keeper   *keeper
-
-	// mu guards the ownership the executor sees.
-	mu       sync.Mutex
-	owned    map[int]*ownedShard
-	assigned []int
-	changes  chan struct{}
-
-	kick     chan struct{}
 	draining atomic.Bool
-	// crash makes Run return without draining when its context ends; tests
-	// use it to simulate a process that dies.
-	crash atomic.Bool
+	orphaned atomic.Bool
 
 	// Owned by the Run loop.
-	view         view
-	rev          int64 // revision of the snapshot Start read
-	published    string
-	publishedGen int
-	lastOwned    []tasks.ShardEpoch
+	view          view
+	rev           int64 // revision of the snapshot Start read
+	published     string
+	publishedGen  int
+	lastClaimable []tasks.ShardEpoch
 	// unansweredSent records when an acquiring Txn that got no answer was
 	// sent, per shard: if it committed, the shard is adopted from the watch,
 	// and its ownership began no earlier than that.
 	unansweredSent  map[int]time.Time
 	knownMembers    map[string]bool
 	settleUntil     time.Time
-	retryBackoff    time.Duration
+	retry           clock.Backoff
 	retryAt         time.Time
 	storageFailedAt time.Time
-}
-
-// ownedShard is one shard this runner holds the key of.
-type ownedShard struct {
-	shard    int
-	epoch    int64
-	ctx      context.Context
-	cancel   context.CancelFunc
-	inflight int
-	// releasing: no new work may start; the key is deleted once inflight
-	// work is done (after handoff timeout it is cancelled, and after
-	// cancelGrace the key is deleted regardless).
-	releasing    bool
-	releaseStart time.Time
-	cancelledAt  time.Time
 }
 
 // New validates cfg and returns a manager; it does not touch etcd.
@@ -118,11 +95,12 @@ func New(cfg Config) (*Manager, error) {
 		clock:   cfg.Clock,
 		log:     cfg.Logger,
 		metrics: cfg.Metrics,
-		owned:   map[int]*ownedShard{},
-		changes: make(chan struct{}, 1),
-		kick:    make(chan struct{}, 1),
 		view:    newView(cfg.ShardCount),
+		retry:   clock.Backoff{Min: 200 * time.Millisecond, Max: 5 * time.Second},
+		ledger:  newLedger(cfg.RunnerID, cfg.Clock, cfg.Logger, cfg.Metrics, cfg.Events),
 	}
+	m.keeper = &keeper{client: cfg.Client, cfg: cfg, machine: cfg.Detach, clock: cfg.Clock, log: cfg.Logger,
+		metrics: cfg.Metrics, newLease: m.ledger.kick.Notify}
 	m.machine.Subscribe(m.onDetachEvent)
 	return m, nil
 }
@@ -135,21 +113,13 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.checkShardCount(ctx); err != nil {
 		return err
 	}
-	sent := m.clock.Now()
-	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	resp, err := m.client.Grant(gctx, int64(m.cfg.LeaseTTL/time.Second))
-	cancel()
-	if err != nil {
-		return fmt.Errorf("granting the runner lease on etcd %v: %w", m.client.Endpoints(), err)
+	if err := m.keeper.grant(ctx, 5*time.Second); err != nil {
+		return err
 	}
-	ttl := time.Duration(resp.TTL) * time.Second
-	lc := detach.NewLeaseClock(sent, ttl, m.cfg.DetachMargin, m.cfg.FailureThreshold)
-	m.keeper = &keeper{m: m, lc: lc}
-	m.newLease(resp.ID, lc)
 	if err := m.register(ctx); err != nil {
 		return err
 	}
-	gctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	snap, err := m.client.Get(gctx, m.keys.prefix, clientv3.WithPrefix())
 	cancel()
 	if err != nil {
@@ -157,8 +127,9 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	m.view.load(m.keys, snap.Kvs, snap.Header.Revision)
 	m.rev = snap.Header.Revision
-	m.log.Info("joined cluster", "runner", m.cfg.RunnerID, "lease", fmt.Sprintf("%x", int64(resp.ID)),
-		"ttl", ttl, "shards", m.cfg.ShardCount, "members", len(m.view.attached()))
+	lease, _ := m.keeper.lease()
+	m.log.Info("joined cluster", "runner", m.cfg.RunnerID, "lease", fmt.Sprintf("%x", int64(lease)),
+		"ttl", m.cfg.LeaseTTL, "shards", m.cfg.ShardCount, "members", len(m.view.attached()))
 	return nil
 }
 
@@ -178,18 +149,19 @@ func (m *Manager) checkShardCount(ctx context.Context) error {
 func (m *Manager) register(ctx context.Context) error {
 	key := m.keys.runner(m.cfg.RunnerID)
 	val := m.runnerValue(StateAttached)
+	lease, gen := m.keeper.lease()
 	deadline := m.clock.Now().Add(m.cfg.LeaseTTL + time.Second)
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		resp, err := m.client.Txn(cctx).
 			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, val, clientv3.WithLease(m.leaseID()))).Commit()
+			Then(clientv3.OpPut(key, val, clientv3.WithLease(lease))).Commit()
 		cancel()
 		if err != nil {
 			return fmt.Errorf("registering runner %s: %w", m.cfg.RunnerID, err)
 		}
 		if resp.Succeeded {
-			m.published, m.publishedGen = StateAttached, m.leaseGeneration()
+			m.published, m.publishedGen = StateAttached, gen
 			return nil
 		}
 		if !m.clock.Now().Before(deadline) {
@@ -211,19 +183,21 @@ func (m *Manager) runnerValue(state string) string {
 // Run keeps the lease alive, follows the cluster and acquires and releases
 // shards until ctx ends; then it drains: it publishes "draining", lets
 // in-flight work finish (up to the handoff timeout), releases every key and
-// revokes the lease, so other runners take the shards at once.
+// revokes the lease, so other runners take the shards at once. After
+// Orphan it returns at once instead, releasing nothing.
 func (m *Manager) Run(ctx context.Context) error {
-	if m.keeper == nil {
+	if lease, _ := m.keeper.lease(); lease == 0 {
 		return errors.New("shard: Run called before a successful Start")
 	}
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
 	updates := make(chan watchUpdate, 16)
-	wg.Go(func() { m.watch(runCtx, m.rev, updates) })
-	wg.Go(func() { m.keeper.run(runCtx) })
+	loops := make(chan struct{}, 2)
+	go func() { m.watch(runCtx, m.rev, updates); loops <- struct{}{} }()
+	go func() { m.keeper.run(runCtx); loops <- struct{}{} }()
 	defer func() {
 		stop()
-		wg.Wait()
+		<-loops
+		<-loops
 	}()
 
 	timer := m.clock.NewTimer(time.Hour)
@@ -231,16 +205,14 @@ func (m *Manager) Run(ctx context.Context) error {
 	done := ctx.Done()
 	var drainBy time.Time
 	for {
-		if ctx.Err() != nil && m.crash.Load() {
+		if m.orphaned.Load() {
+			m.ledger.cancelAll(m.clock.Now(), "orphaned: the runner stopped without releasing")
 			return nil
 		}
-		if done == nil || ctx.Err() != nil {
-			if drainBy.IsZero() {
-				done = nil
-				m.draining.Store(true)
-				drainBy = m.clock.Now().Add(m.cfg.HandoffTimeout + cancelGrace + 5*time.Second)
-				m.log.Info("draining: releasing every shard", "bound", drainBy.Sub(m.clock.Now()))
-			}
+		if done == nil && drainBy.IsZero() {
+			m.draining.Store(true)
+			drainBy = m.clock.Now().Add(m.cfg.HandoffTimeout + cancelGrace + 5*time.Second)
+			m.log.Info("draining: releasing every shard", "bound", drainBy.Sub(m.clock.Now()))
 		}
 		m.reconcile(runCtx)
 		if !drainBy.IsZero() && (m.drained() || !m.clock.Now().Before(drainBy)) {
@@ -259,35 +231,44 @@ func (m *Manager) Run(ctx context.Context) error {
 					more = false
 				}
 			}
-		case <-m.kick:
+		case <-m.ledger.kick.C():
 		case <-timer.C():
 		case <-done:
+			done = nil
 		}
 		m.dropVanished()
 	}
 }
 
-// dropVanished stops the work of owned shards whose key the view shows
-// deleted or re-created by someone else (the lease was revoked, or an
-// operator deleted the key): the runner no longer owns them, whatever its
-// keep-alives say yet.
+// Orphan stops the manager without releasing anything, as if the process
+// died: Run cancels all work and returns at once, the keep-alives stop,
+// and the keys stay until the lease expires, when other runners take the
+// shards (compare etcd's concurrency.Session.Orphan). For a process that
+// must stop at once, and for tests of a crash.
+func (m *Manager) Orphan() {
+	m.orphaned.Store(true)
+	m.ledger.kick.Notify()
+}
+
+// dropVanished ends the terms whose key the view shows deleted or
+// re-created by someone else (the lease was revoked, or an operator deleted
+// the key): the runner no longer owns them, whatever its keep-alives say.
 func (m *Manager) dropVanished() {
 	now := m.clock.Now()
-	var lost []*ownedShard
-	m.mu.Lock()
-	for s, o := range m.owned {
+	var gone []*term
+	m.ledger.mu.Lock()
+	for s, t := range m.ledger.terms {
 		e := m.view.shards[s]
-		if e.owner == m.cfg.RunnerID && e.createRev == o.epoch {
+		if e.owner == m.cfg.RunnerID && e.createRev == t.epoch {
 			continue
 		}
-		o.cancel()
-		delete(m.owned, s)
-		lost = append(lost, o)
-		m.observe(Event{Kind: Lost, Shard: s, Epoch: o.epoch, At: now})
+		if m.ledger.move(t, lost, now, "shard key vanished") {
+			gone = append(gone, t)
+		}
 	}
-	m.mu.Unlock()
-	for _, o := range lost {
-		m.log.Warn("shard key vanished while owned; work cancelled", "shard", o.shard, "epoch", o.epoch)
+	m.ledger.mu.Unlock()
+	for _, t := range gone {
+		m.log.Warn("shard key vanished while owned; work cancelled", "shard", t.shard, "epoch", t.epoch)
 	}
 }
 
@@ -304,267 +285,109 @@ func (m *Manager) nextWake(drainBy time.Time) time.Duration {
 	if !drainBy.IsZero() && drainBy.Before(wake) {
 		wake = drainBy
 	}
-	m.mu.Lock()
-	for _, o := range m.owned {
-		if !o.releasing {
+	m.ledger.mu.Lock()
+	for _, t := range m.ledger.terms {
+		var at time.Time
+		switch t.state {
+		case releasing:
+			at = t.since.Add(m.cfg.HandoffTimeout)
+		case cancelled:
+			at = t.since.Add(cancelGrace)
+		default:
 			continue
 		}
-		if o.cancelledAt.IsZero() {
-			if at := o.releaseStart.Add(m.cfg.HandoffTimeout); at.Before(wake) {
-				wake = at
-			}
-		} else if at := o.cancelledAt.Add(cancelGrace); at.Before(wake) {
+		if at.Before(wake) {
 			wake = at
 		}
 	}
-	m.mu.Unlock()
+	m.ledger.mu.Unlock()
 	return max(wake.Sub(now), time.Millisecond)
 }
 
 func (m *Manager) drained() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.owned) == 0
+	m.ledger.mu.Lock()
+	defer m.ledger.mu.Unlock()
+	return len(m.ledger.terms) == 0
 }
 
 // finishDrain revokes the lease, which deletes the runner key and any shard
 // key that could not be released in time.
 func (m *Manager) finishDrain(ctx context.Context) {
-	m.mu.Lock()
-	for _, o := range m.owned {
-		o.cancel()
-	}
-	left := len(m.owned)
-	m.mu.Unlock()
+	now := m.clock.Now()
+	m.ledger.cancelAll(now, "draining")
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := m.client.Revoke(cctx, m.leaseID()); err != nil {
+	lease, _ := m.keeper.lease()
+	if _, err := m.client.Revoke(cctx, lease); err != nil {
 		m.log.Warn("revoking the lease failed; it will expire by itself", "error", err)
 	}
+	m.ledger.mu.Lock()
+	left := len(m.ledger.terms)
+	for _, t := range m.ledger.terms {
+		m.ledger.move(t, lost, now, "lease revoked at the end of the drain")
+	}
+	m.ledger.mu.Unlock()
 	if left > 0 {
 		m.log.Warn("drain bound reached with shards still held; revoked the lease", "shards", left)
 	}
-	m.mu.Lock()
-	for s, o := range m.owned {
-		m.observe(Event{Kind: Lost, Shard: s, Epoch: o.epoch})
-	}
-	m.owned = map[int]*ownedShard{}
-	m.mu.Unlock()
 	m.metrics.ShardsOwned.Set(0)
 	m.log.Info("left the cluster")
 }
 
 // onDetachEvent runs synchronously inside the detach machine's transition:
-// on detach every shard's work is cancelled before Detach returns.
+// on detach every term's work is cancelled before Detach returns.
 func (m *Manager) onDetachEvent(ev detach.Event) {
-	m.mu.Lock()
 	if ev.Detached {
-		for _, o := range m.owned {
-			o.cancel()
-			if !o.releasing {
-				o.releasing, o.releaseStart = true, ev.At
-			}
-			if o.cancelledAt.IsZero() {
-				o.cancelledAt = ev.At
-			}
-		}
-	}
-	m.mu.Unlock()
-	if ev.Detached {
+		m.ledger.cancelAll(ev.At, "detached: "+ev.Reason.String())
 		m.metrics.Detached.Set(1)
-		m.observe(Event{Kind: Detached, Shard: -1, At: ev.At})
+		m.cfg.Events.Emit(Event{Kind: Detached, Runner: m.cfg.RunnerID, Shard: -1, At: ev.At})
 	} else {
 		m.metrics.Detached.Set(0)
-		m.observe(Event{Kind: Attached, Shard: -1, At: ev.At})
+		m.cfg.Events.Emit(Event{Kind: Attached, Runner: m.cfg.RunnerID, Shard: -1, At: ev.At})
 	}
-	m.poke()
-}
-
-func (m *Manager) poke() {
-	select {
-	case m.kick <- struct{}{}:
-	default:
-	}
-}
-
-func (m *Manager) notifyChanges() {
-	select {
-	case m.changes <- struct{}{}:
-	default:
-	}
-}
-
-func (m *Manager) observe(e Event) {
-	if m.cfg.Observe == nil {
-		return
-	}
-	e.Runner = m.cfg.RunnerID
-	if e.At.IsZero() {
-		e.At = m.clock.Now()
-	}
-	m.cfg.Observe(e)
-}
-
-func (m *Manager) newLease(id clientv3.LeaseID, lc *detach.LeaseClock) {
-	m.leaseMu.Lock()
-	m.lease = id
-	m.leaseGen++
-	m.deadline, m.detachAt = lc.Deadline(), lc.DetachAt()
-	m.leaseMu.Unlock()
-	m.poke()
-}
-
-func (m *Manager) setLeaseClock(lc *detach.LeaseClock) {
-	m.leaseMu.Lock()
-	m.deadline, m.detachAt = lc.Deadline(), lc.DetachAt()
-	m.leaseMu.Unlock()
-}
-
-func (m *Manager) leaseID() clientv3.LeaseID {
-	m.leaseMu.Lock()
-	defer m.leaseMu.Unlock()
-	return m.lease
-}
-
-func (m *Manager) leaseGeneration() int {
-	m.leaseMu.Lock()
-	defer m.leaseMu.Unlock()
-	return m.leaseGen
+	m.ledger.kick.Notify()
 }
 
 // opContext bounds an etcd call made to keep or prove ownership: it must
 // finish before the runner would have to detach.
 func (m *Manager) opContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	m.leaseMu.Lock()
-	until := m.detachAt.Sub(m.clock.Now())
-	m.leaseMu.Unlock()
-	timeout := min(5*time.Second, max(until, 100*time.Millisecond))
+	_, detachAt := m.keeper.deadline()
+	timeout := min(5*time.Second, max(detachAt.Sub(m.clock.Now()), 100*time.Millisecond))
 	return context.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
 }
 
-// Owned returns the shards this runner may work on, with their epochs,
-// ordered by shard. It is empty while detached.
-func (m *Manager) Owned() []tasks.ShardEpoch {
+// mayWork reports whether new work may start: attached, and the lease clock
+// before its detach point.
+func (m *Manager) mayWork() bool {
+	return !m.machine.IsDetached() && m.keeper.trusted(m.clock.Now())
+}
+
+// Unfenced lists the terms whose fence is not raised yet (executor).
+func (m *Manager) Unfenced() []tasks.ShardEpoch {
 	if m.machine.IsDetached() {
 		return nil
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]tasks.ShardEpoch, 0, len(m.owned))
-	for _, o := range m.owned {
-		if !o.releasing {
-			out = append(out, tasks.ShardEpoch{Shard: o.shard, Epoch: o.epoch})
-		}
-	}
-	slices.SortFunc(out, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
-	return out
+	return m.ledger.unfenced()
 }
 
-// Begin registers a unit of work on shard at epoch. It returns the shard's
-// context (cancelled when the shard is lost, the runner detaches, or a
-// release runs out of handoff time) and done, which must be called once the
-// work and the write of its outcome have finished; the shard's key is not
-// released before. ok is false when the shard is not owned at that epoch or
-// is being released: the work must not start.
-func (m *Manager) Begin(shard int, epoch int64) (ctx context.Context, done func(), ok bool) {
-	if m.machine.IsDetached() {
-		return nil, nil, false
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	o := m.owned[shard]
-	if o == nil || o.epoch != epoch || o.releasing {
-		return nil, nil, false
-	}
-	return o.ctx, m.begin(o), true
-}
+// Fenced records that the fences of these terms are raised (executor).
+func (m *Manager) Fenced(terms []tasks.ShardEpoch) { m.ledger.markFenced(terms) }
 
-// begin counts one unit of work on o (m.mu held) and returns its done.
-func (m *Manager) begin(o *ownedShard) func() {
-	o.inflight++
-	var once sync.Once
-	return func() { once.Do(func() { m.end(o) }) }
-}
-
-// end ends one unit of work on o.
-func (m *Manager) end(o *ownedShard) {
-	m.mu.Lock()
-	o.inflight--
-	idle := o.releasing && o.inflight == 0
-	m.mu.Unlock()
-	if idle {
-		m.poke()
-	}
-}
-
-// Hold pins the owned shards among owned for one claim (tasks.ClaimHold).
-func (m *Manager) Hold(owned []tasks.ShardEpoch) tasks.ClaimHold {
-	h := &hold{m: m, held: make(map[int]*ownedShard, len(owned))}
-	if m.machine.IsDetached() {
-		return h
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, se := range owned {
-		if o := m.owned[se.Shard]; o != nil && o.epoch == se.Epoch && o.cancelledAt.IsZero() {
-			o.inflight++
-			h.held[se.Shard] = o
-		}
-	}
-	return h
-}
-
-type hold struct {
-	m    *Manager
-	once sync.Once
-	held map[int]*ownedShard
-}
-
-// Begin starts work on a held shard, even if its release started after the
-// hold was taken, unless its work was cancelled (detach, lost fence).
-func (h *hold) Begin(shard int, epoch int64) (context.Context, func(), bool) {
-	h.m.mu.Lock()
-	defer h.m.mu.Unlock()
-	o := h.held[shard]
-	if o == nil || o.epoch != epoch || !o.cancelledAt.IsZero() || o.ctx.Err() != nil {
-		return nil, nil, false
-	}
-	return o.ctx, h.m.begin(o), true
-}
-
-func (h *hold) Release() {
-	h.once.Do(func() {
-		for _, o := range h.held {
-			h.m.end(o)
-		}
-	})
-}
+// Hold pins the fenced terms for one claim (executor). It holds nothing
+// while detached or once the lease clock has passed its detach point.
+func (m *Manager) Hold() *Hold { return m.ledger.hold(m.mayWork) }
 
 // FenceLost reports that a write for shard at epoch was refused because the
-// shard's fence moved on: the shard was taken over. Its work is cancelled at
-// once and the shard is dropped.
+// shard's fence moved on: the shard was taken over. Its work is cancelled
+// at once and the key released.
 func (m *Manager) FenceLost(shard int, epoch int64) {
-	m.mu.Lock()
-	o := m.owned[shard]
-	if o != nil && o.epoch == epoch {
-		o.cancel()
-		now := m.clock.Now()
-		if !o.releasing {
-			o.releasing, o.releaseStart = true, now
-		}
-		if o.cancelledAt.IsZero() {
-			o.cancelledAt = now
-		}
-	}
-	m.mu.Unlock()
-	if o != nil {
+	if m.ledger.cancelTerm(shard, epoch, "a newer owner's fence refused a write") {
 		m.log.Warn("fence lost: another runner owns the shard now", "shard", shard, "epoch", epoch)
-		m.poke()
 	}
 }
 
-// Changes is signalled (coalesced) whenever the owned set changes.
-func (m *Manager) Changes() <-chan struct{} { return m.changes }
+// Changes is signalled (coalesced) whenever the claimable terms change.
+func (m *Manager) Changes() <-chan struct{} { return m.ledger.changes.C() }
 
 // Status is a snapshot of membership and ownership for /status.
 type Status struct {
@@ -575,16 +398,17 @@ type Status struct {
 	LeaseDeadline time.Time
 	LeaseTimeLeft time.Duration
 	Assigned      []int
-	Owned         []tasks.ShardEpoch
-	Releasing     []int
+	// Owned are the terms that may work (acquired or fenced).
+	Owned     []tasks.ShardEpoch
+	Releasing []int
 }
 
 // Status returns the current state.
 func (m *Manager) Status() Status {
 	now := m.clock.Now()
-	m.leaseMu.Lock()
-	st := Status{RunnerID: m.cfg.RunnerID, LeaseID: int64(m.lease), LeaseDeadline: m.deadline, LeaseTimeLeft: m.deadline.Sub(now)}
-	m.leaseMu.Unlock()
+	lease, _ := m.keeper.lease()
+	deadline, _ := m.keeper.deadline()
+	st := Status{RunnerID: m.cfg.RunnerID, LeaseID: int64(lease), LeaseDeadline: deadline, LeaseTimeLeft: deadline.Sub(now)}
 	switch {
 	case m.draining.Load():
 		st.State = StateDraining
@@ -593,20 +417,35 @@ func (m *Manager) Status() Status {
 	default:
 		st.State = StateAttached
 	}
-	m.mu.Lock()
-	st.Assigned = slices.Clone(m.assigned)
-	for _, o := range m.owned {
-		if o.releasing {
-			st.Releasing = append(st.Releasing, o.shard)
-		} else {
-			st.Owned = append(st.Owned, tasks.ShardEpoch{Shard: o.shard, Epoch: o.epoch})
+	m.ledger.mu.Lock()
+	st.Assigned = slices.Clone(m.ledger.assigned)
+	for _, t := range m.ledger.terms {
+		switch t.state {
+		case acquired, fenced:
+			st.Owned = append(st.Owned, t.ref())
+		default:
+			st.Releasing = append(st.Releasing, t.shard)
 		}
 	}
-	m.mu.Unlock()
+	m.ledger.mu.Unlock()
 	slices.Sort(st.Releasing)
 	slices.SortFunc(st.Owned, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
 	if st.State == StateDetached {
 		st.Owned = nil
 	}
 	return st
+}
+
+// claimableChanged updates the gauge and wakes the executor when the set of
+// terms it may work on changed.
+func (m *Manager) claimableChanged() {
+	owned := m.ledger.list(acquired, fenced)
+	if m.machine.IsDetached() {
+		owned = nil
+	}
+	m.metrics.ShardsOwned.Set(float64(len(owned)))
+	if !slices.Equal(owned, m.lastClaimable) {
+		m.lastClaimable = owned
+		m.ledger.changes.Notify()
+	}
 }

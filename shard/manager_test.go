@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -86,7 +87,7 @@ func TestBlackholedMemberDetachesBeforeOthersTakeOver(t *testing.T) {
 	})
 	var detachedAt, firstTakeover time.Time
 	var takeover Event
-	for _, e := range c.log.Snapshot() {
+	for _, e := range c.log.Events() {
 		switch {
 		case e.Runner == "z" && e.Kind == Detached && e.At.After(cut) && detachedAt.IsZero():
 			detachedAt = e.At
@@ -110,7 +111,7 @@ func TestBlackholedMemberDetachesBeforeOthersTakeOver(t *testing.T) {
 	z.proxy.Pass()
 	c.waitConverged(15 * time.Second)
 	var attachedAt time.Time
-	for _, e := range c.log.Snapshot() {
+	for _, e := range c.log.Events() {
 		if e.Runner == "z" && e.Kind == Attached && e.At.After(healed) {
 			attachedAt = e.At
 		}
@@ -138,14 +139,14 @@ func TestLeaseRevokedFromOutside(t *testing.T) {
 		return st.Detached || len(a.mgr.Status().Owned) == 0, "still attached"
 	})
 	lost := false
-	for _, e := range c.log.Snapshot() {
+	for _, e := range c.log.Events() {
 		lost = lost || (e.Runner == "a" && e.Kind == Lost)
 	}
 	if !lost {
 		t.Fatal("a never dropped the shards whose keys vanished")
 	}
 	testutil.Until(t, 5*time.Second, "a detached", func() (bool, string) {
-		for _, e := range c.log.Snapshot() {
+		for _, e := range c.log.Events() {
 			if e.Runner == "a" && e.Kind == Detached {
 				return true, ""
 			}
@@ -210,35 +211,47 @@ func TestManualDetachReleasesAndAttachReturns(t *testing.T) {
 	c.checkNoDoubleOwnership()
 }
 
+// work marks every term of m fenced (as the executor does once it raised
+// the fences) and returns a hold on them.
+func work(t *testing.T, m *member) *Hold {
+	t.Helper()
+	m.mgr.Fenced(m.mgr.Unfenced())
+	return m.mgr.Hold()
+}
+
 func TestHandoffWaitsForInflightWork(t *testing.T) {
 	c := newCluster(t, 8)
 	a := c.add("a", false, withHandoff(time.Minute))
 	c.waitConverged(10 * time.Second)
-	owned := a.mgr.Owned()
+	hold := work(t, a)
+	owned := hold.Terms()
 	if len(owned) != 8 {
-		t.Fatalf("a owns %d", len(owned))
+		t.Fatalf("a holds %d terms, want 8", len(owned))
 	}
-	// Hold work on every shard, then let b join: the shards b gets must not
-	// be released while the work runs.
+	// Work on every shard, then let b join: the shards b gets must not be
+	// released while the work runs.
 	dones := map[int]func(){}
 	for _, se := range owned {
-		ctx, done, ok := a.mgr.Begin(se.Shard, se.Epoch)
+		ctx, done, ok := hold.Begin(se.Shard, se.Epoch)
 		if !ok || ctx.Err() != nil {
-			t.Fatalf("Begin on owned shard %d failed", se.Shard)
+			t.Fatalf("Begin on held shard %d failed", se.Shard)
 		}
 		dones[se.Shard] = done
 	}
-	if _, _, ok := a.mgr.Begin(owned[0].Shard, owned[0].Epoch+1); ok {
+	if _, _, ok := hold.Begin(owned[0].Shard, owned[0].Epoch+1); ok {
 		t.Fatal("Begin with a wrong epoch succeeded")
 	}
+	hold.Release()
 	b := c.add("b", false)
 	testutil.Until(t, 5*time.Second, "a marks shards for release", func() (bool, string) {
 		return len(a.mgr.Status().Releasing) == 4, "releasing not yet 4"
 	})
 	releasing := a.mgr.Status().Releasing
-	if _, _, ok := a.mgr.Begin(releasing[0], epochOf(owned, releasing[0])); ok {
-		t.Fatal("new work started on a shard being released")
+	again := a.mgr.Hold()
+	if slices.ContainsFunc(again.Terms(), func(se tasks.ShardEpoch) bool { return se.Shard == releasing[0] }) {
+		t.Fatal("a new hold pins a shard being released")
 	}
+	again.Release()
 	owners := c.etcdOwners()
 	for _, s := range releasing {
 		if owners[s] != "a" {
@@ -249,10 +262,10 @@ func TestHandoffWaitsForInflightWork(t *testing.T) {
 		dones[s]()
 	}
 	c.waitConverged(5 * time.Second)
-	if len(b.mgr.Owned()) != 4 {
+	if len(b.mgr.Status().Owned) != 4 {
 		t.Fatal("b did not get its shards after the work finished")
 	}
-	for _, se := range a.mgr.Owned() {
+	for _, se := range a.mgr.Status().Owned {
 		dones[se.Shard]()
 	}
 }
@@ -261,12 +274,14 @@ func TestHandoffTimeoutCancelsWork(t *testing.T) {
 	c := newCluster(t, 2)
 	a := c.add("a", false, withHandoff(300*time.Millisecond))
 	c.waitConverged(10 * time.Second)
+	hold := work(t, a)
 	var ctxs []context.Context
-	for _, se := range a.mgr.Owned() {
-		ctx, done, _ := a.mgr.Begin(se.Shard, se.Epoch)
+	for _, se := range hold.Terms() {
+		ctx, done, _ := hold.Begin(se.Shard, se.Epoch)
 		defer done()
 		ctxs = append(ctxs, ctx)
 	}
+	hold.Release()
 	c.add("b", false)
 	took := testutil.Until(t, 5*time.Second, "one shard's work cancelled", func() (bool, string) {
 		n := 0
@@ -277,6 +292,11 @@ func TestHandoffTimeoutCancelsWork(t *testing.T) {
 		}
 		return n == 1, "no cancellation yet"
 	})
+	for _, ctx := range ctxs {
+		if ctx.Err() != nil && !errors.Is(context.Cause(ctx), tasks.ErrOwnershipLost) {
+			t.Errorf("a cancelled term's cause is %v, want one wrapping tasks.ErrOwnershipLost", context.Cause(ctx))
+		}
+	}
 	t.Logf("work on the moving shard cancelled %s after the join (handoff timeout 300ms)", took)
 	c.waitConverged(5 * time.Second)
 }
@@ -320,13 +340,4 @@ func TestConfigValidation(t *testing.T) {
 			t.Errorf("%s: got %v", flag, err)
 		}
 	}
-}
-
-func epochOf(owned []tasks.ShardEpoch, shard int) int64 {
-	for _, se := range owned {
-		if se.Shard == shard {
-			return se.Epoch
-		}
-	}
-	return 0
 }

@@ -13,12 +13,44 @@ import (
 	"github.com/shardrun/shardrun/detach"
 )
 
+// plan is what one reconcile pass aims at.
+type plan struct {
+	now time.Time
+	// target[s] is the runner shard s should have.
+	target []string
+	// mine are the shards the target gives this runner.
+	mine []int
+	// settling: a runner joined less than JoinSettle ago.
+	settling bool
+	// acquire: this runner may acquire now (attached, published, not
+	// draining, membership settled).
+	acquire bool
+}
+
+// leaving reports whether a held shard is to be released now: assigned to
+// another runner, or to nobody. While membership settles after a join,
+// only the latter, so that many runners joining together rebalance once.
+func (p plan) leaving(s int, me string) bool {
+	return p.target[s] != me && (!p.settling || p.target[s] == "")
+}
+
 // reconcile moves this runner one step towards the assignment: publish its
-// state, release what is no longer its (once the work stopped), adopt or
-// acquire what is. It runs after every batch of watch events, detach event,
-// end of in-flight work on a releasing shard, and retry timer.
+// state, compute the target, release what is no longer its (once the work
+// stopped), adopt or acquire what is. It runs after every batch of watch
+// events, detach event, end of in-flight work on a releasing shard, and
+// retry timer.
 func (m *Manager) reconcile(ctx context.Context) {
-	now := m.clock.Now()
+	p := m.target(ctx)
+	m.releaseStep(ctx, p)
+	if p.acquire {
+		m.acquireStep(ctx, p)
+	}
+	m.claimableChanged()
+}
+
+// target publishes the runner's state and computes the assignment.
+func (m *Manager) target(ctx context.Context) plan {
+	p := plan{now: m.clock.Now()}
 	detached := m.machine.IsDetached()
 	draining := m.draining.Load()
 	desired := StateAttached
@@ -31,91 +63,101 @@ func (m *Manager) reconcile(ctx context.Context) {
 	// A detached or draining runner rewrites its state first, so the others
 	// exclude it at once; an attached one announces itself before acquiring.
 	published := m.publish(ctx, desired)
-
 	me := m.cfg.RunnerID
 	members := slices.DeleteFunc(m.view.attached(), func(id string) bool { return id == me })
 	if desired == StateAttached && published {
 		members = append(members, me)
 	}
-	settling := m.settle(now, members)
-	target := Assign(members, m.view.owners())
-	var mine []int
-	for s, owner := range target {
+	p.settling = m.settle(p.now, members)
+	p.target = Assign(members, m.view.owners())
+	for s, owner := range p.target {
 		if owner == me {
-			mine = append(mine, s)
+			p.mine = append(p.mine, s)
 		}
 	}
+	p.acquire = desired == StateAttached && published && !p.settling
+	m.ledger.mu.Lock()
+	m.ledger.assigned = p.mine
+	m.ledger.mu.Unlock()
+	m.metrics.ShardsAssigned.Set(float64(len(p.mine)))
+	return p
+}
 
-	m.mu.Lock()
-	m.assigned = mine
-	var ready []*ownedShard
-	for s, o := range m.owned {
-		if detached && o.cancelledAt.IsZero() {
-			// Acquired by a Txn that was in flight when the runner detached.
-			o.cancel()
-			o.releasing, o.releaseStart, o.cancelledAt = true, now, now
+// releaseStep starts releasing the terms assigned elsewhere, cancels the
+// work of those whose handoff timed out, and deletes the keys of terms
+// whose work stopped (or whose cancel grace passed), and of stray keys of
+// this lease that the runner does not track.
+func (m *Manager) releaseStep(ctx context.Context, p plan) {
+	me := m.cfg.RunnerID
+	var ready []*term
+	m.ledger.mu.Lock()
+	for s, t := range m.ledger.terms {
+		if (t.state == acquired || t.state == fenced) && p.leaving(s, me) {
+			m.ledger.move(t, releasing, p.now, "assigned to "+orNobody(p.target[s]))
 		}
-		if !o.releasing && target[s] != me && (!settling || target[s] == "") {
-			o.releasing, o.releaseStart = true, now
-			m.log.Debug("releasing shard", "shard", s, "epoch", o.epoch, "new_owner", target[s], "inflight", o.inflight)
+		if t.state == releasing && t.inflight > 0 && p.now.Sub(t.since) >= m.cfg.HandoffTimeout {
+			m.log.Warn("handoff timeout: cancelling in-flight work", "shard", s, "inflight", t.inflight)
+			m.ledger.move(t, cancelled, p.now, "handoff timeout")
 		}
-		if !o.releasing {
-			continue
-		}
-		if o.inflight > 0 && o.cancelledAt.IsZero() && now.Sub(o.releaseStart) >= m.cfg.HandoffTimeout {
-			m.log.Warn("handoff timeout: cancelling in-flight work", "shard", s, "inflight", o.inflight)
-			o.cancel()
-			o.cancelledAt = now
-		}
-		if o.inflight == 0 || (!o.cancelledAt.IsZero() && now.Sub(o.cancelledAt) >= cancelGrace) {
-			ready = append(ready, o)
+		if (t.state == releasing && t.inflight == 0) ||
+			(t.state == cancelled && (t.inflight == 0 || p.now.Sub(t.since) >= cancelGrace)) {
+			ready = append(ready, t)
 		}
 	}
-	m.mu.Unlock()
-	m.metrics.ShardsAssigned.Set(float64(len(mine)))
+	m.ledger.mu.Unlock()
 	if len(ready) > 0 {
 		m.release(ctx, ready)
 	}
-	if detached || draining || !published || settling {
-		m.ownedChanged()
+	if !p.acquire {
 		return
 	}
+	lease, _ := m.keeper.lease()
+	var strays []*term
+	for s, e := range m.view.shards {
+		if e.owner == me && e.lease == int64(lease) && p.target[s] != me && !m.holds(s) {
+			strays = append(strays, &term{shard: s, epoch: e.createRev, state: releasing})
+		}
+	}
+	if len(strays) > 0 {
+		m.release(ctx, strays)
+	}
+}
 
-	lease := int64(m.leaseID())
+// acquireStep adopts shards whose acquisition answer was lost and acquires
+// the free shards assigned to this runner; it schedules a retry while some
+// stay held elsewhere.
+func (m *Manager) acquireStep(ctx context.Context, p plan) {
+	me := m.cfg.RunnerID
+	lease, _ := m.keeper.lease()
 	var free []int
 	pending := 0
-	m.mu.Lock()
-	for _, s := range mine {
-		if m.owned[s] != nil {
+	for _, s := range p.mine {
+		if m.holds(s) {
 			continue
 		}
 		e := m.view.shards[s]
 		switch {
 		case e.owner == "":
 			free = append(free, s)
-		case e.owner == me && e.lease == lease:
+		case e.owner == me && e.lease == int64(lease):
 			// Ours already: an acquisition whose answer was lost.
-			m.adopt(s, e.createRev, m.unansweredSent[s])
+			m.ledger.adopt(s, e.createRev, m.unansweredSent[s])
 			delete(m.unansweredSent, s)
 		default:
 			pending++
 		}
 	}
-	m.mu.Unlock()
-	var strays []*ownedShard
-	for s, e := range m.view.shards {
-		if e.owner == me && e.lease == lease && target[s] != me && !m.isOwned(s) {
-			strays = append(strays, &ownedShard{shard: s, epoch: e.createRev, cancel: func() {}})
-		}
-	}
-	if len(strays) > 0 {
-		m.release(ctx, strays)
-	}
 	if len(free) > 0 {
 		pending += m.acquire(ctx, free)
 	}
-	m.scheduleRetry(ctx, now, pending)
-	m.ownedChanged()
+	m.scheduleRetry(ctx, p.now, pending)
+}
+
+func orNobody(id string) string {
+	if id == "" {
+		return "nobody"
+	}
+	return id
 }
 
 // settle reports whether the membership is still settling after a join:
@@ -144,7 +186,8 @@ func (m *Manager) settle(now time.Time, members []string) bool {
 // trigger the acquisition first.
 func (m *Manager) scheduleRetry(ctx context.Context, now time.Time, pending int) {
 	if pending == 0 {
-		m.retryAt, m.retryBackoff = time.Time{}, 0
+		m.retryAt = time.Time{}
+		m.retry.Reset()
 		return
 	}
 	if !m.retryAt.IsZero() && now.Before(m.retryAt) {
@@ -158,16 +201,15 @@ func (m *Manager) scheduleRetry(ctx context.Context, now time.Time, pending int)
 		if err == nil {
 			m.view.load(m.keys, snap.Kvs, snap.Header.Revision)
 		}
-		m.log.Debug("assigned shards still held elsewhere", "shards", pending, "backoff", m.retryBackoff)
+		m.log.Debug("assigned shards still held elsewhere", "shards", pending)
 	}
-	m.retryBackoff = min(max(2*m.retryBackoff, 200*time.Millisecond), 5*time.Second)
-	m.retryAt = now.Add(m.retryBackoff)
+	m.retryAt = now.Add(m.retry.Next())
 }
 
 // publish writes runners/<me> with state when it or the lease changed. It
 // reports whether the key now says state.
 func (m *Manager) publish(ctx context.Context, state string) bool {
-	gen := m.leaseGeneration()
+	lease, gen := m.keeper.lease()
 	if m.published == state && m.publishedGen == gen {
 		return true
 	}
@@ -175,7 +217,7 @@ func (m *Manager) publish(ctx context.Context, state string) bool {
 		return false
 	}
 	cctx, cancel := m.opContext(ctx)
-	_, err := m.client.Put(cctx, m.keys.runner(m.cfg.RunnerID), m.runnerValue(state), clientv3.WithLease(m.leaseID()))
+	_, err := m.client.Put(cctx, m.keys.runner(m.cfg.RunnerID), m.runnerValue(state), clientv3.WithLease(lease))
 	cancel()
 	if err != nil {
 		m.storageError(fmt.Errorf("publishing runner state %s: %w", state, err))
@@ -204,7 +246,7 @@ func (m *Manager) storageError(err error) {
 // it", so one taken key does not fail the batch. It returns how many shards
 // turned out to be held by someone else.
 func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
-	lease := m.leaseID()
+	lease, _ := m.keeper.lease()
 	for len(shards) > 0 {
 		n := min(len(shards), m.cfg.AcquireBatch)
 		batch := shards[:n]
@@ -236,13 +278,12 @@ func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
 			return held
 		}
 		rev := resp.Header.Revision
-		m.mu.Lock()
 		for i, r := range resp.Responses {
 			s := batch[i]
 			tr := r.GetResponseTxn()
 			if tr.Succeeded {
 				m.view.shards[s] = shardEntry{owner: m.cfg.RunnerID, createRev: rev, modRev: rev, lease: int64(lease)}
-				m.adopt(s, rev, sent)
+				m.ledger.adopt(s, rev, sent)
 				continue
 			}
 			held++
@@ -250,33 +291,26 @@ func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
 				m.view.set(m.keys, kvs[0], false)
 			}
 		}
-		m.mu.Unlock()
 		shards = shards[n:]
 	}
 	return held
 }
 
-// adopt records shard as owned at epoch; called with m.mu held.
-func (m *Manager) adopt(shard int, epoch int64, sent time.Time) {
-	ctx, cancel := context.WithCancel(context.Background())
-	m.owned[shard] = &ownedShard{shard: shard, epoch: epoch, ctx: ctx, cancel: cancel}
-	m.metrics.Acquisitions.Inc()
-	m.observe(Event{Kind: Acquired, Shard: shard, Epoch: epoch, Sent: sent})
-}
-
-// release deletes the keys of shards whose work has stopped, each only if it
-// is still the same ownership term (CreateRevision == epoch), in batches.
-func (m *Manager) release(ctx context.Context, shards []*ownedShard) {
-	for len(shards) > 0 {
-		n := min(len(shards), m.cfg.AcquireBatch)
-		batch := shards[:n]
+// release deletes the keys of terms whose work has stopped, each only if it
+// is still the same term (CreateRevision == epoch), in batches.
+func (m *Manager) release(ctx context.Context, terms []*term) {
+	for len(terms) > 0 {
+		n := min(len(terms), m.cfg.AcquireBatch)
+		batch := terms[:n]
 		ops := make([]clientv3.Op, n)
-		for i, o := range batch {
-			k := m.keys.shard(o.shard)
+		for i, t := range batch {
+			k := m.keys.shard(t.shard)
 			ops[i] = clientv3.OpTxn(
-				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", o.epoch)},
+				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", t.epoch)},
 				[]clientv3.Op{clientv3.OpDelete(k)}, nil)
 		}
+		// The work stopped before the delete was sent: that is when the
+		// term ended.
 		sent := m.clock.Now()
 		cctx, cancel := m.opContext(ctx)
 		resp, err := m.client.Txn(cctx).Then(ops...).Commit()
@@ -286,42 +320,32 @@ func (m *Manager) release(ctx context.Context, shards []*ownedShard) {
 			return
 		}
 		rev := resp.Header.Revision
-		m.mu.Lock()
+		m.ledger.mu.Lock()
 		for i, r := range resp.Responses {
-			o := batch[i]
-			o.cancel()
-			if cur := m.owned[o.shard]; cur == o {
-				delete(m.owned, o.shard)
-			}
-			if r.GetResponseTxn().Succeeded {
-				if e := m.view.shards[o.shard]; e.modRev <= rev {
-					m.view.shards[o.shard] = shardEntry{modRev: rev}
+			t := batch[i]
+			deleted := r.GetResponseTxn().Succeeded
+			if deleted {
+				if e := m.view.shards[t.shard]; e.modRev <= rev {
+					m.view.shards[t.shard] = shardEntry{modRev: rev}
 				}
-				m.metrics.Releases.Inc()
-				// The work stopped before the delete was sent.
-				m.observe(Event{Kind: Released, Shard: o.shard, Epoch: o.epoch, At: sent})
+			}
+			if m.ledger.terms[t.shard] != t {
+				continue // a stray key: no term to end
+			}
+			if deleted {
+				m.ledger.move(t, released, sent, "key deleted")
 			} else {
-				m.observe(Event{Kind: Lost, Shard: o.shard, Epoch: o.epoch})
+				m.ledger.move(t, lost, sent, "the key was no longer this term's")
 			}
 		}
-		m.mu.Unlock()
-		shards = shards[n:]
+		m.ledger.mu.Unlock()
+		terms = terms[n:]
 	}
 }
 
-func (m *Manager) isOwned(s int) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.owned[s] != nil
-}
-
-// ownedChanged updates the gauge and wakes the executor when the set of
-// shards it may work on changed.
-func (m *Manager) ownedChanged() {
-	owned := m.Owned()
-	m.metrics.ShardsOwned.Set(float64(len(owned)))
-	if !slices.Equal(owned, m.lastOwned) {
-		m.lastOwned = owned
-		m.notifyChanges()
-	}
+// holds reports whether the runner has a term on shard s.
+func (m *Manager) holds(s int) bool {
+	m.ledger.mu.Lock()
+	defer m.ledger.mu.Unlock()
+	return m.ledger.terms[s] != nil
 }

@@ -1,6 +1,9 @@
-// Package tasks holds the task model (states and their legal moves, the shard
-// of a key, the retry policy), the handler registry, the client that enqueues
-// tasks, and the executor that runs them on a runner's owned shards.
+// Package tasks is shardrun's vocabulary of work, the leaf every other
+// package builds on: the task and its states with their legal moves, refs
+// and shard epochs, the outcome of a fenced write, the shard of a key, the
+// retry policy, the handler registry and the client that enqueues tasks. It
+// imports nothing of shardrun's; the executor that runs tasks lives in
+// package executor, above the store and the shard manager.
 package tasks
 
 import (

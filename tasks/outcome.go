@@ -39,6 +39,13 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("outcome(%d)", int(o))
 }
 
+// ErrOwnershipLost is the cause of a handler's context ending because its
+// runner stopped owning the task's shard: it detached, the shard moved and
+// the handoff timed out, a newer owner's fence refused a write, or the
+// runner shut down. An attempt cut short so is interrupted, not failed by
+// its handler.
+var ErrOwnershipLost = errors.New("shard ownership lost")
+
 // Sentinel errors for the outcomes that did not apply.
 var (
 	ErrFenceLost = errors.New("shard fence lost")

@@ -1,4 +1,4 @@
-package tasks
+package executor
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

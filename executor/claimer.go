@@ -1,0 +1,187 @@
+package executor
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/wake"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// claimTimeout bounds one claim or fence statement.
+const claimTimeout = 10 * time.Second
+
+// claimer is the claim loop: it fences newly owned shards, claims ready
+// tasks of the held ones and starts them on the pool.
+type claimer struct {
+	store Store
+	owner string
+	own   Ownership
+	pool  *pool
+	kinds []string
+	poll  time.Duration
+	clock clock.Clock
+	log   hclog.Logger
+	m     *Metrics
+	// wake is signalled by enqueue notifications for held shards.
+	wake wake.Signal
+	// held are the shards of the last hold, to filter notifications.
+	held atomic.Pointer[map[int]bool]
+}
+
+// Wake is called for enqueue notifications (all: any shard). It never
+// blocks; wake-ups coalesce.
+func (c *claimer) Wake(all bool, shards []int) {
+	if !all {
+		held := c.held.Load()
+		if held == nil {
+			return
+		}
+		hit := false
+		for _, s := range shards {
+			if (*held)[s] {
+				hit = true
+				break
+			}
+		}
+		if !hit {
+			return
+		}
+	}
+	c.wake.Notify()
+}
+
+// Run claims until ctx ends.
+func (c *claimer) Run(ctx context.Context) {
+	poll := c.clock.NewTimer(c.poll)
+	defer poll.Stop()
+	backoff := clock.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		n, limit, err := c.once(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			wait := backoff.Next()
+			c.log.Warn("claiming failed", "error", err, "backoff", wait)
+			if !clock.Sleep(c.clock, wait, ctx.Done()) {
+				return
+			}
+			continue
+		}
+		backoff.Reset()
+		if n > 0 && n == limit {
+			continue // more work is likely waiting
+		}
+		poll.Reset(c.poll)
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake.C():
+		case <-c.pool.freed.C():
+		case <-c.own.Changes():
+		case <-poll.C():
+		}
+	}
+}
+
+// once fences newly owned shards, then claims as many tasks as there are
+// free workers from the held shards and starts them. It returns how many
+// it claimed and the limit it asked for.
+func (c *claimer) once(ctx context.Context) (n, limit int, err error) {
+	if err := c.fence(ctx); err != nil {
+		return 0, 0, err
+	}
+	hold := c.own.Hold()
+	defer hold.Release()
+	terms := hold.Terms()
+	held := make(map[int]bool, len(terms))
+	for _, t := range terms {
+		held[t.Shard] = true
+	}
+	c.held.Store(&held)
+	limit = min(c.pool.free(), claimBatch)
+	if len(terms) == 0 || limit <= 0 {
+		return 0, limit, nil
+	}
+	// Not cancelled by shutdown: a cancelled statement may still have
+	// committed, leaving claims nobody runs.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	claimed, err := c.store.Claim(cctx, c.owner, terms, c.kinds, limit)
+	cancel()
+	if err != nil {
+		return 0, limit, fmt.Errorf("claiming tasks: %w", err)
+	}
+	c.m.Claimed.Add(float64(len(claimed)))
+	var giveBack []tasks.Ref
+	for _, t := range claimed {
+		termCtx, done, ok := hold.Begin(t.Shard, t.Epoch)
+		if !ok {
+			giveBack = append(giveBack, t.Ref())
+			continue
+		}
+		c.pool.start(termCtx, t, done)
+	}
+	if len(giveBack) > 0 {
+		c.unclaim(giveBack)
+	}
+	return len(claimed), limit, nil
+}
+
+// fence raises the fence of every newly owned term and requeues the tasks
+// earlier owners left running, before anything is claimed there. A term
+// whose fence is already newer was taken over: it is reported lost.
+func (c *claimer) fence(ctx context.Context) error {
+	fresh := c.own.Unfenced()
+	if len(fresh) == 0 {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	defer cancel()
+	raised, err := c.store.RaiseFences(cctx, c.owner, fresh)
+	if err != nil {
+		return fmt.Errorf("raising fences: %w", err)
+	}
+	ok := make(map[tasks.ShardEpoch]bool, len(raised))
+	for _, t := range raised {
+		ok[t] = true
+	}
+	for _, t := range fresh {
+		if !ok[t] {
+			c.m.FenceRejections.Inc()
+			c.own.FenceLost(t.Shard, t.Epoch)
+		}
+	}
+	if len(raised) == 0 {
+		return nil
+	}
+	requeued, dead, err := c.store.RequeueOrphans(cctx, c.owner, raised)
+	if err != nil {
+		return fmt.Errorf("requeueing orphans: %w", err)
+	}
+	c.own.Fenced(raised)
+	if requeued+dead > 0 {
+		c.log.Info("requeued tasks orphaned by earlier owners", "shards", len(raised), "requeued", requeued, "dead", dead)
+	}
+	return nil
+}
+
+// unclaim gives back claims made just as their term stopped taking work.
+// If the fence has moved already, the next owner requeues them instead.
+func (c *claimer) unclaim(refs []tasks.Ref) {
+	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
+	defer cancel()
+	res, err := c.store.Unclaim(ctx, c.owner, refs)
+	if err != nil {
+		c.log.Warn("giving back claims on a moving shard failed; the next owner requeues them", "tasks", len(refs), "error", err)
+		return
+	}
+	for _, r := range res {
+		c.log.Debug("gave back a claim on a moving shard", "task", r.Ref.ID, "shard", r.Ref.Shard, "outcome", r.Outcome.String())
+	}
+}

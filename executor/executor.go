@@ -1,0 +1,240 @@
+// Package executor runs a runner's tasks: it claims ready tasks of the
+// shards the runner owns, runs their handlers on a bounded pool, heartbeats
+// them while they run and records each attempt's outcome. It sits above the
+// store and the shard manager and sees them only through the two small
+// interfaces below, Store and Ownership.
+//
+// Three loops, each one type with Run(ctx):
+//
+//	claimer      raises the fences of newly owned shards, requeues what
+//	             earlier owners left running, claims tasks under a Hold of
+//	             the owned shards and starts them on the pool
+//	writer       records outcomes in batches, retrying while the database
+//	             is unreachable; each attempt's done is called after its
+//	             write, so a shard is never released with outcomes unwritten
+//	heartbeater  beats every running attempt in one statement per interval,
+//	             and cancels attempts a sweep took back
+//
+// The pool (not a loop) starts one goroutine per attempt and knows which
+// attempts run. Every write is fenced by the shard's epoch in the store; a
+// write the fence refuses is reported to Ownership as FenceLost, which stops
+// all work on that shard.
+package executor
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// Store is what the executor needs from the database (store.Store).
+type Store interface {
+	RaiseFences(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, error)
+	RequeueOrphans(ctx context.Context, owner string, terms []tasks.ShardEpoch) (requeued, dead int64, err error)
+	Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error)
+	Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)
+	Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)
+	Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error)
+	Fail(ctx context.Context, owner string, failed []tasks.Failure) ([]tasks.WriteResult, error)
+}
+
+// Ownership is what the executor needs from shard ownership (shard.Manager).
+// A term is one ownership of one shard at one epoch.
+type Ownership interface {
+	// Unfenced lists the terms whose fence is not yet raised in the
+	// database: nothing may be claimed from them until Fenced.
+	Unfenced() []tasks.ShardEpoch
+	// Fenced records that the fences of these terms are raised and their
+	// orphans requeued: their shards may be claimed from now on.
+	Fenced(terms []tasks.ShardEpoch)
+	// FenceLost reports a write refused because the shard's fence moved to
+	// a newer owner: all work on that term must stop.
+	FenceLost(shard int, epoch int64)
+	// Hold pins the terms that may be claimed from now for one claim (none
+	// while detached or when the lease can no longer be trusted).
+	Hold() Hold
+	// Changes is signalled, coalesced, when the terms change.
+	Changes() <-chan struct{}
+}
+
+// Hold pins terms while a claim runs: their keys are not released before
+// Release, and tasks claimed under the hold may begin even if a release of
+// their shard started meanwhile (the handoff then waits for them). Without
+// it a claim that commits just as its shard starts to move would leave
+// tasks that nobody runs until the next owner requeues them.
+type Hold interface {
+	// Terms are the held terms, ordered by shard.
+	Terms() []tasks.ShardEpoch
+	// Begin registers work on a held term and returns the term's context;
+	// done must be called once the work's outcome is written. ok is false
+	// when the work must not start (the term's work was cancelled, or the
+	// lease can no longer be trusted).
+	Begin(shard int, epoch int64) (ctx context.Context, done func(), ok bool)
+	// Release ends the hold.
+	Release()
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxWorkers        = 64
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultPollInterval      = time.Second
+	DefaultFlushDelay        = 5 * time.Millisecond
+	DefaultShutdownTimeout   = 30 * time.Second
+	// MaxMaxWorkers bounds MaxWorkers: every running attempt is a goroutine
+	// and a claimed row, and the outcome channel holds one slot per worker.
+	MaxMaxWorkers = 100_000
+	// flushSize bounds the outcomes written by one statement.
+	flushSize = 256
+	// claimBatch bounds the tasks one claim statement takes.
+	claimBatch = 512
+)
+
+// Config configures an Executor. Zero durations and counts take the
+// defaults above.
+type Config struct {
+	// RunnerID is the owner written into every claim; required.
+	RunnerID  string
+	Store     Store
+	Ownership Ownership
+	Registry  *tasks.Registry
+	// Retry decides the backoff after a failed attempt. Default
+	// tasks.DefaultRetryPolicy().
+	Retry tasks.RetryPolicy
+	// MaxWorkers bounds the attempts running at once (--max-workers).
+	MaxWorkers int
+	// HeartbeatInterval between heartbeats of the running attempts, one
+	// statement for all of them (--heartbeat-interval).
+	HeartbeatInterval time.Duration
+	// PollInterval: claims follow enqueue notifications; polling is the
+	// fallback and finds retries whose backoff ended (--poll-interval).
+	PollInterval time.Duration
+	// FlushDelay: outcomes are written in batches, at most this long after
+	// the first outcome of a batch.
+	FlushDelay time.Duration
+	// ShutdownTimeout bounds how long Run waits for handlers after its
+	// context ends.
+	ShutdownTimeout time.Duration
+	Clock           clock.Clock
+	Logger          hclog.Logger
+	Metrics         *Metrics
+}
+
+func (c *Config) fill() {
+	c.MaxWorkers = cmp.Or(c.MaxWorkers, DefaultMaxWorkers)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.FlushDelay = cmp.Or(c.FlushDelay, DefaultFlushDelay)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	if c.Retry == (tasks.RetryPolicy{}) {
+		c.Retry = tasks.DefaultRetryPolicy()
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real()
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(nil)
+	}
+}
+
+// Validate reports the first bad setting, naming its flag.
+func (c Config) Validate() error {
+	switch {
+	case c.MaxWorkers < 1 || c.MaxWorkers > MaxMaxWorkers:
+		return fmt.Errorf("--max-workers: must be 1 to %d (each running task is a goroutine and a claimed row), got %d", MaxMaxWorkers, c.MaxWorkers)
+	case c.HeartbeatInterval < 10*time.Millisecond || c.HeartbeatInterval > time.Hour:
+		return fmt.Errorf("--heartbeat-interval: must be 10ms to 1h, got %s", c.HeartbeatInterval)
+	case c.PollInterval < 10*time.Millisecond || c.PollInterval > time.Hour:
+		return fmt.Errorf("--poll-interval: must be 10ms to 1h, got %s", c.PollInterval)
+	case c.FlushDelay < 0 || c.FlushDelay > time.Second:
+		return fmt.Errorf("executor: flush delay must be 0 to 1s, got %s", c.FlushDelay)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("executor: shutdown timeout must not be negative, got %s", c.ShutdownTimeout)
+	}
+	return c.Retry.Validate()
+}
+
+// Executor claims tasks of the owned shards and runs them on a bounded pool.
+type Executor struct {
+	cfg     Config
+	log     hclog.Logger
+	pool    *pool
+	claimer *claimer
+	writer  *writer
+	beats   *heartbeater
+}
+
+// New fills the defaults of cfg, validates it and wires the loops.
+func New(cfg Config) (*Executor, error) {
+	cfg.fill()
+	switch {
+	case cfg.RunnerID == "":
+		return nil, errors.New("executor: a runner id is required")
+	case cfg.Store == nil || cfg.Ownership == nil || cfg.Registry == nil:
+		return nil, errors.New("executor: a store, an ownership and a registry are required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	results := make(chan result, cfg.MaxWorkers) // a finishing handler never blocks
+	p := newPool(cfg.Registry, cfg.MaxWorkers, results, cfg.Clock, cfg.Metrics)
+	return &Executor{
+		cfg:  cfg,
+		log:  cfg.Logger,
+		pool: p,
+		claimer: &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
+			poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, wake: make(chan struct{}, 1)},
+		writer: &writer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, retry: cfg.Retry, in: results,
+			delay: cfg.FlushDelay, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics},
+		beats: &heartbeater{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
+			interval: cfg.HeartbeatInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics},
+	}, nil
+}
+
+// Wake tells the executor that shards got ready tasks (all: any shard). It
+// never blocks; wake-ups coalesce.
+func (e *Executor) Wake(all bool, shards []int) { e.claimer.Wake(all, shards) }
+
+// InFlight is the number of attempts running now.
+func (e *Executor) InFlight() int { return e.pool.inFlight() }
+
+// Run claims and runs tasks until ctx ends. Then it stops claiming, lets the
+// running attempts finish (their contexts end when their shards are
+// released, bounded by ShutdownTimeout), writes their outcomes and returns.
+func (e *Executor) Run(ctx context.Context) error {
+	kinds := e.cfg.Registry.Kinds()
+	if len(kinds) == 0 {
+		return errors.New("executor: no handlers registered")
+	}
+	e.claimer.kinds = kinds
+	// The writer and the heartbeats outlive ctx: outcomes of attempts that
+	// finish during the drain must still be written, and those attempts
+	// must still be beaten meanwhile.
+	writerCtx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
+	beatCtx, stopBeats := context.WithCancel(context.WithoutCancel(ctx))
+	var writer, beats sync.WaitGroup
+	writer.Go(func() { e.writer.Run(writerCtx) })
+	beats.Go(func() { e.beats.Run(beatCtx) })
+
+	e.claimer.Run(ctx)
+
+	if !e.pool.wait(e.cfg.ShutdownTimeout) {
+		e.log.Warn("handlers still running after the shutdown timeout; leaving them", "running", e.pool.inFlight())
+	}
+	stopWriter()
+	writer.Wait()
+	stopBeats()
+	beats.Wait()
+	return nil
+}

@@ -1,0 +1,69 @@
+package executor
+
+import (
+	"context"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// heartbeater is the heartbeat loop: every interval it records, in one
+// statement, that all running attempts are alive. An attempt whose fence
+// moved loses its shard; an attempt a sweep took back is cancelled.
+type heartbeater struct {
+	store    Store
+	owner    string
+	own      Ownership
+	pool     *pool
+	interval time.Duration
+	clock    clock.Clock
+	log      hclog.Logger
+	m        *Metrics
+}
+
+// Run beats every interval until ctx ends.
+func (h *heartbeater) Run(ctx context.Context) {
+	t := h.clock.NewTimer(h.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+		t.Reset(h.interval)
+		h.beat(ctx)
+	}
+}
+
+// beat heartbeats the running attempts once. The statement's deadline is
+// one interval: a beat that cannot land by then is superseded by the next.
+func (h *heartbeater) beat(ctx context.Context) {
+	refs := h.pool.refs()
+	if len(refs) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, h.interval)
+	res, err := h.store.Heartbeat(cctx, h.owner, refs)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			h.log.Warn("heartbeat failed", "tasks", len(refs), "error", err)
+		}
+		return
+	}
+	for _, r := range res {
+		switch r.Outcome {
+		case tasks.FenceLost:
+			h.m.FenceRejections.Inc()
+			h.own.FenceLost(r.Ref.Shard, r.Ref.Epoch)
+		case tasks.TaskMoved, tasks.TaskGone:
+			if h.pool.cancel(r.Ref, errTakenBack) {
+				h.log.Warn("running task was taken back (stale claim swept); cancelled it", "task", r.Ref.ID, "outcome", r.Outcome.String())
+			}
+		}
+	}
+}

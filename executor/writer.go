@@ -1,0 +1,160 @@
+package executor
+
+import (
+	"context"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// Bounds of one outcome write and of the final flush at shutdown.
+const (
+	writeTimeout    = 10 * time.Second
+	shutdownFlush   = 5 * time.Second
+	writeBackoffMin = 50 * time.Millisecond
+	writeBackoffMax = 2 * time.Second
+)
+
+// writer is the outcome loop: it records attempts' outcomes in batches —
+// everything that arrives within the flush delay of a batch's first
+// outcome, up to flushSize — in one statement per kind of write. Each
+// attempt's done is called after its write, so a shard is never released
+// before its outcomes are written.
+type writer struct {
+	store Store
+	owner string
+	own   Ownership
+	retry tasks.RetryPolicy
+	in    <-chan result
+	delay time.Duration
+	clock clock.Clock
+	log   hclog.Logger
+	m     *Metrics
+}
+
+// Run writes outcomes until ctx ends; then it writes what has arrived,
+// within a bounded time, and returns. The executor ends ctx only after the
+// pool's attempts finished, so nothing arrives later.
+func (w *writer) Run(ctx context.Context) {
+	var batch []result
+	timer := w.clock.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		var fire <-chan time.Time
+		if len(batch) > 0 {
+			fire = timer.C()
+		}
+		select {
+		case r := <-w.in:
+			if len(batch) == 0 {
+				timer.Reset(w.delay)
+			}
+			batch = append(batch, r)
+			if len(batch) < flushSize {
+				continue
+			}
+			timer.Stop()
+		case <-fire:
+		case <-ctx.Done():
+			for more := true; more; {
+				select {
+				case r := <-w.in:
+					batch = append(batch, r)
+				default:
+					more = false
+				}
+			}
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownFlush)
+			w.flush(fctx, batch)
+			cancel()
+			return
+		}
+		w.flush(ctx, batch)
+		batch = batch[:0]
+	}
+}
+
+// flush writes one batch: completions in one statement, failures in
+// another, then ends each attempt's hold on its term.
+func (w *writer) flush(ctx context.Context, batch []result) {
+	if len(batch) == 0 {
+		return
+	}
+	var completions []tasks.Completion
+	var failures []tasks.Failure
+	var cItems, fItems []result
+	for _, r := range batch {
+		if r.err == nil {
+			completions = append(completions, tasks.Completion{Ref: r.task.Ref(), Result: r.task.Result})
+			cItems = append(cItems, r)
+		} else {
+			failures = append(failures, tasks.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.Attempt, nil)})
+			fItems = append(fItems, r)
+		}
+	}
+	if len(completions) > 0 {
+		res := w.write(ctx, "completing", func(c context.Context) ([]tasks.WriteResult, error) {
+			return w.store.Complete(c, w.owner, completions)
+		})
+		w.account(cItems, res)
+	}
+	if len(failures) > 0 {
+		res := w.write(ctx, "failing", func(c context.Context) ([]tasks.WriteResult, error) {
+			return w.store.Fail(c, w.owner, failures)
+		})
+		w.account(fItems, res)
+	}
+	for _, r := range batch {
+		r.done()
+	}
+}
+
+// write retries a batch write while the database is unreachable: the
+// outcomes stay valid as long as the fence does, since the write is fenced.
+// It gives up when ctx ends (the shutdown bound).
+func (w *writer) write(ctx context.Context, what string, write func(context.Context) ([]tasks.WriteResult, error)) []tasks.WriteResult {
+	backoff := clock.Backoff{Min: writeBackoffMin, Max: writeBackoffMax}
+	for {
+		cctx, cancel := context.WithTimeout(ctx, writeTimeout)
+		res, err := write(cctx)
+		cancel()
+		if err == nil {
+			return res
+		}
+		if ctx.Err() != nil {
+			w.log.Error("giving up writing task outcomes at shutdown", "what", what, "error", err)
+			return nil
+		}
+		wait := backoff.Next()
+		w.log.Warn("writing task outcomes failed; retrying", "what", what, "error", err, "backoff", wait)
+		if !clock.Sleep(w.clock, wait, ctx.Done()) {
+			return nil
+		}
+	}
+}
+
+// account counts what each write did and reports refused ones.
+func (w *writer) account(items []result, res []tasks.WriteResult) {
+	for i, r := range res {
+		it := items[i]
+		switch r.Outcome {
+		case tasks.Applied:
+			outcome := string(r.State)
+			if r.State == tasks.Ready {
+				outcome = "retried"
+			}
+			w.m.Finished.WithLabelValues(it.task.Kind, outcome).Inc()
+			w.m.Duration.Observe(it.elapsed.Seconds())
+		case tasks.FenceLost:
+			w.m.FenceRejections.Inc()
+			w.log.Warn("outcome refused: shard fence moved on", "task", it.task.ID, "shard", it.task.Shard, "epoch", it.task.Epoch)
+			w.own.FenceLost(it.task.Shard, it.task.Epoch)
+		default:
+			w.log.Info("outcome dropped: the task moved on", "task", it.task.ID, "outcome", r.Outcome.String())
+		}
+	}
+}

@@ -1,0 +1,298 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/internal/wake"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// termState is where one ownership term is. A term is this runner's
+// ownership of one shard key from the moment it created the key (the term's
+// epoch is the key's CreateRevision) until the key is deleted or vanishes.
+// Every change goes through ledger.move; the legal moves are:
+//
+//	acquired  --fence raised, orphans requeued (Fenced)-->  fenced
+//	acquired  --assigned elsewhere, or draining-->          releasing
+//	fenced    --assigned elsewhere, or draining-->          releasing
+//	acquired|fenced|releasing --work cancelled-->           cancelled
+//	          (detached, fence lost, handoff timeout, orphaned, shutdown)
+//	releasing|cancelled --our conditional delete applied--> released   (term ends)
+//	any       --the key went without our delete-->          lost       (term ends)
+//	          (lease expired or revoked, deleted by someone else, our
+//	          delete found another term's key)
+//
+// Invariants:
+//   - Claims are made only on fenced terms (Hold); claimed work begins only
+//     on held terms that are fenced or releasing, never once cancelled.
+//   - The key is deleted only from releasing with no work in flight, or
+//     from cancelled once its work returned or the cancel grace passed.
+//   - The term's context is cancelled, with a cause wrapping
+//     tasks.ErrOwnershipLost, on entering cancelled, released or lost.
+type termState int
+
+const (
+	acquired termState = iota + 1
+	fenced
+	releasing
+	cancelled
+	released
+	lost
+)
+
+func (s termState) String() string {
+	switch s {
+	case acquired:
+		return "acquired"
+	case fenced:
+		return "fenced"
+	case releasing:
+		return "releasing"
+	case cancelled:
+		return "cancelled"
+	case released:
+		return "released"
+	case lost:
+		return "lost"
+	}
+	return fmt.Sprintf("termState(%d)", int(s))
+}
+
+// legalMoves is the table above.
+var legalMoves = map[termState][]termState{
+	acquired:  {fenced, releasing, cancelled, lost},
+	fenced:    {releasing, cancelled, lost},
+	releasing: {cancelled, released, lost},
+	cancelled: {released, lost},
+}
+
+// term is one ownership term.
+type term struct {
+	shard  int
+	epoch  int64
+	state  termState
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// inflight counts holds and begun work: a releasing term's key is
+	// deleted only when it is zero.
+	inflight int
+	// since is when the term entered its state: the handoff timeout counts
+	// from releasing, the cancel grace from cancelled.
+	since time.Time
+}
+
+func (t *term) ref() tasks.ShardEpoch { return tasks.ShardEpoch{Shard: t.shard, Epoch: t.epoch} }
+
+// ended reports whether the term's work can no longer run.
+func (t *term) ended() bool { return t.state == cancelled || t.state == released || t.state == lost }
+
+// ledger is the runner's ownership terms, one per shard it holds a key of,
+// under one lock. The Run loop adds and ends terms; the executor fences,
+// holds and reports lost fences; the detach machine cancels them all.
+type ledger struct {
+	runner  string
+	clock   clock.Clock
+	log     hclog.Logger
+	metrics *Metrics
+	events  *testsignal.Signal[Event]
+	// changes wakes the executor when the claimable terms change; kick
+	// wakes the Run loop when a term needs its attention.
+	changes wake.Signal
+	kick    wake.Signal
+
+	mu       sync.Mutex
+	terms    map[int]*term
+	assigned []int
+}
+
+func newLedger(runner string, clk clock.Clock, log hclog.Logger, m *Metrics, events *testsignal.Signal[Event]) *ledger {
+	return &ledger{runner: runner, clock: clk, log: log, metrics: m, events: events,
+		changes: wake.New(), kick: wake.New(), terms: map[int]*term{}}
+}
+
+// move changes t's state (l.mu held), with the side effects of entering the
+// new state. An illegal move is a bug: it is logged and refused.
+func (l *ledger) move(t *term, to termState, now time.Time, why string) bool {
+	if !slices.Contains(legalMoves[t.state], to) {
+		l.log.Error("illegal ownership term move refused", "shard", t.shard, "epoch", t.epoch, "from", t.state.String(), "to", to.String(), "why", why)
+		return false
+	}
+	from := t.state
+	t.state, t.since = to, now
+	switch to {
+	case cancelled, released, lost:
+		t.cancel(fmt.Errorf("%w: shard %d epoch %d %s: %s", tasks.ErrOwnershipLost, t.shard, t.epoch, to, why))
+	}
+	switch to {
+	case released:
+		delete(l.terms, t.shard)
+		l.metrics.Releases.Inc()
+		l.events.Emit(Event{Kind: Released, Runner: l.runner, Shard: t.shard, Epoch: t.epoch, At: now})
+	case lost:
+		delete(l.terms, t.shard)
+		l.events.Emit(Event{Kind: Lost, Runner: l.runner, Shard: t.shard, Epoch: t.epoch, At: now})
+	}
+	l.log.Trace("ownership term moved", "shard", t.shard, "epoch", t.epoch, "from", from.String(), "to", to.String(), "why", why)
+	if from == fenced || to == fenced {
+		l.changes.Notify()
+	}
+	if to == cancelled || to == releasing {
+		l.kick.Notify()
+	}
+	return true
+}
+
+// adopt starts a term for a key this runner created at epoch; sent is when
+// the creating Txn was sent (ownership began no earlier).
+func (l *ledger) adopt(shard int, epoch int64, sent time.Time) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	now := l.clock.Now()
+	l.mu.Lock()
+	l.terms[shard] = &term{shard: shard, epoch: epoch, state: acquired, ctx: ctx, cancel: cancel, since: now}
+	l.mu.Unlock()
+	l.metrics.Acquisitions.Inc()
+	l.events.Emit(Event{Kind: Acquired, Runner: l.runner, Shard: shard, Epoch: epoch, At: now, Sent: sent})
+	l.changes.Notify()
+}
+
+// get returns the term of shard at epoch, or nil (l.mu held).
+func (l *ledger) get(shard int, epoch int64) *term {
+	if t := l.terms[shard]; t != nil && t.epoch == epoch {
+		return t
+	}
+	return nil
+}
+
+// unfenced lists the acquired terms, ordered by shard.
+func (l *ledger) unfenced() []tasks.ShardEpoch { return l.list(acquired) }
+
+// list returns the terms in one of states, ordered by shard.
+func (l *ledger) list(states ...termState) []tasks.ShardEpoch {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []tasks.ShardEpoch
+	for _, t := range l.terms {
+		if slices.Contains(states, t.state) {
+			out = append(out, t.ref())
+		}
+	}
+	slices.SortFunc(out, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	return out
+}
+
+// markFenced moves acquired terms to fenced.
+func (l *ledger) markFenced(refs []tasks.ShardEpoch) {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range refs {
+		if t := l.get(r.Shard, r.Epoch); t != nil && t.state == acquired {
+			l.move(t, fenced, now, "fence raised")
+		}
+	}
+}
+
+// cancelTerm cancels the work of one term, if it has not ended.
+func (l *ledger) cancelTerm(shard int, epoch int64, why string) bool {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.get(shard, epoch)
+	return t != nil && !t.ended() && l.move(t, cancelled, now, why)
+}
+
+// cancelAll cancels the work of every term that has not ended.
+func (l *ledger) cancelAll(now time.Time, why string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, t := range l.terms {
+		if !t.ended() && l.move(t, cancelled, now, why) {
+			n++
+		}
+	}
+	return n
+}
+
+// hold pins the fenced terms for one claim.
+func (l *ledger) hold(may func() bool) *Hold {
+	h := &Hold{l: l, may: may, held: map[int]*term{}}
+	if !may() {
+		return h
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, t := range l.terms {
+		if t.state == fenced {
+			t.inflight++
+			h.held[t.shard] = t
+		}
+	}
+	return h
+}
+
+// end ends one unit of work or one hold on t.
+func (l *ledger) end(t *term) {
+	l.mu.Lock()
+	t.inflight--
+	idle := t.inflight == 0 && (t.state == releasing || t.state == cancelled)
+	l.mu.Unlock()
+	if idle {
+		l.kick.Notify()
+	}
+}
+
+// Hold pins the fenced terms while one claim runs (the executor's Hold):
+// their keys are not released before Release, and tasks claimed under it
+// may begin even if a release of their shard started meanwhile.
+type Hold struct {
+	l    *ledger
+	may  func() bool // whether work may begin now (attached, lease trusted)
+	once sync.Once
+	held map[int]*term
+}
+
+// Terms are the held terms, ordered by shard.
+func (h *Hold) Terms() []tasks.ShardEpoch {
+	out := make([]tasks.ShardEpoch, 0, len(h.held))
+	for _, t := range h.held {
+		out = append(out, t.ref())
+	}
+	slices.SortFunc(out, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	return out
+}
+
+// Begin starts work on a held term, even if its release started after the
+// hold was taken, unless its work was cancelled or the runner may no longer
+// work (detached, lease past its detach point).
+func (h *Hold) Begin(shard int, epoch int64) (context.Context, func(), bool) {
+	if !h.may() {
+		return nil, nil, false
+	}
+	h.l.mu.Lock()
+	defer h.l.mu.Unlock()
+	t := h.held[shard]
+	if t == nil || t.epoch != epoch || t.ended() {
+		return nil, nil, false
+	}
+	t.inflight++
+	var once sync.Once
+	return t.ctx, func() { once.Do(func() { h.l.end(t) }) }, true
+}
+
+// Release ends the hold.
+func (h *Hold) Release() {
+	h.once.Do(func() {
+		for _, t := range h.held {
+			h.l.end(t)
+		}
+	})
+}
