@@ -46,13 +46,15 @@ type pool struct {
 
 	wg       sync.WaitGroup
 	inflight atomic.Int64
-	mu       sync.Mutex
-	running  map[int64]*attempt
+	mu sync.Mutex
+	// running is keyed by the whole claim: a sweep may requeue a task whose
+	// handler still runs here, and this runner may claim it again.
+	running map[tasks.Ref]*attempt
 }
 
 func newPool(registry *tasks.Registry, max int, results chan<- result, clk clock.Clock, m *Metrics) *pool {
 	return &pool{registry: registry, max: max, results: results, clock: clk, m: m,
-		freed: wake.New(), running: map[int64]*attempt{}}
+		freed: wake.New(), running: map[tasks.Ref]*attempt{}}
 }
 
 func (p *pool) inFlight() int { return int(p.inflight.Load()) }
@@ -70,7 +72,7 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, done func()) {
 		handlerCtx, stopDeadline = context.WithDeadline(ctx, *t.Deadline)
 	}
 	p.mu.Lock()
-	p.running[t.ID] = &attempt{task: t, cancel: cancel}
+	p.running[t.Ref()] = &attempt{task: t, cancel: cancel}
 	p.mu.Unlock()
 	p.inflight.Add(1)
 	p.m.InFlight.Inc()
@@ -81,7 +83,7 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, done func()) {
 		stopDeadline()
 		cancel(nil)
 		p.mu.Lock()
-		delete(p.running, t.ID)
+		delete(p.running, t.Ref())
 		p.mu.Unlock()
 		p.results <- result{task: task, err: err, elapsed: p.clock.Now().Sub(start), done: done}
 		p.inflight.Add(-1)
@@ -105,8 +107,8 @@ func (p *pool) refs() []tasks.Ref {
 func (p *pool) cancel(ref tasks.Ref, cause error) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	a := p.running[ref.ID]
-	if a == nil || a.task.Ref() != ref {
+	a := p.running[ref]
+	if a == nil {
 		return false
 	}
 	a.cancel(cause)

@@ -1,0 +1,364 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const me = "runner-a"
+
+// env is one executor over a fake store and a fake ownership on a fake
+// clock; no PostgreSQL, no etcd.
+type env struct {
+	t     *testing.T
+	store *fakeStore
+	own   *fakeOwnership
+	clock *clock.Fake
+	reg   *tasks.Registry
+	exec  *Executor
+	stop  context.CancelFunc
+	done  chan error
+}
+
+func newEnv(t *testing.T, handlers map[string]tasks.Handler, mut ...func(*Config)) *env {
+	t.Helper()
+	e := &env{t: t, store: newFakeStore(), own: newFakeOwnership(), clock: clock.NewFake(), reg: tasks.NewRegistry()}
+	for kind, h := range handlers {
+		if err := e.reg.Register(kind, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := Config{RunnerID: me, Store: e.store, Ownership: e.own, Registry: e.reg, Clock: e.clock,
+		MaxWorkers: 4, HeartbeatInterval: time.Second, PollInterval: 100 * time.Millisecond,
+		Retry: tasks.RetryPolicy{MaxAttempts: 5, Base: 10 * time.Millisecond, Cap: 100 * time.Millisecond}}
+	for _, m := range mut {
+		m(&cfg)
+	}
+	exec, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec = exec
+	return e
+}
+
+func (e *env) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	e.stop, e.done = cancel, make(chan error, 1)
+	go func() { e.done <- e.exec.Run(ctx) }()
+	e.t.Cleanup(func() { e.shutdown() })
+}
+
+// shutdown ends Run and waits for it, advancing the fake clock so that
+// timers it waits on (the shutdown bound) can fire.
+func (e *env) shutdown() {
+	if e.stop == nil {
+		return
+	}
+	e.stop()
+	e.stop = nil
+	if !settle(e.clock.Advance, func() bool {
+		select {
+		case err := <-e.done:
+			if err != nil {
+				e.t.Errorf("Run: %v", err)
+			}
+			return true
+		default:
+			return false
+		}
+	}) {
+		e.t.Fatal("Run did not return after its context ended")
+	}
+}
+
+func (e *env) until(what string, cond func() bool) {
+	e.t.Helper()
+	if !settle(e.clock.Advance, cond) {
+		e.t.Fatalf("not within 10s: %s", what)
+	}
+}
+
+func (e *env) state(id int64) tasks.State { return e.store.get(id).State }
+
+func noop(context.Context, *tasks.Task) error { return nil }
+
+func TestClaimRunComplete(t *testing.T) {
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
+	for id := int64(1); id <= 6; id++ {
+		e.store.add(id, "noop", int(id%2), 3)
+	}
+	e.store.add(7, "other", 0, 3) // no handler: never claimed
+	e.own.own(0, 5)
+	e.own.own(1, 9)
+	e.run()
+	e.until("six tasks completed", func() bool {
+		for id := int64(1); id <= 6; id++ {
+			if e.state(id) != tasks.Completed {
+				return false
+			}
+		}
+		return true
+	})
+	if got := e.store.get(2); got.Epoch != 5 || got.ClaimedBy != me {
+		t.Errorf("task 2 claimed under %d by %q, want epoch 5 by %s", got.Epoch, got.ClaimedBy, me)
+	}
+	if e.state(7) != tasks.Ready {
+		t.Error("a task of a kind without handler was claimed")
+	}
+	if n := e.store.count("raise"); n != 1 {
+		t.Errorf("fences raised %d times, want once for both new terms", n)
+	}
+	e.until("every hold and attempt ended", func() bool { return e.own.inflight(0) == 0 && e.own.inflight(1) == 0 })
+}
+
+func TestFailedAttemptIsRetriedThenCompletes(t *testing.T) {
+	var calls atomic.Int32
+	flaky := func(_ context.Context, task *tasks.Task) error {
+		calls.Add(1)
+		if task.Attempt < 3 {
+			return fmt.Errorf("attempt %d fails", task.Attempt)
+		}
+		return nil
+	}
+	e := newEnv(t, map[string]tasks.Handler{"flaky": flaky})
+	e.store.add(1, "flaky", 0, 5)
+	e.own.own(0, 1)
+	e.run()
+	e.until("completed on the third attempt", func() bool { return e.state(1) == tasks.Completed })
+	got := e.store.get(1)
+	if got.Attempt != 3 || len(got.Errors) != 2 || !strings.Contains(got.Errors[1].Error, "attempt 2 fails") || calls.Load() != 3 {
+		t.Fatalf("task %+v after %d calls", got, calls.Load())
+	}
+}
+
+func TestAttemptsUsedUpGoDead(t *testing.T) {
+	e := newEnv(t, map[string]tasks.Handler{"bad": func(context.Context, *tasks.Task) error { panic("boom") }})
+	e.store.add(1, "bad", 0, 2)
+	e.own.own(0, 1)
+	e.run()
+	e.until("dead after two attempts", func() bool { return e.state(1) == tasks.Dead })
+	if errs := e.store.get(1).Errors; len(errs) != 2 || !strings.Contains(errs[0].Error, "panic: boom") {
+		t.Fatalf("errors %+v: a panic must fail the attempt with its text", errs)
+	}
+}
+
+func TestHeartbeatsBeatRunningAttempts(t *testing.T) {
+	release := make(chan struct{})
+	e := newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, _ *tasks.Task) error {
+		<-release
+		return nil
+	}})
+	e.store.add(1, "slow", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	e.until("beaten twice", func() bool {
+		e.store.mu.Lock()
+		defer e.store.mu.Unlock()
+		return len(e.store.beats) >= 2
+	})
+	close(release)
+	e.until("completed", func() bool { return e.state(1) == tasks.Completed })
+}
+
+// A sweep requeued a running task: the next heartbeat finds it moved and
+// cancels the handler; its late outcome is dropped.
+func TestHeartbeatCancelsATaskTakenBack(t *testing.T) {
+	cause := make(chan error, 1)
+	e := newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, task *tasks.Task) error {
+		if task.Attempt > 1 {
+			return nil // the requeued attempt, claimed again here
+		}
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return ctx.Err()
+	}})
+	e.store.add(1, "slow", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	e.store.mu.Lock()
+	e.store.tasks[1].State, e.store.tasks[1].Attempt = tasks.Ready, 2 // swept
+	e.store.mu.Unlock()
+	var got error
+	e.until("handler cancelled", func() bool {
+		select {
+		case got = <-cause:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(got, errTakenBack) {
+		t.Fatalf("cancel cause %v, want errTakenBack", got)
+	}
+	e.until("the requeued attempt completed", func() bool { return e.state(1) == tasks.Completed })
+	if st := e.store.get(1); st.Attempt != 2 || len(st.Errors) != 0 {
+		t.Fatalf("the stale attempt's failure was recorded: %+v", st)
+	}
+}
+
+// A claim whose term stops taking work before the attempt starts is given
+// back with the same attempt.
+func TestClaimsThatCannotStartAreGivenBack(t *testing.T) {
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
+	e.store.add(1, "noop", 0, 3)
+	e.own.refuseBegin = true
+	e.own.own(0, 1)
+	e.run()
+	e.until("given back", func() bool { return e.store.count("unclaim") >= 1 })
+	if got := e.store.get(1); got.State != tasks.Ready || got.Attempt != 1 {
+		t.Fatalf("given-back task %+v, want ready at attempt 1", got)
+	}
+	e.own.mu.Lock()
+	e.own.refuseBegin = false
+	e.own.mu.Unlock()
+	e.until("completed once the term takes work", func() bool { return e.state(1) == tasks.Completed })
+}
+
+// Losing the shard mid-run cancels the handler with the ownership cause.
+func TestShardLossCancelsTheHandler(t *testing.T) {
+	cause := make(chan error, 1)
+	e := newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, _ *tasks.Task) error {
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return ctx.Err()
+	}})
+	e.store.add(1, "slow", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	e.own.lose(0)
+	var got error
+	e.until("handler cancelled", func() bool {
+		select {
+		case got = <-cause:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(got, tasks.ErrOwnershipLost) {
+		t.Fatalf("cause %v, want tasks.ErrOwnershipLost", got)
+	}
+	e.until("attempt ended", func() bool { return e.exec.InFlight() == 0 })
+}
+
+// A newer owner raised the shard's fence while the attempt ran: the
+// completion is refused and the term reported lost.
+func TestFenceRefusalReportsTheTermLost(t *testing.T) {
+	release := make(chan struct{})
+	e := newEnv(t, map[string]tasks.Handler{"slow": func(context.Context, *tasks.Task) error { <-release; return nil }})
+	e.store.add(1, "slow", 0, 3)
+	e.own.own(0, 4)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	e.store.setFence(0, 7, "runner-b")
+	close(release)
+	e.until("term reported lost", func() bool { return len(e.own.lostTerms()) > 0 })
+	if lost := e.own.lostTerms(); lost[0] != (tasks.ShardEpoch{Shard: 0, Epoch: 4}) {
+		t.Fatalf("lost %v, want shard 0 epoch 4", lost)
+	}
+	if e.state(1) != tasks.Running {
+		t.Fatal("a refused completion changed the task")
+	}
+}
+
+// A fence already raised by a newer owner: the term is reported lost and
+// nothing is claimed from it.
+func TestRaiseRefusedForANewerFence(t *testing.T) {
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
+	e.store.add(1, "noop", 0, 3)
+	e.store.setFence(0, 10, "runner-b")
+	e.own.own(0, 4)
+	e.run()
+	e.until("term reported lost", func() bool { return len(e.own.lostTerms()) == 1 })
+	if e.store.count("claim") != 0 && e.state(1) != tasks.Ready {
+		t.Fatal("claimed from a shard whose fence is newer")
+	}
+}
+
+// The database is unreachable when the outcome is written: the write is
+// retried until it lands, and the term's hold ends only then.
+func TestOutcomeWriteRetriedUntilItLands(t *testing.T) {
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
+	e.store.add(1, "noop", 0, 3)
+	e.store.failNext("complete", 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("completed after three failed writes", func() bool { return e.state(1) == tasks.Completed })
+	if n := e.store.count("complete"); n != 4 {
+		t.Fatalf("%d complete calls, want 4", n)
+	}
+	e.until("hold ended after the write", func() bool { return e.own.inflight(0) == 0 })
+}
+
+// Claiming fails while the database is down, then recovers.
+func TestClaimErrorsBackOffAndRecover(t *testing.T) {
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
+	e.store.add(1, "noop", 0, 3)
+	e.store.failNext("claim", 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("completed", func() bool { return e.state(1) == tasks.Completed })
+	if n := e.store.count("claim"); n < 4 {
+		t.Fatalf("%d claim calls, want the 3 failures and a success", n)
+	}
+}
+
+// Shutdown stops claiming, lets the running attempt finish and writes its
+// outcome before Run returns.
+func TestShutdownDrainsRunningAttempts(t *testing.T) {
+	release := make(chan struct{})
+	e := newEnv(t, map[string]tasks.Handler{"slow": func(context.Context, *tasks.Task) error { <-release; return nil }})
+	e.store.add(1, "slow", 0, 3)
+	e.store.add(2, "slow", 1, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	e.stop()
+	e.own.own(1, 2) // a shard gained after shutdown began is not claimed from
+	close(release)
+	var err error
+	e.until("Run returned", func() bool {
+		select {
+		case err = <-e.done:
+			return true
+		default:
+			return false
+		}
+	})
+	e.stop = nil
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.state(1) != tasks.Completed || e.state(2) != tasks.Ready {
+		t.Fatalf("after shutdown task 1 is %s (want completed) and task 2 %s (want ready)", e.state(1), e.state(2))
+	}
+}
+
+func TestConfigNamesTheFlag(t *testing.T) {
+	for flag, c := range map[string]Config{
+		"--max-workers":        {MaxWorkers: MaxMaxWorkers + 1},
+		"--heartbeat-interval": {HeartbeatInterval: time.Millisecond},
+		"--poll-interval":      {PollInterval: 2 * time.Hour},
+	} {
+		c.fill()
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s: %v", flag, err)
+		}
+	}
+}

@@ -1,0 +1,354 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// fakeStore is an in-memory tasks table and fence table with the store's
+// rules: claims only from shards whose fence is (owner, epoch), and every
+// write conditioned on the claim it names. Writes can be made to fail.
+type fakeStore struct {
+	mu     sync.Mutex
+	tasks  map[int64]*tasks.Task
+	fences map[int]fence
+	// failures[op] makes the next n calls of op fail with errDown.
+	failures map[string]int
+	calls    map[string]int
+	beats    []tasks.Ref
+}
+
+type fence struct {
+	epoch int64
+	owner string
+}
+
+var errDown = errors.New("database unreachable")
+
+func newFakeStore() *fakeStore {
+	return &fakeStore{tasks: map[int64]*tasks.Task{}, fences: map[int]fence{}, failures: map[string]int{}, calls: map[string]int{}}
+}
+
+func (s *fakeStore) add(id int64, kind string, shard, maxAttempts int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tasks[id] = &tasks.Task{ID: id, Kind: kind, Shard: shard, State: tasks.Ready, Attempt: 1, MaxAttempts: maxAttempts, Payload: []byte("{}")}
+}
+
+func (s *fakeStore) get(id int64) tasks.Task {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return *s.tasks[id]
+}
+
+func (s *fakeStore) setFence(shard int, epoch int64, owner string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fences[shard] = fence{epoch, owner}
+}
+
+func (s *fakeStore) failNext(op string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failures[op] = n
+}
+
+func (s *fakeStore) count(op string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[op]
+}
+
+// enter records a call of op and says whether it must fail (s.mu held).
+func (s *fakeStore) enter(op string) error {
+	s.calls[op]++
+	if s.failures[op] > 0 {
+		s.failures[op]--
+		return fmt.Errorf("%s: %w", op, errDown)
+	}
+	return nil
+}
+
+func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.enter("raise"); err != nil {
+		return nil, err
+	}
+	var raised []tasks.ShardEpoch
+	for _, t := range terms {
+		if f := s.fences[t.Shard]; f.epoch <= t.Epoch {
+			s.fences[t.Shard] = fence{t.Epoch, owner}
+			raised = append(raised, t)
+		}
+	}
+	return raised, nil
+}
+
+func (s *fakeStore) RequeueOrphans(_ context.Context, owner string, terms []tasks.ShardEpoch) (int64, int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.enter("orphans"); err != nil {
+		return 0, 0, err
+	}
+	var n int64
+	for _, t := range s.tasks {
+		for _, term := range terms {
+			if t.Shard == term.Shard && t.State == tasks.Running && t.Epoch < term.Epoch && s.fences[t.Shard] == (fence{term.Epoch, owner}) {
+				s.retryOrBury(t, "orphaned")
+				n++
+			}
+		}
+	}
+	return n, 0, nil
+}
+
+func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.enter("claim"); err != nil {
+		return nil, err
+	}
+	ids := make([]int64, 0, len(s.tasks))
+	for id := range s.tasks {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var out []tasks.Task
+	for _, id := range ids {
+		t := s.tasks[id]
+		if len(out) == limit {
+			break
+		}
+		if t.State != tasks.Ready || !slices.Contains(kinds, t.Kind) {
+			continue
+		}
+		for _, term := range terms {
+			if term.Shard == t.Shard && s.fences[t.Shard] == (fence{term.Epoch, owner}) {
+				t.State, t.ClaimedBy, t.Epoch = tasks.Running, owner, term.Epoch
+				out = append(out, *t)
+			}
+		}
+	}
+	return out, nil
+}
+
+// fenced applies write to each ref still running under exactly that claim
+// with the fence still the writer's; it reports the outcome per ref.
+func (s *fakeStore) fenced(op, owner string, refs []tasks.Ref, write func(t *tasks.Task, i int)) ([]tasks.WriteResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.enter(op); err != nil {
+		return nil, err
+	}
+	out := make([]tasks.WriteResult, len(refs))
+	for i, r := range refs {
+		out[i].Ref = r
+		t := s.tasks[r.ID]
+		switch {
+		case s.fences[r.Shard] != (fence{r.Epoch, owner}):
+			out[i].Outcome = tasks.FenceLost
+		case t == nil:
+			out[i].Outcome = tasks.TaskGone
+		case t.State != tasks.Running || t.ClaimedBy != owner || t.Epoch != r.Epoch || t.Attempt != r.Attempt:
+			out[i].Outcome = tasks.TaskMoved
+		default:
+			write(t, i)
+			out[i].State = t.State
+		}
+	}
+	return out, nil
+}
+
+func (s *fakeStore) Unclaim(_ context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
+	return s.fenced("unclaim", owner, refs, func(t *tasks.Task, _ int) { t.State, t.ClaimedBy, t.Epoch = tasks.Ready, "", 0 })
+}
+
+func (s *fakeStore) Heartbeat(_ context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
+	return s.fenced("heartbeat", owner, refs, func(t *tasks.Task, _ int) { s.beats = append(s.beats, t.Ref()) })
+}
+
+func (s *fakeStore) Complete(_ context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error) {
+	refs := make([]tasks.Ref, len(done))
+	for i, d := range done {
+		refs[i] = d.Ref
+	}
+	return s.fenced("complete", owner, refs, func(t *tasks.Task, i int) { t.State, t.Result = tasks.Completed, done[i].Result })
+}
+
+func (s *fakeStore) Fail(_ context.Context, owner string, failed []tasks.Failure) ([]tasks.WriteResult, error) {
+	refs := make([]tasks.Ref, len(failed))
+	for i, f := range failed {
+		refs[i] = f.Ref
+	}
+	return s.fenced("fail", owner, refs, func(t *tasks.Task, i int) { s.retryOrBury(t, failed[i].Error) })
+}
+
+// retryOrBury is the store's failure rule (s.mu held).
+func (s *fakeStore) retryOrBury(t *tasks.Task, msg string) {
+	t.Errors = append(t.Errors, tasks.AttemptError{Attempt: t.Attempt, Error: msg})
+	if t.Attempt < t.MaxAttempts {
+		t.State, t.Attempt, t.ClaimedBy, t.Epoch = tasks.Ready, t.Attempt+1, "", 0
+		return
+	}
+	t.State = tasks.Dead
+}
+
+// fakeOwnership holds terms the test controls.
+type fakeOwnership struct {
+	mu      sync.Mutex
+	terms   map[int]*fakeTerm
+	lost    []tasks.ShardEpoch
+	changes chan struct{}
+	// refuseBegin makes Begin fail, as when a term stops taking work
+	// between the claim and the start.
+	refuseBegin bool
+}
+
+type fakeTerm struct {
+	epoch    int64
+	fenced   bool
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	inflight int
+}
+
+func newFakeOwnership() *fakeOwnership {
+	return &fakeOwnership{terms: map[int]*fakeTerm{}, changes: make(chan struct{}, 1)}
+}
+
+func (o *fakeOwnership) own(shard int, epoch int64) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	o.mu.Lock()
+	o.terms[shard] = &fakeTerm{epoch: epoch, ctx: ctx, cancel: cancel}
+	o.mu.Unlock()
+	select {
+	case o.changes <- struct{}{}:
+	default:
+	}
+}
+
+// lose cancels a term's work as the shard manager does when the runner
+// loses the shard.
+func (o *fakeOwnership) lose(shard int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if t := o.terms[shard]; t != nil {
+		t.cancel(fmt.Errorf("%w: test took shard %d away", tasks.ErrOwnershipLost, shard))
+		delete(o.terms, shard)
+	}
+}
+
+func (o *fakeOwnership) inflight(shard int) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if t := o.terms[shard]; t != nil {
+		return t.inflight
+	}
+	return -1
+}
+
+func (o *fakeOwnership) lostTerms() []tasks.ShardEpoch {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.lost)
+}
+
+func (o *fakeOwnership) Unfenced() []tasks.ShardEpoch {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []tasks.ShardEpoch
+	for s, t := range o.terms {
+		if !t.fenced {
+			out = append(out, tasks.ShardEpoch{Shard: s, Epoch: t.epoch})
+		}
+	}
+	return out
+}
+
+func (o *fakeOwnership) Fenced(terms []tasks.ShardEpoch) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, r := range terms {
+		if t := o.terms[r.Shard]; t != nil && t.epoch == r.Epoch {
+			t.fenced = true
+		}
+	}
+}
+
+func (o *fakeOwnership) FenceLost(shard int, epoch int64) {
+	o.mu.Lock()
+	o.lost = append(o.lost, tasks.ShardEpoch{Shard: shard, Epoch: epoch})
+	o.mu.Unlock()
+	o.lose(shard)
+}
+
+func (o *fakeOwnership) Hold() Hold {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	h := &fakeHold{o: o, held: map[int]*fakeTerm{}}
+	for s, t := range o.terms {
+		if t.fenced {
+			t.inflight++
+			h.held[s] = t
+		}
+	}
+	return h
+}
+
+func (o *fakeOwnership) Changes() <-chan struct{} { return o.changes }
+
+type fakeHold struct {
+	o    *fakeOwnership
+	held map[int]*fakeTerm
+}
+
+func (h *fakeHold) Terms() []tasks.ShardEpoch {
+	var out []tasks.ShardEpoch
+	for s, t := range h.held {
+		out = append(out, tasks.ShardEpoch{Shard: s, Epoch: t.epoch})
+	}
+	slices.SortFunc(out, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	return out
+}
+
+func (h *fakeHold) Begin(shard int, epoch int64) (context.Context, func(), bool) {
+	h.o.mu.Lock()
+	defer h.o.mu.Unlock()
+	t := h.held[shard]
+	if h.o.refuseBegin || t == nil || t.epoch != epoch || t.ctx.Err() != nil {
+		return nil, nil, false
+	}
+	t.inflight++
+	var once sync.Once
+	return t.ctx, func() { once.Do(func() { h.o.mu.Lock(); t.inflight--; h.o.mu.Unlock() }) }, true
+}
+
+func (h *fakeHold) Release() {
+	h.o.mu.Lock()
+	defer h.o.mu.Unlock()
+	for _, t := range h.held {
+		t.inflight--
+	}
+	h.held = nil
+}
+
+// settle polls cond, advancing the fake clock a little each time, until it
+// holds or a real-time bound passes.
+func settle(advance func(time.Duration), cond func() bool) bool {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return true
+		}
+		advance(5 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	return cond()
+}

@@ -1,0 +1,106 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+func newTestLedger() (*ledger, *testsignal.Signal[Event]) {
+	events := testsignal.New[Event]()
+	return newLedger("me", clock.NewFake(), hclog.NewNullLogger(), NewMetrics(nil), events), events
+}
+
+// TestTermMoves: exactly the moves in the termState table are accepted;
+// entering cancelled, released or lost cancels the term's work with a
+// cause wrapping tasks.ErrOwnershipLost, and released or lost end the term.
+func TestTermMoves(t *testing.T) {
+	all := []termState{acquired, fenced, releasing, cancelled, released, lost}
+	for _, from := range all {
+		for _, to := range all {
+			l, events := newTestLedger()
+			l.adopt(3, 42, l.clock.Now())
+			tm := l.terms[3]
+			tm.state = from
+			l.mu.Lock()
+			ok := l.move(tm, to, l.clock.Now(), "test")
+			l.mu.Unlock()
+			if want := slices.Contains(legalMoves[from], to); ok != want {
+				t.Errorf("%s -> %s accepted %v, want %v", from, to, ok, want)
+				continue
+			}
+			if !ok {
+				continue
+			}
+			stopped := to == cancelled || to == released || to == lost
+			if (tm.ctx.Err() != nil) != stopped {
+				t.Errorf("%s -> %s: work cancelled %v, want %v", from, to, tm.ctx.Err() != nil, stopped)
+			}
+			if stopped && !errors.Is(context.Cause(tm.ctx), tasks.ErrOwnershipLost) {
+				t.Errorf("%s -> %s: cause %v", from, to, context.Cause(tm.ctx))
+			}
+			ended := to == released || to == lost
+			if _, still := l.terms[3]; still == ended {
+				t.Errorf("%s -> %s: term still in the ledger %v", from, to, still)
+			}
+			if ended {
+				last := events.Events()[len(events.Events())-1]
+				if (to == released && last.Kind != Released) || (to == lost && last.Kind != Lost) {
+					t.Errorf("%s -> %s: last event %s", from, to, last.Kind)
+				}
+			}
+		}
+	}
+}
+
+// TestHoldPinsFencedTermsOnly: a hold pins fenced terms; work begins on a
+// held term even once it is releasing, never once cancelled, never when
+// the runner may not work.
+func TestHoldPinsFencedTermsOnly(t *testing.T) {
+	l, _ := newTestLedger()
+	now := l.clock.Now()
+	l.adopt(1, 10, now)
+	l.adopt(2, 20, now)
+	l.adopt(3, 30, now)
+	l.markFenced([]tasks.ShardEpoch{{Shard: 1, Epoch: 10}, {Shard: 2, Epoch: 20}})
+	if got := l.unfenced(); len(got) != 1 || got[0].Shard != 3 {
+		t.Fatalf("unfenced %v, want shard 3", got)
+	}
+	may := true
+	h := l.hold(func() bool { return may })
+	if got := h.Terms(); len(got) != 2 || got[0].Shard != 1 || got[1].Shard != 2 {
+		t.Fatalf("held %v, want shards 1 and 2", got)
+	}
+	l.mu.Lock()
+	l.move(l.terms[1], releasing, now, "test")
+	l.mu.Unlock()
+	if _, done, ok := h.Begin(1, 10); !ok {
+		t.Error("work must begin on a held term whose release started after the hold")
+	} else {
+		done()
+	}
+	l.cancelTerm(2, 20, "test")
+	if _, _, ok := h.Begin(2, 20); ok {
+		t.Error("work began on a cancelled term")
+	}
+	if _, _, ok := h.Begin(1, 11); ok {
+		t.Error("work began under another epoch")
+	}
+	may = false
+	if _, _, ok := h.Begin(1, 10); ok {
+		t.Error("work began although the runner may not work")
+	}
+	h.Release()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.terms[1].inflight != 0 || l.terms[2].inflight != 0 {
+		t.Errorf("holds left: %d %d", l.terms[1].inflight, l.terms[2].inflight)
+	}
+}
