@@ -46,7 +46,7 @@ type pool struct {
 
 	wg       sync.WaitGroup
 	inflight atomic.Int64
-	mu sync.Mutex
+	mu       sync.Mutex
 	// running is keyed by the whole claim: a sweep may requeue a task whose
 	// handler still runs here, and this runner may claim it again.
 	running map[tasks.Ref]*attempt
