@@ -23,6 +23,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/sweeper"
@@ -60,9 +61,18 @@ type Config struct {
 	Logger      hclog.Logger
 	// Registry receives the coordinator's metrics; default a new one.
 	Registry *prometheus.Registry
-	// ObserveLeadership, when set, is told when leadership starts (fence
-	// raised, before the first sweep) and ends (sweeping stopped); tests.
-	ObserveLeadership func(leader bool, epoch int64, at time.Time)
+	// Leadership, when set, receives every leadership term's start (fence
+	// raised, before the first sweep) and end (sweeping stopped); tests
+	// wait on it. Nil in production.
+	Leadership *testsignal.Signal[Leadership]
+}
+
+// Leadership is the start or end of one leadership term of one coordinator.
+type Leadership struct {
+	ID     string
+	Leader bool // true: the term started; false: it ended
+	Epoch  int64
+	At     time.Time
 }
 
 // Coordinator elects a leader among coordinators; the leader sweeps. Every
@@ -266,9 +276,7 @@ func (c *Coordinator) lead(ctx context.Context, epoch int64) {
 	c.leader.Store(true)
 	c.metrics.isLeader.Set(1)
 	c.log.Info("became leader", "epoch", epoch)
-	if c.cfg.ObserveLeadership != nil {
-		c.cfg.ObserveLeadership(true, epoch, c.clock.Now())
-	}
+	c.cfg.Leadership.Emit(Leadership{ID: c.cfg.ID, Leader: true, Epoch: epoch, At: c.clock.Now()})
 	cfg := c.cfg.Sweep
 	cfg.Store, cfg.Epoch, cfg.Clock, cfg.Metrics = c.cfg.Store, epoch, c.clock, c.sweepM
 	if cfg.Logger == nil {
@@ -280,9 +288,7 @@ func (c *Coordinator) lead(ctx context.Context, epoch int64) {
 	}
 	c.leader.Store(false)
 	c.metrics.isLeader.Set(0)
-	if c.cfg.ObserveLeadership != nil {
-		c.cfg.ObserveLeadership(false, epoch, c.clock.Now())
-	}
+	c.cfg.Leadership.Emit(Leadership{ID: c.cfg.ID, Leader: false, Epoch: epoch, At: c.clock.Now()})
 	c.log.Info("stopped leading", "epoch", epoch, "reason", cmp.Or(errString(err), errString(context.Cause(ctx)), "shutdown"))
 }
 

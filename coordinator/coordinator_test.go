@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
@@ -43,13 +42,25 @@ func newEnv(t *testing.T) *env {
 	return &env{t: t, dsn: dsn, etcd: srv, admin: admin, store: st}
 }
 
-// event is one leadership change or sweep pass, with the coordinator's id.
-type event struct {
-	id     string
-	leader *bool
-	epoch  int64
-	at     time.Time
-	pass   *sweeper.Result
+// signals are what the coordinators of one test tell it: leadership terms
+// on one timeline, and each coordinator's sweep passes.
+type signals struct {
+	leadership *testsignal.Signal[Leadership]
+	passes     map[string]*testsignal.Signal[sweeper.Result]
+}
+
+func newSignals() *signals {
+	return &signals{leadership: testsignal.New[Leadership](), passes: map[string]*testsignal.Signal[sweeper.Result]{}}
+}
+
+// swept reports whether coordinator id ran a pass that applied.
+func (s *signals) swept(id string) bool {
+	for _, r := range s.passes[id].Events() {
+		if r.Err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 type running struct {
@@ -58,7 +69,7 @@ type running struct {
 	done   chan error
 }
 
-func (e *env) start(id string, rec *testutil.Recorder[event], mut ...func(*Config)) *running {
+func (e *env) start(id string, sig *signals, mut ...func(*Config)) *running {
 	e.t.Helper()
 	cfg := Config{
 		ID: id, Client: testutil.Client(e.t, e.etcd.Endpoints()...), Prefix: prefix, ShardCount: 16, Store: e.store,
@@ -66,11 +77,9 @@ func (e *env) start(id string, rec *testutil.Recorder[event], mut ...func(*Confi
 		Sweep:  sweeper.Config{Interval: 50 * time.Millisecond, StaleThreshold: time.Second, HeartbeatInterval: 200 * time.Millisecond},
 		Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{e.t}}),
 	}
-	if rec != nil {
-		cfg.ObserveLeadership = func(leader bool, epoch int64, at time.Time) {
-			rec.Add(event{id: id, leader: &leader, epoch: epoch, at: at})
-		}
-		cfg.Sweep.Observe = func(r sweeper.Result) { rec.Add(event{id: id, at: r.Started, pass: &r}) }
+	if sig != nil {
+		sig.passes[id] = testsignal.New[sweeper.Result]()
+		cfg.Leadership, cfg.Sweep.Passes = sig.leadership, sig.passes[id]
 	}
 	for _, m := range mut {
 		m(&cfg)
@@ -101,9 +110,9 @@ func (r *running) stop() {
 
 func TestExactlyOneCoordinatorSweeps(t *testing.T) {
 	e := newEnv(t)
-	rec := &testutil.Recorder[event]{}
-	a := e.start("coord-a", rec)
-	b := e.start("coord-b", rec)
+	sig := newSignals()
+	a := e.start("coord-a", sig)
+	b := e.start("coord-b", sig)
 	testutil.WaitFor(t, 10*time.Second, "a leader", func() bool { return a.IsLeader() || b.IsLeader() })
 	leader, standby := a, b
 	if b.IsLeader() {
@@ -116,10 +125,8 @@ func TestExactlyOneCoordinatorSweeps(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // sampling a steady state over time
 	}
 	passes := map[string]int{}
-	for _, ev := range rec.Snapshot() {
-		if ev.pass != nil {
-			passes[ev.id]++
-		}
+	for id, p := range sig.passes {
+		passes[id] = len(p.Events())
 	}
 	if passes[leader.cfg.ID] == 0 || passes[standby.cfg.ID] != 0 {
 		t.Fatalf("sweep passes by coordinator: %v; only the leader (%s) may sweep", passes, leader.cfg.ID)
@@ -136,10 +143,10 @@ func TestExactlyOneCoordinatorSweeps(t *testing.T) {
 // raised its fence.
 func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 	e := newEnv(t)
-	rec := &testutil.Recorder[event]{}
-	a := e.start("coord-a", rec)
+	sig := newSignals()
+	a := e.start("coord-a", sig)
 	testutil.WaitFor(t, 10*time.Second, "a leads", a.IsLeader)
-	b := e.start("coord-b", rec)
+	b := e.start("coord-b", sig)
 	// Stale work for the sweeps to find throughout.
 	seedStale(t, e.store, 200)
 
@@ -153,38 +160,24 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 
 	var aStopped, bStarted time.Time
 	var bEpoch int64
-	events := rec.Snapshot()
-	for _, ev := range events {
-		if ev.leader == nil {
-			continue
+	for _, ev := range sig.leadership.Events() {
+		if ev.ID == "coord-a" && !ev.Leader && ev.At.After(killed) && aStopped.IsZero() {
+			aStopped = ev.At
 		}
-		if ev.id == "coord-a" && !*ev.leader && ev.at.After(killed) && aStopped.IsZero() {
-			aStopped = ev.at
-		}
-		if ev.id == "coord-b" && *ev.leader && bStarted.IsZero() {
-			bStarted, bEpoch = ev.at, ev.epoch
+		if ev.ID == "coord-b" && ev.Leader && bStarted.IsZero() {
+			bStarted, bEpoch = ev.At, ev.Epoch
 		}
 	}
 	testutil.WaitFor(t, 5*time.Second, "a stopped leading", func() bool { return !a.IsLeader() })
 	t.Logf("a stopped sweeping %s after the kill; b raised fence %d and started %s after the kill",
 		aStopped.Sub(killed), bEpoch, bStarted.Sub(killed))
-	for _, ev := range rec.Snapshot() {
-		if ev.pass == nil || ev.id != "coord-a" {
-			continue
-		}
-		if ev.pass.Started.After(bStarted) && ev.pass.Err == nil {
-			t.Fatalf("a's pass started %s after b raised its fence and still applied: %+v", ev.pass.Started.Sub(bStarted), ev.pass)
+	for _, pass := range sig.passes["coord-a"].Events() {
+		if pass.Started.After(bStarted) && pass.Err == nil {
+			t.Fatalf("a's pass started %s after b raised its fence and still applied: %+v", pass.Started.Sub(bStarted), pass)
 		}
 	}
 	// b, not a, keeps sweeping.
-	testutil.WaitFor(t, 5*time.Second, "b sweeps", func() bool {
-		for _, ev := range rec.Snapshot() {
-			if ev.pass != nil && ev.id == "coord-b" && ev.pass.Err == nil {
-				return true
-			}
-		}
-		return false
-	})
+	testutil.WaitFor(t, 5*time.Second, "b sweeps", func() bool { return sig.swept("coord-b") })
 	// a campaigns again with a new session and stands by.
 	testutil.WaitFor(t, 5*time.Second, "a has a new session", func() bool {
 		s := a.session.Load()
@@ -218,10 +211,11 @@ func TestResignOnShutdownHandsOverAtOnce(t *testing.T) {
 }
 
 func TestTasksAPI(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.start("coord", nil, func(c *Config) { c.APIToken = "tok" })
 	base := "http://" + c.Addr()
-	code, body := do(t, "POST", base+"/api/tasks", "tok", `{"kind": "noop", "key": "user-42", "payload": {"n": 1}, "max_attempts": 3}`)
+	code, body := testutil.HTTP(t, "POST", base+"/api/tasks", "tok", `{"kind": "noop", "key": "user-42", "payload": {"n": 1}, "max_attempts": 3}`)
 	if code != 201 {
 		t.Fatalf("enqueue: %d %s", code, body)
 	}
@@ -241,7 +235,7 @@ func TestTasksAPI(t *testing.T) {
 	if task.Kind != "noop" || task.State != tasks.Ready || task.MaxAttempts != 3 || string(task.Payload) != `{"n":1}` {
 		t.Fatalf("task: %+v", task)
 	}
-	code, body = do(t, "POST", base+"/api/tasks", "tok", `[{"kind": "noop"}, {"kind": "sleep", "payload": {"ms": 5}}]`)
+	code, body = testutil.HTTP(t, "POST", base+"/api/tasks", "tok", `[{"kind": "noop"}, {"kind": "sleep", "payload": {"ms": 5}}]`)
 	if code != 201 || !strings.Contains(body, `"enqueued":2`) {
 		t.Fatalf("batch: %d %s", code, body)
 	}
@@ -262,18 +256,18 @@ func TestTasksAPI(t *testing.T) {
 		{"trailing data", "tok", `{"kind": "a"} {"kind": "b"}`, 400, "unexpected data"},
 		{"too large", "tok", `{"kind": "k", "payload": "` + strings.Repeat("x", MaxRequestBody) + `"}`, 413, "larger than"},
 	} {
-		code, body := do(t, "POST", base+"/api/tasks", tc.token, tc.body)
+		code, body := testutil.HTTP(t, "POST", base+"/api/tasks", tc.token, tc.body)
 		if code != tc.code || !strings.Contains(body, tc.want) {
 			t.Errorf("%s: %d %s, want %d with %q", tc.name, code, body, tc.code, tc.want)
 		}
 	}
-	if code, _ := do(t, "GET", base+"/api/tasks/999999", "", ""); code != 404 {
+	if code, _ := testutil.HTTP(t, "GET", base+"/api/tasks/999999", "", ""); code != 404 {
 		t.Errorf("missing task: %d", code)
 	}
-	if code, _ := do(t, "GET", base+"/api/tasks/abc", "", ""); code != 400 {
+	if code, _ := testutil.HTTP(t, "GET", base+"/api/tasks/abc", "", ""); code != 400 {
 		t.Errorf("non-numeric id: %d", code)
 	}
-	if code, _ := do(t, "DELETE", base+"/api/tasks/1", "tok", ""); code != 405 {
+	if code, _ := testutil.HTTP(t, "DELETE", base+"/api/tasks/1", "tok", ""); code != 405 {
 		t.Errorf("wrong method: %d", code)
 	}
 	if counts, _ := e.store.CountByState(context.Background()); counts[tasks.Ready] != 3 {
@@ -286,6 +280,7 @@ func TestTasksAPI(t *testing.T) {
 // drain is lost and one that drained has left, and both stay listed; the
 // rate counts recent completions; only attached runners handle kinds.
 func TestClusterShowsRunnerHealth(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.start("coord", nil)
 	ctx := context.Background()
@@ -334,13 +329,14 @@ func TestClusterShowsRunnerHealth(t *testing.T) {
 	if v.Rates[tasks.Completed] != 1.0/rateWindow.Seconds() {
 		t.Errorf("completion rate %v, want one task over the window", v.Rates)
 	}
-	code, body := do(t, "POST", "http://"+c.Addr()+"/api/tasks", "", `{"kind": "noop"}`)
+	code, body := testutil.HTTP(t, "POST", "http://"+c.Addr()+"/api/tasks", "", `{"kind": "noop"}`)
 	if code != 201 || !strings.Contains(body, `no attached runner handles kind \"noop\"`) {
 		t.Errorf("a kind only a detached runner handles must draw a warning: %d %s", code, body)
 	}
 }
 
 func TestMetricsAndHealth(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	c := e.start("coord", nil)
 	testutil.WaitFor(t, 10*time.Second, "leads", c.IsLeader)
@@ -349,7 +345,7 @@ func TestMetricsAndHealth(t *testing.T) {
 		counts, _ := e.store.CountByState(context.Background())
 		return counts[tasks.Ready] == 3
 	})
-	_, body := do(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
+	_, body := testutil.HTTP(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
 	for _, want := range []string{
 		"shardrun_coordinator_is_leader 1", "shardrun_sweeps_total", "shardrun_sweep_duration_seconds_count",
 		"shardrun_sweep_released_total 3", "shardrun_sweep_deadline_failed_total 0", "shardrun_sweep_dead_total 0",
@@ -359,12 +355,13 @@ func TestMetricsAndHealth(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	if code, body := do(t, "GET", "http://"+c.Addr()+"/healthz", "", ""); code != 200 || !strings.Contains(body, `"leader":true`) {
+	if code, body := testutil.HTTP(t, "GET", "http://"+c.Addr()+"/healthz", "", ""); code != 200 || !strings.Contains(body, `"leader":true`) {
 		t.Errorf("healthz: %d %s", code, body)
 	}
 }
 
 func TestConfigErrors(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	for flag, mut := range map[string]func(*Config){
 		"--election-ttl":    func(c *Config) { c.ElectionTTL = 1500 * time.Millisecond },
@@ -379,24 +376,9 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-func do(t *testing.T, method, url, token, body string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 func getJSON(t *testing.T, url string, v any) {
 	t.Helper()
-	code, body := do(t, "GET", url, "", "")
+	code, body := testutil.HTTP(t, "GET", url, "", "")
 	if code != 200 {
 		t.Fatalf("GET %s: %d %s", url, code, body)
 	}

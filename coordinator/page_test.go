@@ -143,7 +143,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 
 func detachRunner(t *testing.T, r *runner.Runner) {
 	t.Helper()
-	code, body := do(t, "POST", "http://"+r.AdminAddr()+"/admin/detach", "", `{"reason": "browser test"}`)
+	code, body := testutil.HTTP(t, "POST", "http://"+r.AdminAddr()+"/admin/detach", "", `{"reason": "browser test"}`)
 	if code != 200 {
 		t.Fatalf("detach: %d %s", code, body)
 	}

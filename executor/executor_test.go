@@ -96,6 +96,7 @@ func (e *env) state(id int64) tasks.State { return e.store.get(id).State }
 func noop(context.Context, *tasks.Task) error { return nil }
 
 func TestClaimRunComplete(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
 	for id := int64(1); id <= 6; id++ {
 		e.store.add(id, "noop", int(id%2), 3)
@@ -125,6 +126,7 @@ func TestClaimRunComplete(t *testing.T) {
 }
 
 func TestFailedAttemptIsRetriedThenCompletes(t *testing.T) {
+	t.Parallel()
 	var calls atomic.Int32
 	flaky := func(_ context.Context, task *tasks.Task) error {
 		calls.Add(1)
@@ -145,6 +147,7 @@ func TestFailedAttemptIsRetriedThenCompletes(t *testing.T) {
 }
 
 func TestAttemptsUsedUpGoDead(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, map[string]tasks.Handler{"bad": func(context.Context, *tasks.Task) error { panic("boom") }})
 	e.store.add(1, "bad", 0, 2)
 	e.own.own(0, 1)
@@ -156,6 +159,7 @@ func TestAttemptsUsedUpGoDead(t *testing.T) {
 }
 
 func TestHeartbeatsBeatRunningAttempts(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	e := newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, _ *tasks.Task) error {
 		<-release
@@ -177,6 +181,7 @@ func TestHeartbeatsBeatRunningAttempts(t *testing.T) {
 // A sweep requeued a running task: the next heartbeat finds it moved and
 // cancels the handler; its late outcome is dropped.
 func TestHeartbeatCancelsATaskTakenBack(t *testing.T) {
+	t.Parallel()
 	cause := make(chan error, 1)
 	e := newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, task *tasks.Task) error {
 		if task.Attempt > 1 {
@@ -214,6 +219,7 @@ func TestHeartbeatCancelsATaskTakenBack(t *testing.T) {
 // A claim whose term stops taking work before the attempt starts is given
 // back with the same attempt.
 func TestClaimsThatCannotStartAreGivenBack(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
 	e.store.add(1, "noop", 0, 3)
 	e.own.refuseBegin = true
@@ -231,6 +237,7 @@ func TestClaimsThatCannotStartAreGivenBack(t *testing.T) {
 
 // Losing the shard mid-run cancels the handler with the ownership cause.
 func TestShardLossCancelsTheHandler(t *testing.T) {
+	t.Parallel()
 	cause := make(chan error, 1)
 	e := newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, _ *tasks.Task) error {
 		<-ctx.Done()
@@ -260,6 +267,7 @@ func TestShardLossCancelsTheHandler(t *testing.T) {
 // A newer owner raised the shard's fence while the attempt ran: the
 // completion is refused and the term reported lost.
 func TestFenceRefusalReportsTheTermLost(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	e := newEnv(t, map[string]tasks.Handler{"slow": func(context.Context, *tasks.Task) error { <-release; return nil }})
 	e.store.add(1, "slow", 0, 3)
@@ -280,6 +288,7 @@ func TestFenceRefusalReportsTheTermLost(t *testing.T) {
 // A fence already raised by a newer owner: the term is reported lost and
 // nothing is claimed from it.
 func TestRaiseRefusedForANewerFence(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
 	e.store.add(1, "noop", 0, 3)
 	e.store.setFence(0, 10, "runner-b")
@@ -294,6 +303,7 @@ func TestRaiseRefusedForANewerFence(t *testing.T) {
 // The database is unreachable when the outcome is written: the write is
 // retried until it lands, and the term's hold ends only then.
 func TestOutcomeWriteRetriedUntilItLands(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
 	e.store.add(1, "noop", 0, 3)
 	e.store.failNext("complete", 3)
@@ -308,6 +318,7 @@ func TestOutcomeWriteRetriedUntilItLands(t *testing.T) {
 
 // Claiming fails while the database is down, then recovers.
 func TestClaimErrorsBackOffAndRecover(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
 	e.store.add(1, "noop", 0, 3)
 	e.store.failNext("claim", 3)
@@ -322,6 +333,7 @@ func TestClaimErrorsBackOffAndRecover(t *testing.T) {
 // Shutdown stops claiming, lets the running attempt finish and writes its
 // outcome before Run returns.
 func TestShutdownDrainsRunningAttempts(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	e := newEnv(t, map[string]tasks.Handler{"slow": func(context.Context, *tasks.Task) error { <-release; return nil }})
 	e.store.add(1, "slow", 0, 3)
@@ -350,7 +362,45 @@ func TestShutdownDrainsRunningAttempts(t *testing.T) {
 	}
 }
 
+// An outcome being written when shutdown begins is not cut short: the
+// statement runs to its end although Run's context ended meanwhile.
+func TestShutdownDoesNotCancelAWriteUnderWay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
+	writing := make(chan struct{})
+	var once atomic.Bool
+	e.store.completing = func(ctx context.Context) error {
+		if once.CompareAndSwap(false, true) {
+			close(writing)
+			// Shutdown proceeds meanwhile; a write whose context it
+			// cancels fails here.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		return nil
+	}
+	e.store.add(1, "noop", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("the completion is being written", func() bool {
+		select {
+		case <-writing:
+			return true
+		default:
+			return false
+		}
+	})
+	e.shutdown()
+	if e.state(1) != tasks.Completed || e.store.count("complete") != 1 {
+		t.Fatalf("task %s after %d complete calls: the write under way at shutdown must land once", e.state(1), e.store.count("complete"))
+	}
+}
+
 func TestConfigNamesTheFlag(t *testing.T) {
+	t.Parallel()
 	for flag, c := range map[string]Config{
 		"--max-workers":        {MaxWorkers: MaxMaxWorkers + 1},
 		"--heartbeat-interval": {HeartbeatInterval: time.Millisecond},

@@ -22,6 +22,9 @@ type fakeStore struct {
 	failures map[string]int
 	calls    map[string]int
 	beats    []tasks.Ref
+	// completing, when set, runs before a completion, outside the lock,
+	// with the statement's context.
+	completing func(ctx context.Context) error
 }
 
 type fence struct {
@@ -174,7 +177,12 @@ func (s *fakeStore) Heartbeat(_ context.Context, owner string, refs []tasks.Ref)
 	return s.fenced("heartbeat", owner, refs, func(t *tasks.Task, _ int) { s.beats = append(s.beats, t.Ref()) })
 }
 
-func (s *fakeStore) Complete(_ context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error) {
+func (s *fakeStore) Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error) {
+	if s.completing != nil {
+		if err := s.completing(ctx); err != nil {
+			return nil, err
+		}
+	}
 	refs := make([]tasks.Ref, len(done))
 	for i, d := range done {
 		refs[i] = d.Ref

@@ -35,9 +35,9 @@ type writer struct {
 	m     *Metrics
 }
 
-// Run writes outcomes until ctx ends; then it writes what has arrived,
-// within a bounded time, and returns. The executor ends ctx only after the
-// pool's attempts finished, so nothing arrives later.
+// Run writes outcomes until ctx ends; then it writes what has arrived and
+// returns. The executor ends ctx only after the pool's attempts finished,
+// so nothing arrives later.
 func (w *writer) Run(ctx context.Context) {
 	var batch []result
 	timer := w.clock.NewTimer(time.Hour)
@@ -68,9 +68,7 @@ func (w *writer) Run(ctx context.Context) {
 					more = false
 				}
 			}
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownFlush)
-			w.flush(fctx, batch)
-			cancel()
+			w.flush(ctx, batch)
 			return
 		}
 		w.flush(ctx, batch)
@@ -115,25 +113,37 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 
 // write retries a batch write while the database is unreachable: the
 // outcomes stay valid as long as the fence does, since the write is fenced.
-// It gives up when ctx ends (the shutdown bound).
+// Statements run under WithoutCancel(ctx): an outcome being written when
+// shutdown begins must land. Once ctx has ended, retries stop shutdownFlush
+// later.
 func (w *writer) write(ctx context.Context, what string, write func(context.Context) ([]tasks.WriteResult, error)) []tasks.WriteResult {
 	backoff := clock.Backoff{Min: writeBackoffMin, Max: writeBackoffMax}
+	var giveUpAt time.Time
 	for {
-		cctx, cancel := context.WithTimeout(ctx, writeTimeout)
+		timeout := writeTimeout
+		if !giveUpAt.IsZero() {
+			timeout = min(timeout, max(giveUpAt.Sub(w.clock.Now()), 0))
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 		res, err := write(cctx)
 		cancel()
 		if err == nil {
 			return res
 		}
-		if ctx.Err() != nil {
+		now := w.clock.Now()
+		if ctx.Err() != nil && giveUpAt.IsZero() {
+			giveUpAt = now.Add(shutdownFlush)
+		}
+		if !giveUpAt.IsZero() && !now.Before(giveUpAt) {
 			w.log.Error("giving up writing task outcomes at shutdown", "what", what, "error", err)
 			return nil
 		}
 		wait := backoff.Next()
-		w.log.Warn("writing task outcomes failed; retrying", "what", what, "error", err, "backoff", wait)
-		if !clock.Sleep(w.clock, wait, ctx.Done()) {
-			return nil
+		if !giveUpAt.IsZero() {
+			wait = min(wait, giveUpAt.Sub(now))
 		}
+		w.log.Warn("writing task outcomes failed; retrying", "what", what, "error", err, "backoff", wait)
+		clock.Sleep(w.clock, wait, nil)
 	}
 }
 

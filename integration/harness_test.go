@@ -9,7 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -390,7 +389,7 @@ func (c *cluster) enqueue(coord *proc, n int, kind, payload string, maxAttempts 
 		batch = append(batch, task)
 	}
 	body, _ := json.Marshal(batch)
-	code, resp := httpDo(c.t, "POST", "http://"+coord.addr+"/api/tasks", apiToken, string(body))
+	code, resp := testutil.HTTP(c.t, "POST", "http://"+coord.addr+"/api/tasks", apiToken, string(body))
 	if code != 201 {
 		c.t.Fatalf("enqueue through the API: %d %s", code, resp)
 	}
@@ -430,7 +429,7 @@ func (c *cluster) waitDrained(timeout time.Duration) time.Duration {
 // metric reads one metric (summed over labels) from a process's /metrics.
 func (c *cluster) metric(p *proc, name string) float64 {
 	c.t.Helper()
-	_, body := httpDo(c.t, "GET", "http://"+p.addr+"/metrics", "", "")
+	_, body := testutil.HTTP(c.t, "GET", "http://"+p.addr+"/metrics", "", "")
 	var sum float64
 	for _, line := range strings.Split(body, "\n") {
 		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
@@ -502,27 +501,7 @@ func shardKey(key string) (int, bool) {
 	return s, err == nil
 }
 
-var httpClient = &http.Client{Timeout: 5 * time.Second}
-
-func httpDo(t *testing.T, method, url, token, body string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
 func httpCode(t *testing.T, method, url, token string) int {
-	code, _ := httpDo(t, method, url, token, "")
+	code, _ := testutil.HTTP(t, method, url, token, "")
 	return code
 }

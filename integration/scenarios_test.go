@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -210,12 +211,12 @@ func TestManualDetachAndAttachThroughTheAdminEndpoint(t *testing.T) {
 	if code := httpCode(t, "POST", "http://"+r1.addr+"/admin/detach", ""); code != 401 {
 		t.Fatalf("detach without the token: %d", code)
 	}
-	if code, body := httpDo(t, "POST", "http://"+r1.addr+"/admin/detach", adminToken, `{"reason": "integration"}`); code != 200 {
+	if code, body := testutil.HTTP(t, "POST", "http://"+r1.addr+"/admin/detach", adminToken, `{"reason": "integration"}`); code != 200 {
 		t.Fatalf("detach: %d %s", code, body)
 	}
 	handoff := c.waitFor(10*time.Second, "others own every shard", func() bool { return c.balanced("runner-2", "runner-3") })
 	c.waitFor(5*time.Second, "runner-1 idle", func() bool { return c.metric(r1, "shardrun_tasks_in_flight") == 0 })
-	if code, body := httpDo(t, "POST", "http://"+r1.addr+"/admin/attach", adminToken, ""); code != 200 {
+	if code, body := testutil.HTTP(t, "POST", "http://"+r1.addr+"/admin/attach", adminToken, ""); code != 200 {
 		t.Fatalf("attach: %d %s", code, body)
 	}
 	back := c.waitFor(15*time.Second, "runner-1 back", func() bool { return c.balanced("runner-1", "runner-2", "runner-3") })
@@ -261,7 +262,7 @@ func TestKillTheLeaderCoordinator(t *testing.T) {
 }
 
 func leads(t *testing.T, coord *proc) bool {
-	_, body := httpDo(t, "GET", "http://"+coord.addr+"/healthz", "", "")
+	_, body := testutil.HTTP(t, "GET", "http://"+coord.addr+"/healthz", "", "")
 	return strings.Contains(body, `"leader":true`)
 }
 

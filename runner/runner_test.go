@@ -129,7 +129,7 @@ func TestManualDetachOverHTTPAndAttach(t *testing.T) {
 	e.enqueue("sleep", `{"ms": 60000}`, 8)
 	testutil.Until(t, 10*time.Second, "a is running tasks", func() (bool, string) { return a.exec.InFlight() > 0, "idle" })
 
-	code, body := httpDo(t, "POST", a.url("/admin/detach"), "s3cret", `{"reason": "maintenance window"}`)
+	code, body := testutil.HTTP(t, "POST", a.url("/admin/detach"), "s3cret", `{"reason": "maintenance window"}`)
 	if code != 200 || !strings.Contains(body, `"state": "detached"`) || !strings.Contains(body, "maintenance window") {
 		t.Fatalf("detach: %d %s", code, body)
 	}
@@ -142,7 +142,7 @@ func TestManualDetachOverHTTPAndAttach(t *testing.T) {
 		return a.exec.InFlight() == 0, "a still has work in flight"
 	})
 	t.Logf("manual detach: b owned every shard %s later", took)
-	if code, _ := httpDo(t, "GET", a.url("/readyz"), "", ""); code != 503 {
+	if code, _ := testutil.HTTP(t, "GET", a.url("/readyz"), "", ""); code != 503 {
 		t.Fatalf("readyz of a detached runner: %d", code)
 	}
 	// Sticky: health does not bring it back; only attach does.
@@ -151,7 +151,7 @@ func TestManualDetachOverHTTPAndAttach(t *testing.T) {
 		t.Fatalf("a re-attached without an operator: %+v", st)
 	}
 	attachedAt := time.Now()
-	if code, body := httpDo(t, "POST", a.url("/admin/attach"), "s3cret", ""); code != 200 {
+	if code, body := testutil.HTTP(t, "POST", a.url("/admin/attach"), "s3cret", ""); code != 200 {
 		t.Fatalf("attach: %d %s", code, body)
 	}
 	testutil.Until(t, 10*time.Second, "a back with its share", func() (bool, string) {
@@ -161,7 +161,7 @@ func TestManualDetachOverHTTPAndAttach(t *testing.T) {
 	if since := time.Since(attachedAt); since < 300*time.Millisecond {
 		t.Fatalf("a re-attached %s after attach, inside its recovery window", since)
 	}
-	if code, _ := httpDo(t, "GET", a.url("/readyz"), "", ""); code != 200 {
+	if code, _ := testutil.HTTP(t, "GET", a.url("/readyz"), "", ""); code != 200 {
 		t.Fatalf("readyz of an attached runner: %d", code)
 	}
 }
@@ -262,7 +262,7 @@ func TestAdminRejectsBadRequests(t *testing.T) {
 		{"wrong method", "GET", "/admin/detach", "s3cret", "", 405},
 		{"wrong method on status", "POST", "/status", "", "", 405},
 	} {
-		if code, body := httpDo(t, tc.method, a.url(tc.path), tc.token, tc.body); code != tc.code {
+		if code, body := testutil.HTTP(t, tc.method, a.url(tc.path), tc.token, tc.body); code != tc.code {
 			t.Errorf("%s: %d %s, want %d", tc.name, code, body, tc.code)
 		}
 	}
@@ -282,7 +282,7 @@ func TestStatusAndEveryMetric(t *testing.T) {
 	testutil.Until(t, 5*time.Second, "a keep-alive recorded", func() (bool, string) {
 		return metric(t, a, "shardrun_lease_deadline_seconds") > 0, "no keep-alive yet"
 	})
-	code, body := httpDo(t, "GET", a.url("/status"), "", "")
+	code, body := testutil.HTTP(t, "GET", a.url("/status"), "", "")
 	var st Status
 	if code != 200 || json.Unmarshal([]byte(body), &st) != nil {
 		t.Fatalf("status: %d %s", code, body)
@@ -291,7 +291,7 @@ func TestStatusAndEveryMetric(t *testing.T) {
 		st.InFlight != 2 || st.LeaseTimeLeft <= 0 || st.Owned[0].Epoch == 0 {
 		t.Fatalf("status: %s", body)
 	}
-	_, metrics := httpDo(t, "GET", a.url("/metrics"), "", "")
+	_, metrics := testutil.HTTP(t, "GET", a.url("/metrics"), "", "")
 	for _, name := range []string{
 		"shardrun_detached", "shardrun_lease_keepalive_failures_total", "shardrun_lease_keepalive_failure_streak",
 		"shardrun_lease_deadline_seconds", "shardrun_shards_owned", "shardrun_shard_acquisitions_total",
@@ -319,7 +319,7 @@ func TestStatusAndEveryMetric(t *testing.T) {
 		t.Errorf("task metrics did not move:\n%s", grep(metrics, "shardrun_task"))
 	}
 	// detached moves with a detach; releases with the release it causes.
-	httpDo(t, "POST", a.url("/admin/detach"), "", "")
+	testutil.HTTP(t, "POST", a.url("/admin/detach"), "", "")
 	testutil.Until(t, 5*time.Second, "detached and released", func() (bool, string) {
 		return metric(t, a, "shardrun_detached") == 1 &&
 			metric(t, a, "shardrun_shard_releases_total") == testShards, "not yet"

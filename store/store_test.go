@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -98,6 +99,7 @@ func one(t testing.TB) func([]tasks.WriteResult, error) tasks.WriteResult {
 }
 
 func TestMigrateConcurrentlyAndTwice(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
 	var wg sync.WaitGroup
@@ -136,6 +138,7 @@ func TestMigrateConcurrentlyAndTwice(t *testing.T) {
 // TestRefusedConnectionSaysItOnce: with sslmode=prefer pgx tries twice and
 // lists both attempts; the error names the refusal once and no password.
 func TestRefusedConnectionSaysItOnce(t *testing.T) {
+	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +156,7 @@ func TestRefusedConnectionSaysItOnce(t *testing.T) {
 }
 
 func TestMaskDSN(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
 		{"postgres://u:secret@h:5432/db?sslmode=disable", "postgres://u:xxxxx@h:5432/db?sslmode=disable"},
 		{"postgresql://u@h/db", "postgresql://u@h/db"},
@@ -167,6 +171,7 @@ func TestMaskDSN(t *testing.T) {
 }
 
 func TestOpenErrorsNameTheDatabaseWithoutPassword(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	_, err := store.Open(ctx, "postgres://u:hunter2@127.0.0.1:1/db?connect_timeout=1", store.Options{ConnectTimeout: time.Second})
 	if err == nil {
@@ -182,6 +187,7 @@ func TestOpenErrorsNameTheDatabaseWithoutPassword(t *testing.T) {
 }
 
 func TestLegalMoves(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
 	raise(t, s, "a", 1, 5)
@@ -279,6 +285,7 @@ func TestLegalMoves(t *testing.T) {
 }
 
 func TestIllegalMovesAreRefused(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
 	raise(t, s, "a", 1, 5)
@@ -338,6 +345,7 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 }
 
 func TestFencing(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
 	for range 5 {
@@ -395,6 +403,7 @@ func TestFencing(t *testing.T) {
 // and checks that raising the fence waits for it, and that a completion
 // starting after the raise changes nothing.
 func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
 	enqueue(t, s, insert("k", 4, 3))
@@ -416,25 +425,17 @@ func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
 		raised <- err
 	}()
 	// Observe the raise blocked on the fence row's lock, not just slow.
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testutil.Until(t, 10*time.Second, "the raise waits on the fence row lock", func() (bool, string) {
 		select {
 		case err := <-raised:
 			t.Fatalf("raise did not wait for a writer holding the fence: %v", err)
 		default:
 		}
 		var waiting bool
-		if err := s.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND query LIKE '%INSERT INTO shard_fences%')`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the raise never waited on the fence row lock")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		err := s.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO shard_fences%')`).Scan(&waiting)
+		return err == nil && waiting, fmt.Sprintf("not waiting on a lock (%v)", err)
+	})
 	if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, mine[0].ID); err != nil {
 		t.Fatal(err)
 	}
@@ -450,6 +451,7 @@ func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
 }
 
 func TestConcurrentClaimersNeverShareATask(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
 	const total, shards = 10000, 16
@@ -525,112 +527,8 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 	}
 }
 
-// TestSweepRacingCompletion races a stale sweep and a completion on the same
-// stale claim many times: exactly one wins each time.
-func TestSweepRacingCompletion(t *testing.T) {
-	s := setup(t)
-	ctx := context.Background()
-	raise(t, s, "a", 2, 1)
-	wins := map[string]int{}
-	for range 40 {
-		id := enqueue(t, s, insert("k", 2, 3))
-		got := claim(t, s, "a", 2, 1, 1)
-		exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour' WHERE id = $1`, id)
-		var wg sync.WaitGroup
-		var rs []tasks.WriteResult
-		var cerr, serr error
-		var requeued int64
-		wg.Go(func() { rs, cerr = s.Complete(ctx, "a", []tasks.Completion{{Ref: got[0].Ref()}}) })
-		wg.Go(func() { requeued, _, serr = s.SweepStale(ctx, leaderEpoch, time.Minute, 10, backoff) })
-		wg.Wait()
-		if cerr != nil || serr != nil {
-			t.Fatal(cerr, serr)
-		}
-		task := get(t, s, id)
-		switch {
-		case rs[0].Outcome == tasks.Applied && requeued == 0 && task.State == tasks.Completed:
-			wins["completion"]++
-		case rs[0].Outcome == tasks.TaskMoved && requeued == 1 && task.State == tasks.Ready && task.Attempt == 2:
-			wins["sweep"]++
-			exec(t, s, `UPDATE tasks SET state = 'completed' WHERE id = $1`, id) // clear it for the next round
-		default:
-			t.Fatalf("both or neither won: completion %v, requeued %d, row %+v", rs[0].Outcome, requeued, task)
-		}
-	}
-	t.Logf("winners over 40 races: %v", wins)
-}
-
-func TestStaleSweepJudgesFromLastSignOfLife(t *testing.T) {
-	s := setup(t)
-	ctx := context.Background()
-	raise(t, s, "a", 1, 1)
-	neverBeat := enqueue(t, s, insert("k", 1, 3))
-	beatRecently := enqueue(t, s, insert("k", 1, 3))
-	beatLongAgo := enqueue(t, s, insert("k", 1, 3))
-	claim(t, s, "a", 1, 1, 3)
-	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour'`)
-	exec(t, s, `UPDATE tasks SET heartbeat_at = now() WHERE id = $1`, beatRecently)
-	exec(t, s, `UPDATE tasks SET heartbeat_at = now() - interval '10 minutes' WHERE id = $1`, beatLongAgo)
-	requeued, _, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff)
-	if err != nil || requeued != 2 {
-		t.Fatalf("requeued %d (%v), want the never-beaten and long-silent claims", requeued, err)
-	}
-	for id, want := range map[int64]tasks.State{neverBeat: tasks.Ready, beatRecently: tasks.Running, beatLongAgo: tasks.Ready} {
-		if got := get(t, s, id).State; got != want {
-			t.Errorf("task %d: %s, want %s", id, got, want)
-		}
-	}
-}
-
-func TestDeadlineWinsOverStaleness(t *testing.T) {
-	s := setup(t)
-	ctx := context.Background()
-	raise(t, s, "a", 1, 1)
-	id := enqueue(t, s, insert("k", 1, 3))
-	claim(t, s, "a", 1, 1, 1)
-	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour', deadline = now() - interval '1 minute' WHERE id = $1`, id)
-	// Even when the stale rule runs alone it leaves an overdue task alone.
-	if requeued, dead, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff); err != nil || requeued+dead != 0 {
-		t.Fatalf("stale sweep took an overdue task: %d %d %v", requeued, dead, err)
-	}
-	if n, err := s.SweepDeadlines(ctx, leaderEpoch, 100); err != nil || n != 1 {
-		t.Fatalf("deadline sweep: %d %v", n, err)
-	}
-	if got := get(t, s, id).State; got != tasks.Failed {
-		t.Fatalf("state %s, want failed", got)
-	}
-}
-
-func TestSweepsWorkInBoundedBatches(t *testing.T) {
-	s := setup(t)
-	ctx := context.Background()
-	ins := make([]tasks.Insert, 250)
-	for i := range ins {
-		ins[i] = insert("k", 0, 3)
-	}
-	if _, err := s.EnqueueBatch(ctx, ins); err != nil {
-		t.Fatal(err)
-	}
-	raise(t, s, "a", 0, 1)
-	claim(t, s, "a", 0, 1, 250)
-	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour'`)
-	var batches []int64
-	for {
-		n, _, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			break
-		}
-		batches = append(batches, n)
-	}
-	if fmt.Sprint(batches) != "[100 100 50]" {
-		t.Fatalf("batches %v, want [100 100 50]", batches)
-	}
-}
-
 func TestEnqueueBatchAndNotify(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	notes := make(chan store.Notification, 16)
@@ -680,6 +578,7 @@ func TestEnqueueBatchAndNotify(t *testing.T) {
 }
 
 func TestGetMissingTask(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	if _, err := s.Get(context.Background(), 42); err == nil || !strings.Contains(err.Error(), "task 42") {
 		t.Fatalf("get of a missing task: %v", err)
@@ -688,6 +587,7 @@ func TestGetMissingTask(t *testing.T) {
 
 // The SQL backoff used by sweeps must match tasks.RetryPolicy.Backoff.
 func TestSQLBackoffMatchesPolicy(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	p := tasks.RetryPolicy{MaxAttempts: 5, Base: time.Second, Cap: 10 * time.Second}
 	for _, attempt := range []int{1, 2, 3, 4, 5, 30} {
@@ -708,6 +608,7 @@ func TestSQLBackoffMatchesPolicy(t *testing.T) {
 // (a late handler of the old epoch and the re-run of the new one): only the
 // current one applies, and the stale one is reported as fenced out.
 func TestBatchWithStaleAndCurrentAttemptOfOneTask(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
 	id := enqueue(t, s, insert("k", 6, 3))
@@ -731,6 +632,7 @@ func TestBatchWithStaleAndCurrentAttemptOfOneTask(t *testing.T) {
 }
 
 func TestSweepsApplyOnlyUnderTheLeaderFence(t *testing.T) {
+	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
 	raise(t, s, "a", 1, 1)

@@ -35,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/store"
 )
 
@@ -73,8 +74,9 @@ type Config struct {
 	Clock   clock.Clock
 	Logger  hclog.Logger
 	Metrics *Metrics
-	// Observe, when set, receives every pass's result (tests).
-	Observe func(Result)
+	// Passes, when set, receives every pass's result; tests wait on it. Nil
+	// in production.
+	Passes *testsignal.Signal[Result]
 }
 
 // Validate reports the first bad setting, by its flag.
@@ -193,9 +195,7 @@ func (s *Sweeper) Pass(ctx context.Context) Result {
 			s.log.Debug("swept nothing", "duration", r.Duration, "in_grace", r.InGrace)
 		}
 	}
-	if s.cfg.Observe != nil {
-		s.cfg.Observe(r)
-	}
+	s.cfg.Passes.Emit(r)
 	return r
 }
 

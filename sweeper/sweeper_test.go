@@ -11,6 +11,8 @@ import (
 
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -87,6 +89,7 @@ func (f *fixture) state(id int64) tasks.Task {
 }
 
 func TestStaleRuleAfterGracePeriod(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	s := f.sweeper()
 	task := f.running(1, 3)[0]
@@ -112,6 +115,7 @@ func TestStaleRuleAfterGracePeriod(t *testing.T) {
 }
 
 func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	s := f.sweeper()
 	both := f.running(1, 3)[0]
@@ -143,6 +147,7 @@ func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
 // The one place we do better than the seed sweepers: a claim that never
 // heartbeated is judged from its claim time, not skipped forever.
 func TestNeverBeatenClaimIsJudgedFromItsClaimTime(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	s := f.sweeper()
 	ts := f.running(3, 3)
@@ -159,6 +164,7 @@ func TestNeverBeatenClaimIsJudgedFromItsClaimTime(t *testing.T) {
 }
 
 func TestExhaustedAttemptsEndDead(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	s := f.sweeper()
 	task := f.running(1, 1)[0]
@@ -173,6 +179,7 @@ func TestExhaustedAttemptsEndDead(t *testing.T) {
 }
 
 func TestSweepRacingCompletionHasOneWinner(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	s := f.sweeper()
 	f.clock.Advance(time.Hour)
@@ -200,6 +207,7 @@ func TestSweepRacingCompletionHasOneWinner(t *testing.T) {
 
 // A pass over 100,000 stale claims works in bounded statements.
 func TestPassOverAHugeBacklogIsBatched(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	s := f.sweeper(func(c *Config) { c.BatchSize = 1000 })
 	f.exec(`INSERT INTO tasks (kind, shard, key, state, claimed_by, claim_epoch, claimed_at)
@@ -219,22 +227,23 @@ func TestPassOverAHugeBacklogIsBatched(t *testing.T) {
 }
 
 func TestRunStopsWhenDeposed(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
-	passes := make(chan Result, 10)
-	s := f.sweeper(func(c *Config) { c.Observe = func(r Result) { passes <- r } })
+	passes := testsignal.New[Result]()
+	s := f.sweeper(func(c *Config) { c.Passes = passes })
 	done := make(chan error, 1)
 	go func() { done <- s.Run(context.Background()) }()
-	<-passes // the first pass runs at once
-	for deadline := time.Now().Add(10 * time.Second); f.clock.Timers() == 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("Run never waited on the clock")
-		}
+	if _, ok := passes.Wait(10*time.Second, func(Result) bool { return true }); !ok {
+		t.Fatal("no first pass") // it runs at once
 	}
+	testutil.WaitFor(t, 10*time.Second, "Run waits on the clock", func() bool { return f.clock.Timers() > 0 })
 	if ok, err := f.store.RaiseLeaderFence(context.Background(), "usurper", epoch+1); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	f.clock.Advance(time.Second)
-	if r := <-passes; !r.NotLeader {
+	if r, ok := passes.Wait(10*time.Second, func(r Result) bool { return r.NotLeader }); !ok {
+		t.Fatalf("no pass saw the fence move: %+v", passes.Events())
+	} else if r.Err != store.ErrNotLeader {
 		t.Fatalf("pass after the fence moved: %+v", r)
 	}
 	if err := <-done; err != store.ErrNotLeader {
@@ -243,6 +252,7 @@ func TestRunStopsWhenDeposed(t *testing.T) {
 }
 
 func TestRunStopsWithItsContext(t *testing.T) {
+	t.Parallel()
 	f := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := f.sweeper()
@@ -255,6 +265,7 @@ func TestRunStopsWithItsContext(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
+	t.Parallel()
 	for flag, cfg := range map[string]Config{
 		"--sweep-interval":  {Interval: -1, StaleThreshold: time.Minute, HeartbeatInterval: time.Second, BatchSize: 1, Backoff: store.Backoff{Base: 1, Cap: 1}},
 		"--stale-threshold": {Interval: 1, StaleThreshold: time.Second, HeartbeatInterval: time.Second, BatchSize: 1, Backoff: store.Backoff{Base: 1, Cap: 1}},

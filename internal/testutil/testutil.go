@@ -1,15 +1,16 @@
 // Package testutil holds what the test packages share: polling with a
 // deadline instead of sleeping, an embedded etcd per test, the goleak
-// allowances for it, free loopback addresses, an event recorder, and the one
-// rule for a test whose tool is missing.
+// allowances for it, free loopback addresses, one HTTP request helper, and
+// the one rule for a test whose tool is missing.
 package testutil
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"os"
-	"slices"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,22 +106,28 @@ func Client(t testing.TB, endpoints ...string) *clientv3.Client {
 	return cli
 }
 
-// Recorder collects events from many goroutines in arrival order.
-type Recorder[T any] struct {
-	mu     sync.Mutex
-	events []T
-}
+// httpClient bounds every test request, so a hung server fails the test
+// instead of hanging it.
+var httpClient = &http.Client{Timeout: 5 * time.Second}
 
-// Add appends e.
-func (r *Recorder[T]) Add(e T) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.events = append(r.events, e)
-}
-
-// Snapshot returns a copy of the events so far.
-func (r *Recorder[T]) Snapshot() []T {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.events)
+// HTTP sends one request with an optional bearer token and body and returns
+// the status and body; a request that gets no answer returns status 0 and
+// the error, so that tests polling a server that is still starting can
+// retry.
+func HTTP(t testing.TB, method, url, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
