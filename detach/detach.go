@@ -213,12 +213,13 @@ func (m *Machine) Healthy() bool {
 
 // Unhealthy records an unhealthy signal: the recovery window starts over.
 func (m *Machine) Unhealthy() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.healthySince.IsZero() {
-		m.log.Debug("recovery window reset by an unhealthy signal")
-	}
-	m.healthySince = time.Time{}
+	m.transition(func(time.Time) *Event {
+		if !m.healthySince.IsZero() {
+			m.log.Debug("recovery window reset by an unhealthy signal")
+		}
+		m.healthySince = time.Time{}
+		return nil
+	})
 }
 
 // Attach is the operator's request to end a detachment. It lifts the

@@ -223,14 +223,3 @@ func score(memberHash uint64, shard int) uint64 {
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	return z ^ (z >> 31)
 }
-
-// Moved counts the shards whose owner differs between two maps.
-func Moved(a, b []string) int {
-	n := 0
-	for i := range a {
-		if a[i] != b[i] {
-			n++
-		}
-	}
-	return n
-}

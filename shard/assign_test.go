@@ -183,3 +183,14 @@ func TestAssignEdges(t *testing.T) {
 		t.Fatalf("empty member id must be ignored: %v", got)
 	}
 }
+
+// Moved counts the shards whose owner differs between two maps.
+func Moved(a, b []string) int {
+	n := 0
+	for i := range a {
+		if a[i] != b[i] {
+			n++
+		}
+	}
+	return n
+}

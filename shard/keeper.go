@@ -82,8 +82,8 @@ func (k *keeper) trusted(now time.Time) bool {
 	return now.Before(at)
 }
 
-// run keeps the lease alive until ctx ends.
-func (k *keeper) run(ctx context.Context) {
+// Run keeps the lease alive until ctx ends.
+func (k *keeper) Run(ctx context.Context) {
 	interval := k.cfg.KeepAliveInterval
 	next := k.clock.Now().Add(interval)
 	timer := k.clock.NewTimer(0)

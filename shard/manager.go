@@ -192,8 +192,9 @@ func (m *Manager) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	updates := make(chan watchUpdate, 16)
 	loops := make(chan struct{}, 2)
-	go func() { m.watch(runCtx, m.rev, updates); loops <- struct{}{} }()
-	go func() { m.keeper.run(runCtx); loops <- struct{}{} }()
+	w := &watcher{client: m.client, prefix: m.keys.prefix, clock: m.clock, log: m.log, out: updates, rev: m.rev}
+	go func() { w.Run(runCtx); loops <- struct{}{} }()
+	go func() { m.keeper.Run(runCtx); loops <- struct{}{} }()
 	defer func() {
 		stop()
 		<-loops

@@ -4,56 +4,73 @@ import (
 	"context"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/internal/clock"
 )
 
-// watch follows the cluster prefix from rev+1 and sends every batch of
-// events to out. When the watch fails (compaction, lost leader, closed
+// watcher follows the cluster prefix and hands every batch of events to the
+// manager's Run loop. When the watch fails (compaction, lost leader, closed
 // channel) it re-reads the prefix and sends a snapshot, then watches on.
-func (m *Manager) watch(ctx context.Context, rev int64, out chan<- watchUpdate) {
-	backoff := 100 * time.Millisecond
+type watcher struct {
+	client *clientv3.Client
+	prefix string
+	clock  clock.Clock
+	log    hclog.Logger
+	out    chan<- watchUpdate
+	// rev is the revision the manager's view reflects; the watch starts
+	// after it.
+	rev int64
+}
+
+// Run watches until ctx ends.
+func (w *watcher) Run(ctx context.Context) {
+	backoff := clock.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}
 	for ctx.Err() == nil {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		ch := m.client.Watch(wctx, m.keys.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		ch := w.client.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(w.rev+1))
 		for resp := range ch {
 			if err := resp.Err(); err != nil || resp.CompactRevision != 0 {
 				if ctx.Err() == nil {
-					m.log.Debug("watch interrupted; re-reading cluster state", "error", err, "compacted", resp.CompactRevision)
+					w.log.Debug("watch interrupted; re-reading cluster state", "error", err, "compacted", resp.CompactRevision)
 				}
 				break
 			}
 			if len(resp.Events) == 0 {
 				continue
 			}
-			rev = resp.Header.Revision
-			select {
-			case out <- watchUpdate{events: resp.Events}:
-			case <-ctx.Done():
+			w.rev = resp.Header.Revision
+			if !w.send(ctx, watchUpdate{events: resp.Events}) {
 				cancel()
 				return
 			}
-			backoff = 100 * time.Millisecond
+			backoff.Reset()
 		}
 		cancel()
 		for ctx.Err() == nil {
 			gctx, gcancel := context.WithTimeout(ctx, 5*time.Second)
-			snap, err := m.client.Get(gctx, m.keys.prefix, clientv3.WithPrefix())
+			snap, err := w.client.Get(gctx, w.prefix, clientv3.WithPrefix())
 			gcancel()
 			if err == nil {
-				rev = snap.Header.Revision
-				select {
-				case out <- watchUpdate{snapshot: snap.Kvs, snapshotRev: rev}:
-				case <-ctx.Done():
+				w.rev = snap.Header.Revision
+				if !w.send(ctx, watchUpdate{snapshot: snap.Kvs, snapshotRev: w.rev}) {
 					return
 				}
 				break
 			}
-			if !clock.Sleep(m.clock, backoff, ctx.Done()) {
+			if !clock.Sleep(w.clock, backoff.Next(), ctx.Done()) {
 				return
 			}
-			backoff = min(2*backoff, 2*time.Second)
 		}
+	}
+}
+
+func (w *watcher) send(ctx context.Context, u watchUpdate) bool {
+	select {
+	case w.out <- u:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardrun/shardrun/internal/clock"
 )
 
 // NotifyChannel is the channel the tasks table's insert trigger notifies.
@@ -19,19 +21,6 @@ const NotifyChannel = "shardrun_tasks"
 type Notification struct {
 	All    bool
 	Shards []int
-}
-
-// Has reports whether the notification concerns shard.
-func (n Notification) Has(shard int) bool {
-	if n.All {
-		return true
-	}
-	for _, s := range n.Shards {
-		if s == shard {
-			return true
-		}
-	}
-	return false
 }
 
 // Listener holds a dedicated connection that LISTENs for enqueue
@@ -50,19 +39,17 @@ func (s *Store) NewListener(log hclog.Logger, fn func(Notification)) *Listener {
 
 // Run listens until ctx ends.
 func (l *Listener) Run(ctx context.Context) error {
-	backoff := 100 * time.Millisecond
+	backoff := clock.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
 		err := l.listen(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		l.log.Warn("notification listener disconnected; reconnecting", "error", err, "backoff", backoff)
-		select {
-		case <-ctx.Done():
+		wait := backoff.Next()
+		l.log.Warn("notification listener disconnected; reconnecting", "error", err, "backoff", wait)
+		if !clock.Sleep(clock.Real(), wait, ctx.Done()) {
 			return nil
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 	return nil
 }
