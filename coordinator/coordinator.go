@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -20,7 +19,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/testsignal"
@@ -84,19 +82,12 @@ type Coordinator struct {
 	reg     *prometheus.Registry
 	client  *tasks.Client
 	sweepM  *sweeper.Metrics
-	metrics struct {
-		isLeader prometheus.Gauge
-		tasks    *prometheus.GaugeVec
-	}
-	leader  atomic.Bool
 	roster  *roster
-	session atomic.Pointer[concurrency.Session]
 	addr    string
 	started chan struct{}
 
-	countsMu sync.Mutex
-	counts   map[tasks.State]int64
-	countsAt time.Time
+	counter *counter
+	elector *elector
 
 	kindsMu sync.Mutex
 	kinds   map[string]bool
@@ -139,17 +130,40 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	c := &Coordinator{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reg: cfg.Registry, client: client, started: make(chan struct{}),
 		roster: newRoster(cfg.Client, cfg.Prefix, cfg.Clock, cfg.Logger.Named("roster"))}
-	c.sweepM = sweeper.NewMetrics(c.reg)
 	f := promauto.With(c.reg)
-	c.metrics.isLeader = f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
-		Help: "1 while this coordinator is the leader and sweeps."})
-	c.metrics.tasks = f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_tasks",
-		Help: "Tasks by state (refreshed every few seconds)."}, []string{"state"})
+	c.counter = &counter{store: cfg.Store, clock: cfg.Clock, log: cfg.Logger,
+		gauge: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_tasks",
+			Help: "Tasks by state (refreshed every few seconds)."}, []string{"state"})}
+	c.elector = &elector{client: cfg.Client, key: cfg.Prefix + "coordinator/leader", id: cfg.ID, ttl: cfg.ElectionTTL,
+		store: cfg.Store, clock: cfg.Clock, log: cfg.Logger, leadership: cfg.Leadership, lead: c.lead,
+		isLeader: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
+			Help: "1 while this coordinator is the leader and sweeps."})}
+	c.sweepM = sweeper.NewMetrics(c.reg)
 	return c, nil
 }
 
 // IsLeader reports whether this coordinator leads now.
-func (c *Coordinator) IsLeader() bool { return c.leader.Load() }
+func (c *Coordinator) IsLeader() bool { return c.elector.leader.Load() }
+
+// Counts returns the tasks by state, at most a second old.
+func (c *Coordinator) Counts(ctx context.Context) (map[tasks.State]int64, error) {
+	return c.counter.Counts(ctx)
+}
+
+// lead is the leader's work for one leadership term: the sweeper, until
+// ctx ends (the term ends) or the fence moves to a newer leader.
+func (c *Coordinator) lead(ctx context.Context, epoch int64) error {
+	cfg := c.cfg.Sweep
+	cfg.Store, cfg.Epoch, cfg.Clock, cfg.Metrics = c.cfg.Store, epoch, c.clock, c.sweepM
+	if cfg.Logger == nil {
+		cfg.Logger = c.log.Named("sweeper")
+	}
+	sw, err := sweeper.New(cfg)
+	if err != nil {
+		return err
+	}
+	return sw.Run(ctx)
+}
 
 // Addr is the bound HTTP address (after Started).
 func (c *Coordinator) Addr() string { return c.addr }
@@ -182,12 +196,12 @@ func (c *Coordinator) Run(ctx context.Context) error {
 			c.log.Error("HTTP server stopped", "error", err)
 		}
 	})
-	wg.Go(func() { c.refreshCounts(ctx) })
+	wg.Go(func() { c.counter.Run(ctx) })
 	wg.Go(func() { c.roster.Run(ctx) })
 	c.log.Info("coordinator started", "http", c.addr, "prefix", c.cfg.Prefix, "election_ttl", c.cfg.ElectionTTL)
 	close(c.started)
 
-	c.elect(ctx)
+	c.elector.Run(ctx)
 
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	_ = srv.Shutdown(sctx)
@@ -197,137 +211,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	return nil
 }
 
-// elect campaigns until ctx ends. Each leadership term runs under its own
-// session: the term ends the moment the session is lost or the leader key
-// disappears, and a new session is made for the next campaign.
-func (c *Coordinator) elect(ctx context.Context) {
-	backoff := 200 * time.Millisecond
-	for ctx.Err() == nil {
-		sess, err := concurrency.NewSession(c.cfg.Client, concurrency.WithTTL(int(c.cfg.ElectionTTL/time.Second)), concurrency.WithContext(ctx))
-		if err != nil {
-			if ctx.Err() == nil {
-				c.log.Warn("creating an election session failed", "error", err, "backoff", backoff)
-				clock.Sleep(c.clock, backoff, ctx.Done())
-				backoff = min(2*backoff, 5*time.Second)
-			}
-			continue
-		}
-		backoff = 200 * time.Millisecond
-		c.session.Store(sess)
-		c.term(ctx, sess)
-		c.session.Store(nil)
-		// Close revokes the lease, so a failed or abandoned campaign leaves
-		// no key behind (etcd #21128).
-		_ = sess.Close()
-	}
-}
-
-// term campaigns under sess and, once elected, leads until the session or
-// the leader key is lost or ctx ends; then it resigns.
-func (c *Coordinator) term(ctx context.Context, sess *concurrency.Session) {
-	tctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-sess.Done():
-			cancel()
-		case <-tctx.Done():
-		}
-	}()
-	el := concurrency.NewElection(sess, c.cfg.Prefix+"coordinator/leader")
-	if err := el.Campaign(tctx, c.cfg.ID); err != nil {
-		if tctx.Err() == nil {
-			c.log.Warn("campaign failed", "error", err)
-		}
-		return
-	}
-	// Step down the moment the leader key goes (revoked or deleted), even
-	// before the session notices.
-	go func() {
-		wch := c.cfg.Client.Watch(tctx, el.Key(), clientv3.WithRev(el.Rev()+1))
-		for resp := range wch {
-			for _, ev := range resp.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					cancel()
-					return
-				}
-			}
-		}
-	}()
-	epoch := el.Rev()
-	c.lead(tctx, epoch)
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	if err := el.Resign(rctx); err != nil && ctx.Err() == nil {
-		c.log.Debug("resigning failed", "error", err)
-	}
-	rcancel()
-}
-
-// lead raises the coordinator fence to epoch and sweeps until ctx ends or
-// the fence moves to a newer leader.
-func (c *Coordinator) lead(ctx context.Context, epoch int64) {
-	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	ok, err := c.cfg.Store.RaiseLeaderFence(fctx, c.cfg.ID, epoch)
-	cancel()
-	if err != nil || !ok {
-		c.log.Warn("could not raise the coordinator fence; not sweeping", "epoch", epoch, "error", err, "newer_leader", !ok)
-		return
-	}
-	c.leader.Store(true)
-	c.metrics.isLeader.Set(1)
-	c.log.Info("became leader", "epoch", epoch)
-	c.cfg.Leadership.Emit(Leadership{ID: c.cfg.ID, Leader: true, Epoch: epoch, At: c.clock.Now()})
-	cfg := c.cfg.Sweep
-	cfg.Store, cfg.Epoch, cfg.Clock, cfg.Metrics = c.cfg.Store, epoch, c.clock, c.sweepM
-	if cfg.Logger == nil {
-		cfg.Logger = c.log.Named("sweeper")
-	}
-	sw, err := sweeper.New(cfg)
-	if err == nil {
-		err = sw.Run(ctx)
-	}
-	c.leader.Store(false)
-	c.metrics.isLeader.Set(0)
-	c.cfg.Leadership.Emit(Leadership{ID: c.cfg.ID, Leader: false, Epoch: epoch, At: c.clock.Now()})
-	c.log.Info("stopped leading", "epoch", epoch, "reason", cmp.Or(errString(err), errString(context.Cause(ctx)), "shutdown"))
-}
-
 func errString(err error) string {
 	if err == nil {
 		return ""
 	}
 	return err.Error()
-}
-
-// Counts returns the tasks by state, at most a second old, so that status
-// pages polled by many people cost one query a second.
-func (c *Coordinator) Counts(ctx context.Context) (map[tasks.State]int64, error) {
-	c.countsMu.Lock()
-	defer c.countsMu.Unlock()
-	if c.counts != nil && c.clock.Now().Sub(c.countsAt) < time.Second {
-		return c.counts, nil
-	}
-	counts, err := c.cfg.Store.CountByState(ctx)
-	if err != nil {
-		return nil, err
-	}
-	c.counts, c.countsAt = counts, c.clock.Now()
-	for st, n := range counts {
-		c.metrics.tasks.WithLabelValues(string(st)).Set(float64(n))
-	}
-	return counts, nil
-}
-
-// refreshCounts keeps the tasks{state} gauge current.
-func (c *Coordinator) refreshCounts(ctx context.Context) {
-	for {
-		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		if _, err := c.Counts(qctx); err != nil && ctx.Err() == nil {
-			c.log.Warn("counting tasks failed", "error", err)
-		}
-		cancel()
-		if !clock.Sleep(c.clock, 5*time.Second, ctx.Done()) {
-			return
-		}
-	}
 }

@@ -150,7 +150,7 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 	// Stale work for the sweeps to find throughout.
 	seedStale(t, e.store, 200)
 
-	sess := a.session.Load()
+	sess := a.elector.session.Load()
 	killed := time.Now()
 	if _, err := e.admin.Revoke(context.Background(), sess.Lease()); err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "b sweeps", func() bool { return sig.swept("coord-b") })
 	// a campaigns again with a new session and stands by.
 	testutil.WaitFor(t, 5*time.Second, "a has a new session", func() bool {
-		s := a.session.Load()
+		s := a.elector.session.Load()
 		return s != nil && s.Lease() != sess.Lease()
 	})
 	if a.IsLeader() {
