@@ -32,6 +32,25 @@ type claimer struct {
 	wake wake.Signal
 	// held are the shards of the last hold, to filter notifications.
 	held atomic.Pointer[map[int]bool]
+	// round is when the last claim round completed (unix nanoseconds on
+	// the executor's clock), for Stalled.
+	round atomic.Int64
+}
+
+func newClaimer(cfg Config, p *pool) *claimer {
+	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
+		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, wake: wake.New()}
+	c.round.Store(cfg.Clock.Now().UnixNano())
+	return c
+}
+
+func (c *claimer) lastRound() time.Time { return time.Unix(0, c.round.Load()) }
+
+func (c *claimer) heldCount() int {
+	if held := c.held.Load(); held != nil {
+		return len(*held)
+	}
+	return 0
 }
 
 // Wake is called for enqueue notifications (all: any shard). It never
@@ -60,7 +79,7 @@ func (c *claimer) Wake(all bool, shards []int) {
 func (c *claimer) Run(ctx context.Context) {
 	poll := c.clock.NewTimer(c.poll)
 	defer poll.Stop()
-	backoff := clock.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	backoff := dbRetry
 	for {
 		n, limit, err := c.once(ctx)
 		if ctx.Err() != nil {
@@ -75,6 +94,7 @@ func (c *claimer) Run(ctx context.Context) {
 			continue
 		}
 		backoff.Reset()
+		c.round.Store(c.clock.Now().UnixNano())
 		if n > 0 && n == limit {
 			continue // more work is likely waiting
 		}

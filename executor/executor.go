@@ -44,6 +44,7 @@ type Store interface {
 	Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)
 	Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error)
 	Fail(ctx context.Context, owner string, failed []tasks.Failure) ([]tasks.WriteResult, error)
+	Interrupt(ctx context.Context, owner string, cut []tasks.Interruption) ([]tasks.WriteResult, error)
 }
 
 // Ownership is what the executor needs from shard ownership (shard.Manager).
@@ -89,6 +90,7 @@ const (
 	DefaultPollInterval      = time.Second
 	DefaultFlushDelay        = 5 * time.Millisecond
 	DefaultShutdownTimeout   = 30 * time.Second
+	DefaultStuckAfter        = 10 * time.Second
 	// MaxMaxWorkers bounds MaxWorkers: every running attempt is a goroutine
 	// and a claimed row, and the outcome channel holds one slot per worker.
 	MaxMaxWorkers = 100_000
@@ -97,6 +99,13 @@ const (
 	// claimBatch bounds the tasks one claim statement takes.
 	claimBatch = 512
 )
+
+// dbRetry is how claims and outcome writes retry while the database is
+// away: a capped, jittered backoff whose cap bounds how long after the
+// database is back the first task starts (measured in the integration
+// tests: well under a second), whatever the outage's length. At most a few
+// statements a second per runner reach a database that is down.
+var dbRetry = clock.Backoff{Min: 50 * time.Millisecond, Max: 400 * time.Millisecond}
 
 // Config configures an Executor. Zero durations and counts take the
 // defaults above.
@@ -123,9 +132,13 @@ type Config struct {
 	// ShutdownTimeout bounds how long Run waits for handlers after its
 	// context ends.
 	ShutdownTimeout time.Duration
-	Clock           clock.Clock
-	Logger          hclog.Logger
-	Metrics         *Metrics
+	// StuckAfter: a handler still running this long after its context
+	// ended (its shard lost, its task taken back) is reported stuck — it
+	// ignores cancellation. The runner sets it to --handoff-timeout.
+	StuckAfter time.Duration
+	Clock      clock.Clock
+	Logger     hclog.Logger
+	Metrics    *Metrics
 }
 
 func (c *Config) fill() {
@@ -134,6 +147,7 @@ func (c *Config) fill() {
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.FlushDelay = cmp.Or(c.FlushDelay, DefaultFlushDelay)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.StuckAfter = cmp.Or(c.StuckAfter, DefaultStuckAfter)
 	if c.Retry == (tasks.RetryPolicy{}) {
 		c.Retry = tasks.DefaultRetryPolicy()
 	}
@@ -161,6 +175,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("executor: flush delay must be 0 to 1s, got %s", c.FlushDelay)
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("executor: shutdown timeout must not be negative, got %s", c.ShutdownTimeout)
+	case c.StuckAfter < 0:
+		return fmt.Errorf("executor: stuck-after must not be negative, got %s", c.StuckAfter)
 	}
 	return c.Retry.Validate()
 }
@@ -188,13 +204,12 @@ func New(cfg Config) (*Executor, error) {
 		return nil, err
 	}
 	results := make(chan result, cfg.MaxWorkers) // a finishing handler never blocks
-	p := newPool(cfg.Registry, cfg.MaxWorkers, results, cfg.Clock, cfg.Metrics)
+	p := newPool(cfg.Registry, cfg.MaxWorkers, results, cfg.StuckAfter, cfg.Clock, cfg.Metrics)
 	return &Executor{
-		cfg:  cfg,
-		log:  cfg.Logger,
-		pool: p,
-		claimer: &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
-			poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, wake: make(chan struct{}, 1)},
+		cfg:     cfg,
+		log:     cfg.Logger,
+		pool:    p,
+		claimer: newClaimer(cfg, p),
 		writer: &writer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, retry: cfg.Retry, in: results,
 			delay: cfg.FlushDelay, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics},
 		beats: &heartbeater{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
@@ -208,6 +223,26 @@ func (e *Executor) Wake(all bool, shards []int) { e.claimer.Wake(all, shards) }
 
 // InFlight is the number of attempts running now.
 func (e *Executor) InFlight() int { return e.pool.inFlight() }
+
+// Stuck lists the handlers that ignore their cancellation (see
+// Config.StuckAfter), oldest first.
+func (e *Executor) Stuck() []Stuck { return e.pool.stuck() }
+
+// stalledPolls is how many poll intervals the claim loop may go without a
+// completed round before the executor reports itself stalled.
+const stalledPolls = 3
+
+// Stalled reports whether the claim loop has made no progress — no claim
+// round completed — for several poll intervals while the runner holds
+// shards to claim from and has free workers: a runner that keeps its lease
+// but no longer works is the worst failure, because nobody takes over.
+func (e *Executor) Stalled() (bool, string) {
+	since := e.cfg.Clock.Now().Sub(e.claimer.lastRound())
+	if since <= stalledPolls*e.cfg.PollInterval || e.pool.free() <= 0 || e.claimer.heldCount() == 0 {
+		return false, ""
+	}
+	return true, fmt.Sprintf("no claim round completed for %s (poll interval %s) while holding %d shards", since.Round(time.Millisecond), e.cfg.PollInterval, e.claimer.heldCount())
+}
 
 // Run claims and runs tasks until ctx ends. Then it stops claiming, lets the
 // running attempts finish (their contexts end when their shards are

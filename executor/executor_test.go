@@ -235,16 +235,17 @@ func TestClaimsThatCannotStartAreGivenBack(t *testing.T) {
 	e.until("completed once the term takes work", func() bool { return e.state(1) == tasks.Completed })
 }
 
-// Losing the shard mid-run cancels the handler with the ownership cause.
-func TestShardLossCancelsTheHandler(t *testing.T) {
-	t.Parallel()
+// Losing the shard mid-run cancels the handler with the ownership cause,
+// and the attempt is given back without spending it: a task with one
+// attempt is not dead because its runner lost the shard.
+func TestShardLossInterruptsWithoutSpendingTheAttempt(t *testing.T) {
 	cause := make(chan error, 1)
 	e := newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, _ *tasks.Task) error {
 		<-ctx.Done()
 		cause <- context.Cause(ctx)
 		return ctx.Err()
 	}})
-	e.store.add(1, "slow", 0, 3)
+	e.store.add(1, "slow", 0, 1)
 	e.own.own(0, 1)
 	e.run()
 	e.until("running", func() bool { return e.exec.InFlight() == 1 })
@@ -261,7 +262,74 @@ func TestShardLossCancelsTheHandler(t *testing.T) {
 	if !errors.Is(got, tasks.ErrOwnershipLost) {
 		t.Fatalf("cause %v, want tasks.ErrOwnershipLost", got)
 	}
-	e.until("attempt ended", func() bool { return e.exec.InFlight() == 0 })
+	e.until("interruption written", func() bool { return e.store.count("interrupt") == 1 })
+	task := e.store.get(1)
+	if task.State != tasks.Ready || task.Attempt != 1 || len(task.Errors) != 1 || !task.Errors[0].Interrupted {
+		t.Fatalf("interrupted task %+v: want ready at attempt 1 with the interruption in its history", task)
+	}
+	if e.store.count("fail") != 0 {
+		t.Fatal("an interruption was written as a failed attempt")
+	}
+}
+
+// An attempt whose outcome waits for its write (the database is away) is
+// still heartbeated, so the sweeper does not take it for stale.
+func TestFinishedAttemptsAreBeatenUntilWritten(t *testing.T) {
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
+	e.store.add(1, "noop", 0, 3)
+	e.store.failNext("complete", 1000)
+	e.own.own(0, 1)
+	e.run()
+	e.until("the handler returned and the write is failing", func() bool {
+		return e.exec.InFlight() == 0 && e.store.count("complete") >= 2
+	})
+	e.store.mu.Lock()
+	e.store.beats = nil
+	e.store.mu.Unlock()
+	e.until("beaten while the write waits", func() bool {
+		e.store.mu.Lock()
+		defer e.store.mu.Unlock()
+		return len(e.store.beats) >= 2
+	})
+	e.store.failNext("complete", 0)
+	e.until("completed once the database is back", func() bool { return e.state(1) == tasks.Completed })
+}
+
+// A handler that ignores its cancellation is reported stuck after
+// StuckAfter, and the claim loop's progress is visible to readiness.
+func TestStuckHandlersAreReported(t *testing.T) {
+	release := make(chan struct{})
+	e := newEnv(t, map[string]tasks.Handler{"stubborn": func(context.Context, *tasks.Task) error {
+		<-release // ignores ctx
+		return nil
+	}}, func(c *Config) { c.StuckAfter = 2 * time.Second })
+	e.store.add(7, "stubborn", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	if stalled, why := e.exec.Stalled(); stalled {
+		t.Fatalf("a working executor reports itself stalled: %s", why)
+	}
+	e.own.lose(0)
+	e.until("reported stuck", func() bool { return len(e.exec.Stuck()) == 1 })
+	if st := e.exec.Stuck()[0]; st.TaskID != 7 || st.Kind != "stubborn" {
+		t.Fatalf("stuck %+v", st)
+	}
+	close(release)
+	e.until("no longer stuck once it returns", func() bool { return len(e.exec.Stuck()) == 0 })
+}
+
+// The claim loop failing for several poll intervals while shards are held
+// makes the executor report itself stalled, and it recovers.
+func TestClaimLoopWithoutProgressIsStalled(t *testing.T) {
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
+	e.own.own(0, 1)
+	e.run()
+	e.until("holding the shard", func() bool { return e.exec.claimer.heldCount() == 1 })
+	e.store.failNext("claim", 1_000_000)
+	e.until("stalled", func() bool { stalled, _ := e.exec.Stalled(); return stalled })
+	e.store.failNext("claim", 0)
+	e.until("progress again", func() bool { stalled, _ := e.exec.Stalled(); return !stalled })
 }
 
 // A newer owner raised the shard's fence while the attempt ran: the

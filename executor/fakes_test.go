@@ -198,6 +198,17 @@ func (s *fakeStore) Fail(_ context.Context, owner string, failed []tasks.Failure
 	return s.fenced("fail", owner, refs, func(t *tasks.Task, i int) { s.retryOrBury(t, failed[i].Error) })
 }
 
+func (s *fakeStore) Interrupt(_ context.Context, owner string, cut []tasks.Interruption) ([]tasks.WriteResult, error) {
+	refs := make([]tasks.Ref, len(cut))
+	for i, c := range cut {
+		refs[i] = c.Ref
+	}
+	return s.fenced("interrupt", owner, refs, func(t *tasks.Task, i int) {
+		t.Errors = append(t.Errors, tasks.AttemptError{Attempt: t.Attempt, Error: cut[i].Reason, Interrupted: true})
+		t.State, t.ClaimedBy, t.Epoch = tasks.Ready, "", 0
+	})
+}
+
 // retryOrBury is the store's failure rule (s.mu held).
 func (s *fakeStore) retryOrBury(t *tasks.Task, msg string) {
 	t.Errors = append(t.Errors, tasks.AttemptError{Attempt: t.Attempt, Error: msg})

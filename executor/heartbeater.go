@@ -36,6 +36,10 @@ func (h *heartbeater) Run(ctx context.Context) {
 		}
 		t.Reset(h.interval)
 		h.beat(ctx)
+		for _, st := range h.pool.findStuck(h.clock.Now()) {
+			h.log.Error("handler ignores its cancellation: still running", "task", st.TaskID, "kind", st.Kind,
+				"shard", st.Shard, "cancelled_for", h.clock.Now().Sub(st.CancelledAt).Round(time.Millisecond))
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,41 +21,68 @@ var errTakenBack = errors.New("task taken back: its claim is no longer this atte
 
 // result is one attempt's outcome on its way to the database.
 type result struct {
-	task    tasks.Task
-	err     error // nil: completed
-	elapsed time.Duration
-	done    func()
+	task tasks.Task
+	err  error // nil: completed
+	// interrupted is set when the attempt's context was ended by the loss
+	// of its shard before the handler returned an error: the attempt is
+	// given back without spending it.
+	interrupted error
+	elapsed     time.Duration
+	// done ends the attempt once its outcome is written: it leaves the
+	// pool's heartbeat set and its hold on the term ends.
+	done func()
 }
 
-// attempt is one running handler.
+// attempt is one claimed task from the start of its handler until its
+// outcome is written.
 type attempt struct {
 	task   tasks.Task
 	cancel context.CancelCauseFunc
+	// finished: the handler returned; the outcome awaits its write. The
+	// attempt is still heartbeated, so a database outage that delays the
+	// write does not make the claim look stale.
+	finished bool
+	// cancelledAt is when the attempt's context ended while the handler
+	// ran; stuck marks a handler still running StuckAfter later.
+	cancelledAt time.Time
+	stuck       bool
+}
+
+// Stuck is a handler that ignored its cancellation for longer than the
+// executor's StuckAfter: while it runs, its slot is taken and, if the
+// runner drains, its shard waits.
+type Stuck struct {
+	TaskID      int64     `json:"task_id"`
+	Kind        string    `json:"kind"`
+	Shard       int       `json:"shard"`
+	Epoch       int64     `json:"epoch"`
+	CancelledAt time.Time `json:"cancelled_at"`
 }
 
 // pool runs each attempt on its own goroutine, at most max at once, and
-// knows which attempts are running so that heartbeats can name them and
-// cancel those taken back.
+// knows every attempt from its start until its outcome is written, so that
+// heartbeats can name them and cancel those taken back.
 type pool struct {
-	registry *tasks.Registry
-	max      int
-	results  chan<- result
-	clock    clock.Clock
-	m        *Metrics
-	// freed is signalled when an attempt ends, so the claimer can refill.
+	registry   *tasks.Registry
+	max        int
+	results    chan<- result
+	stuckAfter time.Duration
+	clock      clock.Clock
+	m          *Metrics
+	// freed is signalled when a handler returns, so the claimer can refill.
 	freed wake.Signal
 
 	wg       sync.WaitGroup
-	inflight atomic.Int64
+	inflight atomic.Int64 // handlers running
 	mu       sync.Mutex
-	// running is keyed by the whole claim: a sweep may requeue a task whose
-	// handler still runs here, and this runner may claim it again.
-	running map[tasks.Ref]*attempt
+	// attempts is keyed by the whole claim: a sweep may requeue a task
+	// whose handler still runs here, and this runner may claim it again.
+	attempts map[tasks.Ref]*attempt
 }
 
-func newPool(registry *tasks.Registry, max int, results chan<- result, clk clock.Clock, m *Metrics) *pool {
-	return &pool{registry: registry, max: max, results: results, clock: clk, m: m,
-		freed: wake.New(), running: map[tasks.Ref]*attempt{}}
+func newPool(registry *tasks.Registry, max int, results chan<- result, stuckAfter time.Duration, clk clock.Clock, m *Metrics) *pool {
+	return &pool{registry: registry, max: max, results: results, stuckAfter: stuckAfter, clock: clk, m: m,
+		freed: wake.New(), attempts: map[tasks.Ref]*attempt{}}
 }
 
 func (p *pool) inFlight() int { return int(p.inflight.Load()) }
@@ -62,60 +90,121 @@ func (p *pool) inFlight() int { return int(p.inflight.Load()) }
 // free is how many more attempts may start now.
 func (p *pool) free() int { return p.max - p.inFlight() }
 
-// start runs one claimed task under its term's context; done is called by
-// the writer once the outcome is written.
-func (p *pool) start(termCtx context.Context, t tasks.Task, done func()) {
+// start runs one claimed task under its term's context; termDone ends the
+// attempt's hold on the term.
+func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 	h, _ := p.registry.Lookup(t.Kind)
 	ctx, cancel := context.WithCancelCause(termCtx)
 	handlerCtx, stopDeadline := ctx, context.CancelFunc(func() {})
 	if t.Deadline != nil {
 		handlerCtx, stopDeadline = context.WithDeadline(ctx, *t.Deadline)
 	}
+	ref := t.Ref()
+	a := &attempt{task: t, cancel: cancel}
 	p.mu.Lock()
-	p.running[t.Ref()] = &attempt{task: t, cancel: cancel}
+	p.attempts[ref] = a
 	p.mu.Unlock()
+	stopWatch := context.AfterFunc(ctx, func() {
+		p.mu.Lock()
+		if !a.finished {
+			a.cancelledAt = p.clock.Now()
+		}
+		p.mu.Unlock()
+	})
 	p.inflight.Add(1)
 	p.m.InFlight.Inc()
 	p.wg.Go(func() {
 		start := p.clock.Now()
 		task := t
 		err := call(handlerCtx, h, &task)
+		r := result{task: task, err: err, elapsed: p.clock.Now().Sub(start)}
+		if cause := context.Cause(ctx); err != nil && errors.Is(cause, tasks.ErrOwnershipLost) {
+			r.interrupted = cause
+		}
+		stopWatch()
 		stopDeadline()
 		cancel(nil)
 		p.mu.Lock()
-		delete(p.running, t.Ref())
+		a.finished = true
+		if a.stuck {
+			p.m.Stuck.Dec()
+		}
 		p.mu.Unlock()
-		p.results <- result{task: task, err: err, elapsed: p.clock.Now().Sub(start), done: done}
+		r.done = func() {
+			p.mu.Lock()
+			delete(p.attempts, ref)
+			p.mu.Unlock()
+			termDone()
+		}
+		p.results <- r
 		p.inflight.Add(-1)
 		p.m.InFlight.Dec()
 		p.freed.Notify()
 	})
 }
 
-// refs names every running attempt.
+// refs names every attempt whose outcome is not written yet: running
+// handlers and outcomes waiting for their write.
 func (p *pool) refs() []tasks.Ref {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	refs := make([]tasks.Ref, 0, len(p.running))
-	for _, a := range p.running {
-		refs = append(refs, a.task.Ref())
+	refs := make([]tasks.Ref, 0, len(p.attempts))
+	for ref := range p.attempts {
+		refs = append(refs, ref)
 	}
 	return refs
 }
 
-// cancel cancels the running attempt ref, if it is still that attempt.
+// cancel cancels the handler of attempt ref, if it is still running; it
+// reports whether it did.
 func (p *pool) cancel(ref tasks.Ref, cause error) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	a := p.running[ref]
-	if a == nil {
+	a := p.attempts[ref]
+	if a == nil || a.finished {
 		return false
 	}
 	a.cancel(cause)
 	return true
 }
 
-// wait waits up to timeout for every attempt to end; it reports whether
+// findStuck marks the handlers still running stuckAfter after their
+// context ended, and returns the newly stuck ones.
+func (p *pool) findStuck(now time.Time) []Stuck {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Stuck
+	for _, a := range p.attempts {
+		if a.finished || a.stuck || a.cancelledAt.IsZero() || now.Sub(a.cancelledAt) < p.stuckAfter {
+			continue
+		}
+		a.stuck = true
+		p.m.Stuck.Inc()
+		p.m.StuckTotal.Inc()
+		out = append(out, a.stuckView())
+	}
+	return out
+}
+
+// stuck lists the handlers marked stuck that still run.
+func (p *pool) stuck() []Stuck {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Stuck
+	for _, a := range p.attempts {
+		if a.stuck && !a.finished {
+			out = append(out, a.stuckView())
+		}
+	}
+	slices.SortFunc(out, func(a, b Stuck) int { return a.CancelledAt.Compare(b.CancelledAt) })
+	return out
+}
+
+func (a *attempt) stuckView() Stuck {
+	return Stuck{TaskID: a.task.ID, Kind: a.task.Kind, Shard: a.task.Shard, Epoch: a.task.Epoch, CancelledAt: a.cancelledAt}
+}
+
+// wait waits up to timeout for every handler to return; it reports whether
 // they did.
 func (p *pool) wait(timeout time.Duration) bool {
 	finished := make(chan struct{})

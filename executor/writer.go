@@ -12,10 +12,8 @@ import (
 
 // Bounds of one outcome write and of the final flush at shutdown.
 const (
-	writeTimeout    = 10 * time.Second
-	shutdownFlush   = 5 * time.Second
-	writeBackoffMin = 50 * time.Millisecond
-	writeBackoffMax = 2 * time.Second
+	writeTimeout  = 10 * time.Second
+	shutdownFlush = 5 * time.Second
 )
 
 // writer is the outcome loop: it records attempts' outcomes in batches —
@@ -76,35 +74,43 @@ func (w *writer) Run(ctx context.Context) {
 	}
 }
 
-// flush writes one batch: completions in one statement, failures in
-// another, then ends each attempt's hold on its term.
+// flush writes one batch — completions, failures and interruptions, one
+// statement each — then ends each attempt.
 func (w *writer) flush(ctx context.Context, batch []result) {
 	if len(batch) == 0 {
 		return
 	}
 	var completions []tasks.Completion
 	var failures []tasks.Failure
-	var cItems, fItems []result
+	var interruptions []tasks.Interruption
+	var cItems, fItems, iItems []result
 	for _, r := range batch {
-		if r.err == nil {
+		switch {
+		case r.err == nil:
 			completions = append(completions, tasks.Completion{Ref: r.task.Ref(), Result: r.task.Result})
 			cItems = append(cItems, r)
-		} else {
+		case r.interrupted != nil:
+			interruptions = append(interruptions, tasks.Interruption{Ref: r.task.Ref(), Reason: "interrupted: " + r.interrupted.Error()})
+			iItems = append(iItems, r)
+		default:
 			failures = append(failures, tasks.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.Attempt, nil)})
 			fItems = append(fItems, r)
 		}
 	}
 	if len(completions) > 0 {
-		res := w.write(ctx, "completing", func(c context.Context) ([]tasks.WriteResult, error) {
+		w.account(cItems, w.write(ctx, "completing", func(c context.Context) ([]tasks.WriteResult, error) {
 			return w.store.Complete(c, w.owner, completions)
-		})
-		w.account(cItems, res)
+		}))
 	}
 	if len(failures) > 0 {
-		res := w.write(ctx, "failing", func(c context.Context) ([]tasks.WriteResult, error) {
+		w.account(fItems, w.write(ctx, "failing", func(c context.Context) ([]tasks.WriteResult, error) {
 			return w.store.Fail(c, w.owner, failures)
-		})
-		w.account(fItems, res)
+		}))
+	}
+	if len(interruptions) > 0 {
+		w.account(iItems, w.write(ctx, "interrupting", func(c context.Context) ([]tasks.WriteResult, error) {
+			return w.store.Interrupt(c, w.owner, interruptions)
+		}))
 	}
 	for _, r := range batch {
 		r.done()
@@ -117,7 +123,7 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 // shutdown begins must land. Once ctx has ended, retries stop shutdownFlush
 // later.
 func (w *writer) write(ctx context.Context, what string, write func(context.Context) ([]tasks.WriteResult, error)) []tasks.WriteResult {
-	backoff := clock.Backoff{Min: writeBackoffMin, Max: writeBackoffMax}
+	backoff := dbRetry
 	var giveUpAt time.Time
 	for {
 		timeout := writeTimeout
@@ -154,7 +160,10 @@ func (w *writer) account(items []result, res []tasks.WriteResult) {
 		switch r.Outcome {
 		case tasks.Applied:
 			outcome := string(r.State)
-			if r.State == tasks.Ready {
+			switch {
+			case it.interrupted != nil:
+				outcome = "interrupted"
+			case r.State == tasks.Ready:
 				outcome = "retried"
 			}
 			w.m.Finished.WithLabelValues(it.task.Kind, outcome).Inc()

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/shardrun/shardrun/detach"
+	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -42,6 +43,11 @@ type Status struct {
 	Releasing     []int              `json:"releasing,omitempty"`
 	InFlight      int                `json:"in_flight"`
 	Kinds         []string           `json:"kinds"`
+	// Stuck lists handlers that ignored their cancellation for longer
+	// than the handoff timeout.
+	Stuck []executor.Stuck `json:"stuck"`
+	// Stalled says why the claim loop is not making progress, if it is not.
+	Stalled string `json:"stalled,omitempty"`
 }
 
 // Status returns what GET /status serves.
@@ -52,7 +58,13 @@ func (r *Runner) Status() Status {
 		RunnerID: r.cfg.RunnerID, Version: r.cfg.Version, State: ms.State,
 		Sticky: ds.Sticky, LeaseTimeLeft: ms.LeaseTimeLeft.Seconds(), LeaseID: fmt.Sprintf("%x", ms.LeaseID),
 		Assigned: nonNil(ms.Assigned), Owned: ms.Owned, Releasing: ms.Releasing,
-		InFlight: r.exec.InFlight(), Kinds: r.handlers.Kinds(),
+		InFlight: r.exec.InFlight(), Kinds: r.handlers.Kinds(), Stuck: r.exec.Stuck(),
+	}
+	if st.Stuck == nil {
+		st.Stuck = []executor.Stuck{}
+	}
+	if stalled, why := r.exec.Stalled(); stalled {
+		st.Stalled = why
 	}
 	if st.Owned == nil {
 		st.Owned = []tasks.ShardEpoch{}
@@ -85,6 +97,10 @@ func (r *Runner) adminHandler() http.Handler {
 		st := r.Status()
 		if st.State != shard.StateAttached {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": st.State, "reason": st.DetachReason})
+			return
+		}
+		if st.Stalled != "" {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "stalled", "reason": st.Stalled})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -128,8 +128,8 @@ func (r *Runner) Run(ctx context.Context) error {
 		RunnerID: cfg.RunnerID, Store: st, Ownership: ownership{r.mgr}, Registry: r.handlers,
 		Retry:      tasks.RetryPolicy{MaxAttempts: tasks.DefaultMaxAttempts, Base: cfg.RetryBase, Cap: cfg.RetryCap},
 		MaxWorkers: cfg.MaxWorkers, HeartbeatInterval: cfg.HeartbeatInterval, PollInterval: cfg.PollInterval,
-		ShutdownTimeout: cfg.HandoffTimeout + 5*time.Second,
-		Logger:          r.log.Named("executor"), Metrics: executor.NewMetrics(r.reg),
+		ShutdownTimeout: cfg.HandoffTimeout + 5*time.Second, StuckAfter: cfg.HandoffTimeout,
+		Logger: r.log.Named("executor"), Metrics: executor.NewMetrics(r.reg),
 	})
 	if err != nil {
 		return err

@@ -232,6 +232,25 @@ func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]
 		`state = 'ready', claimed_by = NULL, claim_epoch = NULL, claimed_at = NULL, heartbeat_at = NULL`)
 }
 
+// Interrupt records attempts cut short because the runner lost the shard
+// (detached, handoff timeout, fence lost, shutdown): back to ready with the
+// same attempt, since the handler did not fail, and the interruption
+// appended to the task's history. Fenced like every write: if a newer owner
+// has the shard already, it requeues the task instead.
+func (s *Store) Interrupt(ctx context.Context, owner string, cut []tasks.Interruption) ([]tasks.WriteResult, error) {
+	refs := make([]tasks.Ref, len(cut))
+	msgs := make([]string, len(cut))
+	for i, c := range cut {
+		refs[i], msgs[i] = c.Ref, c.Reason
+	}
+	return s.fencedWrite(ctx, "interrupting", owner, refs, `
+		state = 'ready', run_after = now(),
+		claimed_by = NULL, claim_epoch = NULL, claimed_at = NULL, heartbeat_at = NULL,
+		errors = t.errors || jsonb_build_array(jsonb_build_object(
+			'attempt', t.attempt, 'at', now(), 'runner', $1::text, 'error', c.msg, 'interrupted', true))`,
+		inputCol{"msg", "text", msgs})
+}
+
 // Complete records successful attempts, in one statement.
 func (s *Store) Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error) {
 	refs := make([]tasks.Ref, len(done))

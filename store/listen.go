@@ -39,7 +39,10 @@ func (s *Store) NewListener(log hclog.Logger, fn func(Notification)) *Listener {
 
 // Run listens until ctx ends.
 func (l *Listener) Run(ctx context.Context) error {
-	backoff := clock.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	// Capped low: after a database restart the first notification (and the
+	// All wake-up sent on reconnecting) must come within a fraction of a
+	// second, whatever the outage's length.
+	backoff := clock.Backoff{Min: 50 * time.Millisecond, Max: 400 * time.Millisecond}
 	for ctx.Err() == nil {
 		err := l.listen(ctx)
 		if ctx.Err() != nil {

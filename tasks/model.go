@@ -20,12 +20,16 @@ import (
 //	running --error, none left-->               dead
 //	ready|running --deadline passed (sweeper)-> failed
 //	running --stale claim (sweeper or owner)--> ready (attempt+1) | dead
+//	running --interrupted (runner lost the shard)--> ready (same attempt)
 //
-// The pair (attempt, state) only moves forward once an attempt has run: a
-// move back to ready after a handler ran always increments attempt, and
-// completed, failed and dead are final. Unclaim returns a claim whose
-// handler never started (its shard began to move in between), so no attempt
-// is spent. Every write
+// Completed, failed and dead are final. A move back to ready after a handler
+// failed or its claim went stale increments attempt. Two moves back to
+// ready spend no attempt: unclaim returns a claim whose handler never
+// started (its shard began to move in between), and interrupt returns an
+// attempt cut short because its runner lost the shard — not the handler's
+// failure, so it is recorded in the history but not counted against
+// max_attempts. The next claim of either is under a newer epoch, so the
+// claim (id, attempt, epoch) is never reused. Every write
 // in the store re-checks the state and attempt it expects, so a write that
 // finds the row elsewhere changes nothing.
 type State string
@@ -107,6 +111,9 @@ type AttemptError struct {
 	At      time.Time `json:"at"`
 	Runner  string    `json:"runner,omitempty"`
 	Error   string    `json:"error"`
+	// Interrupted: the attempt was cut short because its runner lost the
+	// shard (detach, handoff, shutdown); it did not spend the attempt.
+	Interrupted bool `json:"interrupted,omitempty"`
 }
 
 // Ref identifies a claimed attempt: the task, its shard, the attempt number

@@ -81,6 +81,13 @@ type Completion struct {
 	Result json.RawMessage // nil for no result
 }
 
+// Interruption is an attempt cut short because its runner lost the shard,
+// to record without spending the attempt. Reason says what ended it.
+type Interruption struct {
+	Ref    Ref
+	Reason string
+}
+
 // Failure is a failed attempt to record. RetryAfter is the backoff before the
 // next attempt when attempts are left.
 type Failure struct {
