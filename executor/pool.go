@@ -117,6 +117,10 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 		start := p.clock.Now()
 		task := t
 		err := call(handlerCtx, h, &task)
+		if err == nil && errors.Is(handlerCtx.Err(), context.DeadlineExceeded) {
+			// The success came after the task's deadline: the deadline wins.
+			err = fmt.Errorf("deadline exceeded: the handler returned after the task's deadline %s", t.Deadline.UTC().Format(time.RFC3339Nano))
+		}
 		r := result{task: task, err: err, elapsed: p.clock.Now().Sub(start)}
 		if cause := context.Cause(ctx); err != nil && errors.Is(cause, tasks.ErrOwnershipLost) {
 			r.interrupted = cause

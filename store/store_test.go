@@ -252,7 +252,7 @@ func TestLegalMoves(t *testing.T) {
 			t.Fatalf("fail: %+v", r)
 		}
 		exec(t, s, `UPDATE tasks SET deadline = now() - interval '1 second' WHERE id = ANY($1)`, []int64{readyID, runningID})
-		n, err := s.SweepDeadlines(ctx, leaderEpoch, 100)
+		n, err := s.SweepDeadlines(ctx, leaderEpoch, 0, 100)
 		if err != nil || n != 2 {
 			t.Fatalf("deadline sweep: %d, %v", n, err)
 		}
@@ -336,7 +336,7 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	if task := get(t, s, readyID); task.State != tasks.Ready {
 		t.Fatalf("the stale sweep changed a ready task: %+v", task)
 	}
-	if n, err := s.SweepDeadlines(ctx, leaderEpoch, 100); err != nil || n != 1 {
+	if n, err := s.SweepDeadlines(ctx, leaderEpoch, 0, 100); err != nil || n != 1 {
 		t.Fatalf("deadline sweep should fail only the ready task: %d %v", n, err)
 	}
 	if task := get(t, s, ref.ID); task.State != tasks.Completed {
@@ -642,7 +642,7 @@ func TestSweepsApplyOnlyUnderTheLeaderFence(t *testing.T) {
 	if ok, err := s.RaiseLeaderFence(ctx, "new-leader", leaderEpoch+10); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if _, err := s.SweepDeadlines(ctx, leaderEpoch, 10); !errors.Is(err, store.ErrNotLeader) {
+	if _, err := s.SweepDeadlines(ctx, leaderEpoch, 0, 10); !errors.Is(err, store.ErrNotLeader) {
 		t.Fatalf("deposed leader's deadline sweep: %v", err)
 	}
 	if _, _, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 10, backoff); !errors.Is(err, store.ErrNotLeader) {
@@ -654,7 +654,7 @@ func TestSweepsApplyOnlyUnderTheLeaderFence(t *testing.T) {
 	if counts, _ := s.CountByState(ctx); counts[tasks.Running] != 1 {
 		t.Fatalf("a deposed leader changed rows: %v", counts)
 	}
-	if n, err := s.SweepDeadlines(ctx, leaderEpoch+10, 10); err != nil || n != 1 {
+	if n, err := s.SweepDeadlines(ctx, leaderEpoch+10, 0, 10); err != nil || n != 1 {
 		t.Fatalf("current leader's sweep: %d %v", n, err)
 	}
 }

@@ -40,15 +40,21 @@ const leaderFence = `lf AS (SELECT epoch FROM coordinator_fence WHERE id = 1 AND
 
 // SweepDeadlines fails up to limit unfinished tasks whose deadline passed
 // and returns how many, under the leadership epoch (ErrNotLeader if it is
-// not the fence's). Rows locked by a concurrent write are skipped for this
+// not the fence's): ready tasks at once, running ones only runningGrace
+// after their deadline. A running task's runner ends its handler at the
+// deadline and records the outcome itself; the sweep is the backstop for a
+// runner that is gone, and the grace lets the success of a handler that
+// returned before its deadline land even when its write was delayed (a
+// database outage). Rows locked by a concurrent write are skipped for this
 // pass; the statement re-checks state and deadline on every row.
-func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, limit int) (int64, error) {
+func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, runningGrace time.Duration, limit int) (int64, error) {
 	var fenced bool
 	var n int64
 	err := s.pool.QueryRow(ctx, `
 		WITH `+leaderFence+`, due AS (
 			SELECT id FROM tasks
 			WHERE deadline < now() AND state IN ('ready', 'running') AND EXISTS (SELECT 1 FROM lf)
+			  AND (state = 'ready' OR deadline < now() - $3 * interval '1 millisecond')
 			ORDER BY deadline
 			LIMIT $2
 			FOR UPDATE SKIP LOCKED
@@ -57,9 +63,10 @@ func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, limit int) (int
 				errors = t.errors || jsonb_build_array(jsonb_build_object(
 					'attempt', t.attempt, 'at', now(), 'runner', t.claimed_by, 'error', 'deadline exceeded'))
 			WHERE t.id = ANY (ARRAY(SELECT id FROM due)) AND t.state IN ('ready', 'running') AND t.deadline < now()
+			  AND (t.state = 'ready' OR t.deadline < now() - $3 * interval '1 millisecond')
 			RETURNING 1
 		)
-		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM upd)`, epoch, limit).Scan(&fenced, &n)
+		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM upd)`, epoch, limit, runningGrace.Milliseconds()).Scan(&fenced, &n)
 	if err != nil {
 		return 0, fmt.Errorf("sweeping deadlines: %w", err)
 	}
@@ -105,4 +112,15 @@ func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Dura
 		return 0, 0, ErrNotLeader
 	}
 	return requeued, dead, nil
+}
+
+// Uptime is how long the database server has been up, by its own clock: a
+// heartbeat cannot have been written while it was down, so the stale rule
+// waits until the server has been up for a whole stale threshold.
+func (s *Store) Uptime(ctx context.Context) (time.Duration, error) {
+	var ms float64
+	if err := s.pool.QueryRow(ctx, `SELECT extract(epoch FROM now() - pg_postmaster_start_time()) * 1000`).Scan(&ms); err != nil {
+		return 0, fmt.Errorf("reading the database's uptime: %w", err)
+	}
+	return time.Duration(ms * float64(time.Millisecond)), nil
 }

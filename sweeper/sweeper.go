@@ -41,7 +41,8 @@ import (
 
 // Store is what the sweeper needs from the database (store.Store).
 type Store interface {
-	SweepDeadlines(ctx context.Context, epoch int64, limit int) (int64, error)
+	SweepDeadlines(ctx context.Context, epoch int64, runningGrace time.Duration, limit int) (int64, error)
+	Uptime(ctx context.Context) (time.Duration, error)
 	SweepStale(ctx context.Context, epoch int64, threshold time.Duration, limit int, b store.Backoff) (requeued, dead int64, err error)
 }
 
@@ -103,8 +104,11 @@ type Result struct {
 	Dead           int64
 	// Statements run (batches of both rules).
 	Statements int
-	// InGrace: the stale rule was skipped (startup grace period).
+	// InGrace: the stale rule was skipped, for Grace.
 	InGrace bool
+	// Grace says why the stale rule was skipped: the leadership is new,
+	// the database restarted, or the sweeper could not reach it.
+	Grace string
 	// NotLeader: the fence holds a newer leader; the sweeper stops.
 	NotLeader bool
 	Err       error
@@ -116,7 +120,14 @@ type Sweeper struct {
 	log   hclog.Logger
 	clock clock.Clock
 	m     *Metrics
-	since time.Time
+	// graceUntil: no stale rule before it. It starts one threshold after
+	// leadership began, and moves to one threshold after the first pass
+	// that succeeds after failed ones: while the sweeper could not reach
+	// the database, runners probably could not either, and their
+	// heartbeats must not be judged by a clock that kept running.
+	graceUntil time.Time
+	graceWhy   string
+	failing    bool
 }
 
 // New validates cfg and fills the defaults.
@@ -150,9 +161,9 @@ func New(cfg Config) (*Sweeper, error) {
 // the fence says another coordinator leads. The grace period counts from
 // the start of Run.
 func (s *Sweeper) Run(ctx context.Context) error {
-	s.since = s.clock.Now()
+	s.begin()
 	s.log.Info("sweeping", "epoch", s.cfg.Epoch, "interval", s.cfg.Interval,
-		"stale_threshold", s.cfg.StaleThreshold, "grace_until", s.since.Add(s.cfg.StaleThreshold))
+		"stale_threshold", s.cfg.StaleThreshold, "grace_until", s.graceUntil)
 	t := s.clock.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -169,6 +180,12 @@ func (s *Sweeper) Run(ctx context.Context) error {
 	}
 }
 
+// begin starts the leadership's grace period: a new leader has watched no
+// heartbeats, and runners keep working across coordinator restarts.
+func (s *Sweeper) begin() {
+	s.graceUntil, s.graceWhy = s.clock.Now().Add(s.cfg.StaleThreshold), "new leadership: no heartbeats watched yet"
+}
+
 // Pass runs both rules once and returns what it did. A failing pass is
 // logged and counted; the loop carries on.
 func (s *Sweeper) Pass(ctx context.Context) Result {
@@ -180,6 +197,7 @@ func (s *Sweeper) Pass(ctx context.Context) Result {
 		r.NotLeader = true
 		s.log.Warn("the coordinator fence holds a newer leader; stopping", "epoch", s.cfg.Epoch)
 	case r.Err != nil && ctx.Err() == nil:
+		s.failing = true
 		s.m.Errors.Inc()
 		s.log.Error("sweep pass failed", "error", r.Err, "duration", r.Duration)
 	case r.Err == nil:
@@ -202,7 +220,7 @@ func (s *Sweeper) Pass(ctx context.Context) Result {
 func (s *Sweeper) sweep(ctx context.Context, r *Result) error {
 	limit := s.cfg.BatchSize
 	for {
-		n, err := s.cfg.Store.SweepDeadlines(ctx, s.cfg.Epoch, limit)
+		n, err := s.cfg.Store.SweepDeadlines(ctx, s.cfg.Epoch, s.cfg.StaleThreshold, limit)
 		r.Statements++
 		if err != nil {
 			return err
@@ -212,8 +230,8 @@ func (s *Sweeper) sweep(ctx context.Context, r *Result) error {
 			break
 		}
 	}
-	if s.clock.Now().Sub(s.since) < s.cfg.StaleThreshold {
-		r.InGrace = true
+	if why := s.grace(ctx, r); why != "" {
+		r.InGrace, r.Grace = true, why
 		return nil
 	}
 	for {
@@ -228,6 +246,30 @@ func (s *Sweeper) sweep(ctx context.Context, r *Result) error {
 			return nil
 		}
 	}
+}
+
+// grace says why the stale rule must wait now, or "" when it may run.
+func (s *Sweeper) grace(ctx context.Context, r *Result) string {
+	now := s.clock.Now()
+	if s.failing {
+		// The first pass that succeeds after failed ones: the database
+		// was unreachable, so heartbeats could not be written either.
+		s.failing = false
+		s.graceUntil, s.graceWhy = now.Add(s.cfg.StaleThreshold), "the sweeper could not reach the database until "+now.UTC().Format(time.RFC3339)
+		s.log.Info("database reachable again; stale claims are judged again after a grace period", "grace_until", s.graceUntil)
+	}
+	if now.Before(s.graceUntil) {
+		return s.graceWhy
+	}
+	up, err := s.cfg.Store.Uptime(ctx)
+	r.Statements++
+	if err != nil {
+		return "the database's uptime is unknown: " + err.Error()
+	}
+	if up < s.cfg.StaleThreshold {
+		return fmt.Sprintf("the database restarted %s ago: no heartbeat could be written while it was down", up.Round(time.Millisecond))
+	}
+	return ""
 }
 
 // Metrics are the sweeper's metrics.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,26 +24,55 @@ const epoch = 7
 
 type fixture struct {
 	t     testing.TB
+	dsn   string
 	store *store.Store
 	clock *clock.Fake
+	// uptime is the database uptime the sweeper sees: the test server
+	// started seconds ago, while the fake clock moves by hours.
+	uptime atomic.Int64
+}
+
+// reopen replaces the fixture's store by a new one on the same database.
+func (f *fixture) reopen() *store.Store {
+	f.t.Helper()
+	st, err := store.Open(context.Background(), f.dsn, store.Options{MaxConns: 10})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(st.Close)
+	f.store = st
+	return st
+}
+
+// uptimeStore is the store with the database's uptime under the test's
+// control.
+type uptimeStore struct {
+	*store.Store
+	f *fixture
+}
+
+func (u uptimeStore) Uptime(context.Context) (time.Duration, error) {
+	return time.Duration(u.f.uptime.Load()), nil
 }
 
 func setup(t testing.TB) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	st, _ := pgtest.NewStore(t, store.Options{MaxConns: 10})
+	st, dsn := pgtest.NewStore(t, store.Options{MaxConns: 10})
 	if ok, err := st.RaiseLeaderFence(ctx, "test", epoch); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	if _, err := st.RaiseFences(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{t: t, store: st, clock: clock.NewFake()}
+	f := &fixture{t: t, store: st, dsn: dsn, clock: clock.NewFake()}
+	f.uptime.Store(int64(24 * time.Hour))
+	return f
 }
 
 func (f *fixture) sweeper(mut ...func(*Config)) *Sweeper {
 	f.t.Helper()
-	cfg := Config{Store: f.store, Epoch: epoch, Interval: time.Second, StaleThreshold: 30 * time.Second,
+	cfg := Config{Store: uptimeStore{f.store, f}, Epoch: epoch, Interval: time.Second, StaleThreshold: 30 * time.Second,
 		HeartbeatInterval: 5 * time.Second, Backoff: store.Backoff{Base: time.Second, Cap: time.Minute}, Clock: f.clock}
 	for _, m := range mut {
 		m(&cfg)
@@ -51,7 +81,7 @@ func (f *fixture) sweeper(mut ...func(*Config)) *Sweeper {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	s.since = f.clock.Now()
+	s.begin()
 	return s
 }
 
@@ -118,12 +148,20 @@ func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	s := f.sweeper()
-	both := f.running(1, 3)[0]
-	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', deadline = now() - interval '1 second'`)
+	ts := f.running(2, 3)
+	both, recent := ts[0], ts[1]
+	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', deadline = now() - interval '1 minute' WHERE id = $1`, both.ID)
+	// A running task just past its deadline is its runner's to finish: the
+	// sweep waits one stale threshold, so a success returned before the
+	// deadline but written late (a database outage) still lands.
+	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', deadline = now() - interval '1 second' WHERE id = $1`, recent.ID)
 	f.clock.Advance(time.Hour) // out of grace, so both rules run
 	r := s.Pass(context.Background())
 	if r.DeadlineFailed != 1 || r.Requeued != 0 {
 		t.Fatalf("a task past its deadline and stale: %+v", r)
+	}
+	if rs, err := f.store.Complete(context.Background(), "r", []tasks.Completion{{Ref: recent.Ref()}}); err != nil || rs[0].Outcome != tasks.Applied {
+		t.Fatalf("the late completion of a task within the deadline grace: %v %v", rs, err)
 	}
 	if got := f.state(both.ID); got.State != tasks.Failed || got.Errors[len(got.Errors)-1].Error != "deadline exceeded" {
 		t.Fatalf("row: %+v", got)
@@ -141,6 +179,38 @@ func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
 	}
 	if got := f2.state(id); got.State != tasks.Failed {
 		t.Fatalf("ready task past its deadline: %+v", got)
+	}
+}
+
+// The stale rule waits while the database has been up for less than the
+// threshold (no heartbeat could be written while it was down) and for one
+// threshold after the sweeper itself could reach it again.
+func TestStaleRuleWaitsAfterOutages(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	s := f.sweeper()
+	task := f.running(1, 3)[0]
+	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes'`)
+	f.clock.Advance(time.Hour)
+	f.uptime.Store(int64(10 * time.Second))
+	if r := s.Pass(context.Background()); !r.InGrace || r.Requeued != 0 || !strings.Contains(r.Grace, "database restarted") {
+		t.Fatalf("swept right after a database restart: %+v", r)
+	}
+	f.uptime.Store(int64(time.Hour))
+	f.store.Close() // the sweeper loses the database
+	if r := s.Pass(context.Background()); r.Err == nil {
+		t.Fatal("a pass on a closed pool succeeded")
+	}
+	s.cfg.Store = uptimeStore{f.reopen(), f}
+	if r := s.Pass(context.Background()); !r.InGrace || !strings.Contains(r.Grace, "could not reach the database") {
+		t.Fatalf("first pass after the sweeper's outage: %+v", r)
+	}
+	f.clock.Advance(30 * time.Second)
+	if r := s.Pass(context.Background()); r.InGrace || r.Requeued != 1 {
+		t.Fatalf("a threshold after the outage: %+v", r)
+	}
+	if got := f.state(task.ID); got.State != tasks.Ready {
+		t.Fatalf("task %+v", got)
 	}
 }
 
@@ -219,9 +289,10 @@ func TestPassOverAHugeBacklogIsBatched(t *testing.T) {
 	if r.Err != nil || r.Requeued != 100000 {
 		t.Fatalf("%+v", r)
 	}
-	// 1 deadline statement, 100 full stale batches and 1 that finds none.
-	if r.Statements != 102 {
-		t.Fatalf("%d statements, want 102 batches of at most 1000 rows", r.Statements)
+	// 1 deadline statement, the uptime check, 100 full stale batches and 1
+	// that finds none.
+	if r.Statements != 103 {
+		t.Fatalf("%d statements, want 103: batches of at most 1000 rows", r.Statements)
 	}
 	t.Logf("pass over 100,000 stale claims: %s in %d statements", took, r.Statements)
 }
