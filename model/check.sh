@@ -81,6 +81,9 @@ run NoDoubleExecution_pause_over_margin        fails "-DTTL=4 -DMARGIN=2 -DPAUSE
 # ... and in that same setting the fence still refuses every stale write,
 # and there is still one outcome.
 run NoStaleWrite+OutcomeOnce_pause_over_margin holds "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DNO_DOUBLE_EXEC_CHECK" "$holds" "-E"
+# The overlap needs work that was running when the pause began: new work
+# never overlaps, whatever the pause, because claims check the lease clock.
+run NoDoubleExecution_idle_pause_over_margin   holds "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DIDLE_PAUSE=1" "$holds" "-E"
 # Progress: no faults, keep-alives on schedule, weak fairness.
 run Progress                                   holds "-DTTL=4 -DMARGIN=2 -DFAULTS=0" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
 
@@ -90,6 +93,7 @@ run weakened:margin_0_slow_clock               fails "-DTTL=4 -DMARGIN=0 -DLAG=1
 # is still attached: MARGIN < delay < TTL - MARGIN - 1, so TTL 5, MARGIN 1)
 run weakened:deadline_from_receipt             fails "-DTTL=5 -DMARGIN=1 -DRECEIPT_BUG=1" "$fails" "-E"
 run weakened:fenced_write_without_lock         fails "-DTTL=4 -DMARGIN=2 -DNOLOCK=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
+run weakened:claim_without_lease_clock         fails "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DIDLE_PAUSE=1 -DCLAIM_NO_CLOCK=1" "$fails" "-E"
 else
 # The bound, at its edges (slower: make model-bounds): holds while
 # LAG + PAUSE <= MARGIN, fails beyond.

@@ -22,6 +22,12 @@
  *   NOLOCK   1: fenced writes check the fence and write in two steps, as
  *            without the FOR SHARE lock on the fence row
  *   MANUAL   1: an operator may detach each runner by hand once, and attach it
+ *   IDLE_PAUSE 1: pauses start only while the runner executes nothing, to
+ *            check new work alone: a runner waking from any pause must
+ *            start nothing past its detach point
+ *   CLAIM_NO_CLOCK 1: claims check only the detach flag, not the lease
+ *            clock (the mistake that let a woken runner start work before
+ *            its timer detached it)
  *   MAXACQ   acquisitions explored (revisions only grow; this bounds them)
  */
 
@@ -51,6 +57,12 @@
 #endif
 #ifndef MANUAL
 #define MANUAL 0
+#endif
+#ifndef IDLE_PAUSE
+#define IDLE_PAUSE 0
+#endif
+#ifndef CLAIM_NO_CLOCK
+#define CLAIM_NO_CLOCK 0
 #endif
 #ifndef MAXACQ
 #define MAXACQ 2
@@ -241,7 +253,8 @@ proctype network(byte i) {
 		lease_left[i] = TTL; dl[i] = TTL; lag_d[i] = 0;
 		ka_done(i) }
 #if FAULTS && PAUSE > 0
-	:: atomic { paused[i] == 0 && can_pause[i] -> paused[i] = PAUSE; can_pause[i] = false }  /* GC pause, SIGSTOP: PAUSE ticks of timer checks missed */
+	:: atomic { paused[i] == 0 && can_pause[i] && (!IDLE_PAUSE || !exec[i]) ->
+		paused[i] = PAUSE; can_pause[i] = false }  /* GC pause, SIGSTOP: PAUSE ticks of timer checks missed */
 #endif
 #if FAULTS && MANUAL
 	/* POST /admin/detach, then /admin/attach: once per runner (it only
@@ -274,7 +287,7 @@ proctype worker(byte i) {
 		fi;
 		drop(i) }
 
-	/* ---- the executor (tasks/executor.go, store/tasks.go) ---- */
+	/* ---- the executor (executor/claimer.go, store/claim.go) ---- */
 	:: atomic { paused[i] == 0 && attached[i] && owns[i] && !fenced[i] ->
 		if                                          /* RaiseFences */
 		:: fence <= epoch[i] -> fence = epoch[i]; fenced[i] = true
@@ -290,8 +303,11 @@ proctype worker(byte i) {
 			requeued[i] = true
 		:: else -> drop(i)
 		fi }
-	:: atomic { paused[i] == 0 && attached[i] && owns[i] && requeued[i] && !exec[i] &&
-	            fence == epoch[i] && task_state == READY ->
+	/* Claim and begin under a Hold: attached, and the lease clock before its
+	 * detach point (dl != 0), checked by the claim itself and not left to
+	 * the timer (shard.Manager.mayWork) */
+	:: atomic { paused[i] == 0 && attached[i] && (CLAIM_NO_CLOCK || dl[i] != 0) &&
+	            owns[i] && requeued[i] && !exec[i] && fence == epoch[i] && task_state == READY ->
 		task_state = RUNNING; task_epoch = epoch[i]; task_owner = i; /* Claim, under the fence */
 		exec[i] = true; cl_epoch[i] = epoch[i];
 		check_double_exec }
