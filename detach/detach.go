@@ -63,7 +63,8 @@ func (k Kind) String() string {
 // Reason is a Kind with its details.
 type Reason struct {
 	Kind Kind
-	// Streak is the number of consecutive failures, for KeepaliveFailure.
+	// Streak is the number of keep-alive periods (TTL/3) without a
+	// successful keep-alive, for KeepaliveFailure.
 	Streak int
 	// Detail is free text: the storage error, or the operator's reason.
 	Detail string
@@ -74,7 +75,7 @@ func (r Reason) String() string {
 	case StorageError:
 		return "storage error: " + r.Detail
 	case KeepaliveFailure:
-		return fmt.Sprintf("keep-alive failure streak: %d consecutive failures", r.Streak)
+		return fmt.Sprintf("keep-alive failure streak: no keep-alive succeeded for %d keep-alive periods (TTL/3 each)", r.Streak)
 	case LeaseExpired:
 		if r.Detail != "" {
 			return "lease expired: " + r.Detail

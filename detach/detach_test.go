@@ -105,7 +105,7 @@ func TestDetachDuringRecoveryResetsWindow(t *testing.T) {
 func TestReasonStrings(t *testing.T) {
 	for r, want := range map[Reason]string{
 		{Kind: StorageError, Detail: "connection timeout"}: "storage error: connection timeout",
-		{Kind: KeepaliveFailure, Streak: 5}:                "keep-alive failure streak: 5 consecutive failures",
+		{Kind: KeepaliveFailure, Streak: 5}:                "keep-alive failure streak: no keep-alive succeeded for 5 keep-alive periods (TTL/3 each)",
 		{Kind: LeaseExpired}:                               "lease expired",
 		{Kind: Manual}:                                     "manual detachment",
 		{Kind: Manual, Detail: "maintenance"}:              "manual detachment: maintenance",
@@ -278,19 +278,22 @@ func TestLeaseDeadlineNeverMovesBack(t *testing.T) {
 
 func TestLeaseFailureStreak(t *testing.T) {
 	c := clock.NewFake()
-	l := NewLeaseClock(c.Now(), 10*time.Second, 3*time.Second, 2)
-	if l.Failed() != 1 {
-		t.Fatal("streak")
+	// TTL 12s: periods of 4s; margin 1s so that the streak rule (2
+	// periods, 8s) comes before the deadline rule (11s).
+	l := NewLeaseClock(c.Now(), 12*time.Second, time.Second, 2)
+	c.Advance(4 * time.Second)
+	if _, detach := l.Check(c.Now()); detach || l.Streak(c.Now()) != 1 {
+		t.Fatalf("one period without a success (streak %d) below the threshold detached", l.Streak(c.Now()))
 	}
-	if _, detach := l.Check(c.Now()); detach {
-		t.Fatal("one failure below the threshold detached")
+	if want := l.Deadline().Add(-12 * time.Second).Add(8 * time.Second); !l.DetachAt().Equal(want) {
+		t.Fatalf("detach at %v, want the streak's %v", l.DetachAt(), want)
 	}
-	l.Failed()
+	c.Advance(4 * time.Second)
 	if r, detach := l.Check(c.Now()); !detach || r.Kind != KeepaliveFailure || r.Streak != 2 {
-		t.Fatalf("two failures at threshold 2: %v %v", r, detach)
+		t.Fatalf("two periods without a success at threshold 2: %v %v", r, detach)
 	}
-	l.Succeeded(c.Now(), 10*time.Second)
-	if _, detach := l.Check(c.Now()); detach || l.Streak() != 0 {
+	l.Succeeded(c.Now(), 12*time.Second)
+	if _, detach := l.Check(c.Now()); detach || l.Streak(c.Now()) != 0 {
 		t.Fatal("a success must end the streak")
 	}
 }

@@ -19,20 +19,30 @@ import (
 // would be unsafe: a response delayed in the network would push the deadline
 // past the server's real expiry.
 //
+// LeaseClock also keeps the failure-streak rule, counted in time rather
+// than in calls so that it means the same however often keep-alives are
+// retried: the streak is the number of whole keep-alive periods (TTL/3, the
+// brief's cadence) since the newest successful keep-alive was sent, and
+// reaching the threshold detaches. With the default margin (TTL/3) and
+// threshold (2) both rules fall on the same moment; a smaller margin lets
+// the streak rule detach first.
+//
 // LeaseClock is not safe for concurrent use; one keep-alive loop owns it.
 type LeaseClock struct {
 	margin    time.Duration
 	threshold int
+	period    time.Duration
 
 	deadline time.Time
-	streak   int
+	lastSent time.Time
 }
 
 // NewLeaseClock starts the model for a lease granted by a request sent at
-// sentAt with the granted TTL. threshold is the keep-alive failure streak
-// that detaches (at least 1).
+// sentAt with the granted TTL. threshold is the failure streak, in
+// keep-alive periods of TTL/3 without a success, that detaches (at least 1).
 func NewLeaseClock(sentAt time.Time, ttl, margin time.Duration, threshold int) *LeaseClock {
-	return &LeaseClock{margin: margin, threshold: max(threshold, 1), deadline: sentAt.Add(ttl)}
+	return &LeaseClock{margin: margin, threshold: max(threshold, 1), period: ttl / 3,
+		deadline: sentAt.Add(ttl), lastSent: sentAt}
 }
 
 // Succeeded records a keep-alive sent at sentAt that the server answered with
@@ -42,36 +52,45 @@ func (l *LeaseClock) Succeeded(sentAt time.Time, ttl time.Duration) {
 	if d := sentAt.Add(ttl); d.After(l.deadline) {
 		l.deadline = d
 	}
-	l.streak = 0
-}
-
-// Failed records a keep-alive that got no answer, and returns the streak.
-func (l *LeaseClock) Failed() int {
-	l.streak++
-	return l.streak
+	if sentAt.After(l.lastSent) {
+		l.lastSent = sentAt
+	}
 }
 
 // Deadline is the earliest time the server may expire the lease.
 func (l *LeaseClock) Deadline() time.Time { return l.deadline }
 
-// DetachAt is the latest time the runner may keep working: deadline - margin.
-func (l *LeaseClock) DetachAt() time.Time { return l.deadline.Add(-l.margin) }
+// DetachAt is the latest time the runner may keep working: deadline - margin,
+// or earlier when the failure streak reaches its threshold first.
+func (l *LeaseClock) DetachAt() time.Time {
+	at := l.deadline.Add(-l.margin)
+	if streak := l.lastSent.Add(time.Duration(l.threshold) * l.period); streak.Before(at) {
+		return streak
+	}
+	return at
+}
 
 // TimeLeft is how long until the deadline (negative once past).
 func (l *LeaseClock) TimeLeft(now time.Time) time.Duration { return l.deadline.Sub(now) }
 
-// Streak is the current run of consecutive failures.
-func (l *LeaseClock) Streak() int { return l.streak }
+// Streak is the number of whole keep-alive periods since the newest
+// successful keep-alive was sent.
+func (l *LeaseClock) Streak(now time.Time) int {
+	if l.period <= 0 || now.Before(l.lastSent) {
+		return 0
+	}
+	return int(now.Sub(l.lastSent) / l.period)
+}
 
 // Check says whether the runner must be detached at now, and why: the
 // deadline rule wins over the failure streak because it is the one that
 // guarantees safety.
 func (l *LeaseClock) Check(now time.Time) (Reason, bool) {
-	if !now.Before(l.DetachAt()) {
+	if !now.Before(l.deadline.Add(-l.margin)) {
 		return Reason{Kind: LeaseExpired, Detail: fmt.Sprintf("no keep-alive succeeded within %s of the lease deadline", l.margin)}, true
 	}
-	if l.streak >= l.threshold {
-		return Reason{Kind: KeepaliveFailure, Streak: l.streak}, true
+	if streak := l.Streak(now); streak >= l.threshold {
+		return Reason{Kind: KeepaliveFailure, Streak: streak}, true
 	}
 	return Reason{}, false
 }

@@ -23,7 +23,6 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/faultproxy"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
@@ -55,9 +54,11 @@ const (
 const binDirPrefix = "shardrun-it-bin-"
 
 var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
+	buildOnce     sync.Once
+	etcdBuildOnce sync.Once
+	etcdBuildErr  error
+	binDir        string
+	buildErr      error
 )
 
 // binaries builds cmd/runner and cmd/coordinator once per test binary.
@@ -88,14 +89,14 @@ func binaries(t *testing.T) (runner, coordinator string) {
 
 // cluster is one scenario's world.
 type cluster struct {
-	t      *testing.T
-	start  time.Time
-	etcd   *embedetcd.Server
-	cli    *clientv3.Client
-	dsn    string
-	store  *store.Store
-	runner string
-	coord  string
+	t         *testing.T
+	start     time.Time
+	endpoints []string
+	cli       *clientv3.Client
+	dsn       string
+	store     *store.Store
+	runner    string
+	coord     string
 
 	mu       sync.Mutex
 	procs    map[string]*proc
@@ -129,10 +130,17 @@ type proc struct {
 
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	runnerBin, coordBin := binaries(t)
 	srv, cli := testutil.Etcd(t)
+	return newClusterOn(t, srv.Endpoints(), cli)
+}
+
+// newClusterOn is a scenario's world on the given etcd endpoints (an
+// embedded etcd, or a cluster of etcd processes).
+func newClusterOn(t *testing.T, endpoints []string, cli *clientv3.Client) *cluster {
+	t.Helper()
+	runnerBin, coordBin := binaries(t)
 	st, dsn := pgtest.NewStore(t, store.Options{MaxConns: 4})
-	c := &cluster{t: t, start: time.Now(), etcd: srv, cli: cli, dsn: dsn, store: st, runner: runnerBin, coord: coordBin,
+	c := &cluster{t: t, start: time.Now(), endpoints: endpoints, cli: cli, dsn: dsn, store: st, runner: runnerBin, coord: coordBin,
 		procs: map[string]*proc{}, enqueued: map[int64]tasks.State{}}
 	c.watch()
 	t.Cleanup(func() {
@@ -218,11 +226,11 @@ func (c *cluster) launch(name, kind, bin, addr string, proxy *faultproxy.Proxy, 
 // between it and etcd.
 func (c *cluster) startRunner(name string, withProxy bool) *proc {
 	c.t.Helper()
-	endpoint := c.etcd.Endpoints()[0]
+	endpoint := strings.Join(c.endpoints, ",")
 	var proxy *faultproxy.Proxy
 	if withProxy {
 		var err error
-		if proxy, err = faultproxy.New(c.etcd.Addr()); err != nil {
+		if proxy, err = faultproxy.New(strings.TrimPrefix(c.endpoints[0], "http://")); err != nil {
 			c.t.Fatal(err)
 		}
 		endpoint = "http://" + proxy.Addr()
@@ -239,7 +247,7 @@ func (c *cluster) startRunner(name string, withProxy bool) *proc {
 func (c *cluster) startCoordinator(name string) *proc {
 	c.t.Helper()
 	return c.serve(name, "coordinator", c.coord, nil, "/healthz", func(addr string) []string {
-		return []string{"--etcd-endpoints", c.etcd.Endpoints()[0], "--etcd-prefix", "/shardrun/", "--cluster", "it",
+		return []string{"--etcd-endpoints", strings.Join(c.endpoints, ","), "--etcd-prefix", "/shardrun/", "--cluster", "it",
 			"--shard-count", strconv.Itoa(shards), "--database-url", c.dsn, "--coordinator-id", name, "--http-addr", addr,
 			"--api-token", apiToken, "--election-ttl", electionTTL.String(), "--sweep-interval", "1s",
 			"--stale-threshold", staleThreshold.String(), "--heartbeat-interval", "1s", "--retry-base", "100ms",
@@ -380,9 +388,18 @@ func (c *cluster) balanced(runners ...string) bool {
 // one must end as.
 func (c *cluster) enqueue(coord *proc, n int, kind, payload string, maxAttempts int, expect tasks.State) {
 	c.t.Helper()
+	c.enqueueWith(coord, n, kind, payload, map[string]any{"max_attempts": maxAttempts}, expect)
+}
+
+// enqueueWith is enqueue with the given fields set on every task.
+func (c *cluster) enqueueWith(coord *proc, n int, kind, payload string, fields map[string]any, expect tasks.State) {
+	c.t.Helper()
 	var batch []map[string]any
 	for i := range n {
-		task := map[string]any{"kind": kind, "key": fmt.Sprintf("%s-%d-%d", kind, time.Now().UnixNano(), i), "max_attempts": maxAttempts}
+		task := map[string]any{"kind": kind, "key": fmt.Sprintf("%s-%d-%d", kind, time.Now().UnixNano(), i)}
+		for k, v := range fields {
+			task[k] = v
+		}
 		if payload != "" {
 			task["payload"] = json.RawMessage(payload)
 		}

@@ -64,9 +64,14 @@ type Config struct {
 	LeaseTTL time.Duration
 	// DetachMargin: detach at lease deadline - margin. Default TTL/3.
 	DetachMargin time.Duration
-	// KeepAliveInterval between keep-alives. Default TTL/3.
+	// KeepAliveInterval between keep-alive rounds. Default TTL/8: a lease
+	// survives an etcd leader election only if a keep-alive lands within
+	// TTL − margin of the last successful one, and the time since that
+	// one, up to an interval, is lost from the budget when the election
+	// starts (docs/architecture.md has the measurement).
 	KeepAliveInterval time.Duration
-	// FailureThreshold consecutive keep-alive failures detach. Default 2.
+	// FailureThreshold consecutive keep-alive rounds without a success
+	// detach. Default 2.
 	FailureThreshold int
 	// HandoffTimeout bounds how long a shard being released waits for its
 	// in-flight work before cancelling it. Default 10s.
@@ -134,7 +139,7 @@ type Event struct {
 func (c *Config) fill() {
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
 	c.DetachMargin = cmp.Or(c.DetachMargin, c.LeaseTTL/3)
-	c.KeepAliveInterval = cmp.Or(c.KeepAliveInterval, c.LeaseTTL/3)
+	c.KeepAliveInterval = cmp.Or(c.KeepAliveInterval, c.LeaseTTL/8)
 	c.FailureThreshold = cmp.Or(c.FailureThreshold, DefaultFailureThreshold)
 	c.HandoffTimeout = cmp.Or(c.HandoffTimeout, DefaultHandoffTimeout)
 	c.AcquireBatch = cmp.Or(c.AcquireBatch, DefaultAcquireBatch)

@@ -82,7 +82,22 @@ func (k *keeper) trusted(now time.Time) bool {
 	return now.Before(at)
 }
 
-// Run keeps the lease alive until ctx ends.
+// Keep-alive retry bounds. A keep-alive that fails or stalls — an etcd
+// leader election makes requests fail with "no leader" or hang until a new
+// leader is chosen — is retried at once, against whichever endpoint the
+// client balances to, with a deadline of half the time left before the
+// detach point: an attempt that stalls still leaves room for the next. So a
+// runner rides out an election shorter than its lease's slack
+// (TTL − margin − the time since the last success) instead of detaching.
+const (
+	attemptMinTimeout = 100 * time.Millisecond
+	retryMinPause     = 20 * time.Millisecond
+	retryMaxPause     = 100 * time.Millisecond
+)
+
+// Run keeps the lease alive until ctx ends: one round per interval, each
+// round retrying until a keep-alive succeeds, the next round is due, or the
+// lease clock says to detach.
 func (k *keeper) Run(ctx context.Context) {
 	interval := k.cfg.KeepAliveInterval
 	next := k.clock.Now().Add(interval)
@@ -104,18 +119,48 @@ func (k *keeper) Run(ctx context.Context) {
 			k.check(now)
 			continue
 		}
+		next = k.clock.Now().Add(interval)
+		switch k.round(ctx, next) {
+		case roundStopped:
+			return
+		case roundLeaseGone:
+			if !k.regrant(ctx) {
+				return
+			}
+			next = k.clock.Now().Add(interval)
+			continue
+		case roundFailed:
+			k.machine.Unhealthy()
+		}
+		k.check(k.clock.Now())
+	}
+}
+
+type roundResult int
+
+const (
+	roundOK roundResult = iota
+	roundFailed
+	roundLeaseGone
+	roundStopped
+)
+
+// round sends keep-alives until one succeeds or the next round is due,
+// checking the detach point between attempts.
+func (k *keeper) round(ctx context.Context, until time.Time) roundResult {
+	pause := clock.Backoff{Min: retryMinPause, Max: retryMaxPause}
+	for attempt := 0; ; attempt++ {
 		sent := k.clock.Now()
-		next = sent.Add(interval)
-		timeout := interval
-		if _, at := k.deadline(); at.Sub(sent) > 0 && at.Sub(sent) < timeout {
-			timeout = at.Sub(sent)
+		timeout := until.Sub(sent)
+		if _, at := k.deadline(); at.After(sent) {
+			timeout = min(timeout, max(at.Sub(sent)/2, attemptMinTimeout))
 		}
 		lease, _ := k.lease()
-		cctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
+		cctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), max(timeout, attemptMinTimeout))
 		resp, err := k.client.KeepAliveOnce(cctx, lease)
 		cancel()
 		if ctx.Err() != nil {
-			return
+			return roundStopped
 		}
 		switch {
 		case err == nil && resp.TTL > 0:
@@ -123,24 +168,26 @@ func (k *keeper) Run(ctx context.Context) {
 			k.lc.Succeeded(sent, time.Duration(resp.TTL)*time.Second)
 			k.mu.Unlock()
 			k.metrics.KeepaliveStreak.Set(0)
+			if attempt > 0 {
+				k.log.Info("lease keep-alive succeeded after retries", "lease", fmt.Sprintf("%x", int64(lease)), "retries", attempt)
+			}
 			k.machine.Healthy()
+			return roundOK
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
 			k.machine.Detach(detach.Reason{Kind: detach.LeaseExpired, Detail: fmt.Sprintf("etcd no longer has lease %x", int64(lease))})
-			if !k.regrant(ctx) {
-				return
-			}
-			next = k.clock.Now().Add(interval)
-			continue
-		default:
-			k.mu.Lock()
-			streak := k.lc.Failed()
-			k.mu.Unlock()
-			k.metrics.KeepaliveFailures.Inc()
-			k.metrics.KeepaliveStreak.Set(float64(streak))
-			k.machine.Unhealthy()
-			k.log.Warn("lease keep-alive failed", "lease", fmt.Sprintf("%x", int64(lease)), "streak", streak, "error", err)
+			return roundLeaseGone
 		}
-		k.check(k.clock.Now())
+		k.metrics.KeepaliveFailures.Inc()
+		k.log.Warn("lease keep-alive failed; retrying", "lease", fmt.Sprintf("%x", int64(lease)), "attempt", attempt+1, "error", err)
+		now := k.clock.Now()
+		k.check(now)
+		wait := pause.Next()
+		if !now.Add(wait).Before(until) {
+			return roundFailed
+		}
+		if !clock.Sleep(k.clock, wait, ctx.Done()) {
+			return roundStopped
+		}
 	}
 }
 
@@ -148,6 +195,7 @@ func (k *keeper) Run(ctx context.Context) {
 func (k *keeper) check(now time.Time) {
 	k.mu.Lock()
 	left := k.lc.TimeLeft(now)
+	k.metrics.KeepaliveStreak.Set(float64(k.lc.Streak(now)))
 	r, detach := k.lc.Check(now)
 	deadline := k.lc.Deadline()
 	k.mu.Unlock()

@@ -16,6 +16,7 @@ type Metrics struct {
 	Acquisitions      prometheus.Counter
 	Releases          prometheus.Counter
 	AcquireRetries    prometheus.Counter
+	EtcdErrors        prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -26,9 +27,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Detached: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_detached",
 			Help: "1 while the runner is detached from the cluster and runs no shard work."}),
 		KeepaliveFailures: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_lease_keepalive_failures_total",
-			Help: "Lease keep-alives that got no answer in time."}),
+			Help: "Lease keep-alive attempts that failed or got no answer in time (each is retried at once)."}),
 		KeepaliveStreak: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_keepalive_failure_streak",
-			Help: "Current run of consecutive keep-alive failures."}),
+			Help: "Current run of consecutive keep-alive rounds without a success."}),
 		LeaseDeadline: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_deadline_seconds",
 			Help: "Seconds until the earliest time etcd may expire the runner's lease (from keep-alive send times)."}),
 		ShardsOwned: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_shards_owned",
@@ -41,5 +42,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Shard keys released after their work stopped."}),
 		AcquireRetries: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_acquire_retry_attempts_total",
 			Help: "Retries to acquire an assigned shard that was still held elsewhere."}),
+		EtcdErrors: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_etcd_errors_total",
+			Help: "Failed etcd calls to acquire, release or publish (retried; the lease clock decides detaching)."}),
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/shardrun/shardrun/detach"
 )
 
 // plan is what one reconcile pass aims at.
@@ -229,16 +228,18 @@ func (m *Manager) publish(ctx context.Context, state string) bool {
 	return true
 }
 
-// storageError detaches at once (a failed acquire, release or publish means
-// the runner cannot prove what it owns) and arms a retry.
+// storageError records a failed acquire, release or publish and arms a
+// retry. It does not detach: such a call fails on every routine etcd leader
+// election, and its outcome, unknown, is safe either way — an acquisition
+// that committed is adopted from the watch (the key names this runner's
+// lease), a release is sent only after the term's work stopped, and a
+// publish is retried. Whether the runner may work is the lease clock's to
+// say (the keeper), and it detaches when the lease can no longer be proven.
 func (m *Manager) storageError(err error) {
 	m.storageFailedAt = m.clock.Now()
 	m.retryAt = m.storageFailedAt.Add(200 * time.Millisecond)
-	if m.machine.IsDetached() {
-		m.log.Debug("etcd still unreachable", "error", err)
-		return
-	}
-	m.machine.Detach(detach.Reason{Kind: detach.StorageError, Detail: err.Error()})
+	m.metrics.EtcdErrors.Inc()
+	m.log.Warn("etcd call failed; retrying", "error", err)
 }
 
 // acquire creates the keys of free shards in batched Txns: each shard is a
