@@ -115,11 +115,15 @@ func (k *keeper) Run(ctx context.Context) {
 			return
 		case <-timer.C():
 		}
-		if now := k.clock.Now(); now.Before(next) {
-			k.check(now)
+		// Check before sending: a process woken from a pause past its
+		// detach point stops its work before anything else, whatever the
+		// keep-alive it is about to send will say.
+		now = k.clock.Now()
+		k.check(now)
+		if now.Before(next) {
 			continue
 		}
-		next = k.clock.Now().Add(interval)
+		next = now.Add(interval)
 		switch k.round(ctx, next) {
 		case roundStopped:
 			return

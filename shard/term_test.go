@@ -5,9 +5,12 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/tasks"
@@ -102,5 +105,36 @@ func TestHoldPinsFencedTermsOnly(t *testing.T) {
 	defer l.mu.Unlock()
 	if l.terms[1].inflight != 0 || l.terms[2].inflight != 0 {
 		t.Errorf("holds left: %d %d", l.terms[1].inflight, l.terms[2].inflight)
+	}
+}
+
+// TestNoWorkPastTheDetachPoint: a runner whose lease clock has passed its
+// detach point takes no new work even before its keep-alive loop has
+// detached it (a process woken from a pause): holds are empty and Begin
+// refuses.
+func TestNoWorkPastTheDetachPoint(t *testing.T) {
+	c := clock.NewFake()
+	m, err := New(Config{Client: &clientv3.Client{}, Detach: detach.New(detach.Config{Clock: c}), Prefix: "/p/",
+		RunnerID: "r", ShardCount: 4, LeaseTTL: 3 * time.Second, Clock: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.keeper.lc = detach.NewLeaseClock(c.Now(), 3*time.Second, time.Second, 2)
+	m.ledger.adopt(1, 7, c.Now())
+	m.Fenced([]tasks.ShardEpoch{{Shard: 1, Epoch: 7}})
+	h := m.Hold()
+	if len(h.Terms()) != 1 {
+		t.Fatalf("held %v before the detach point", h.Terms())
+	}
+	c.Advance(2 * time.Second) // the detach point: TTL − margin
+	if _, _, ok := h.Begin(1, 7); ok {
+		t.Error("work began past the detach point")
+	}
+	h.Release()
+	if m.machine.IsDetached() {
+		t.Fatal("the test needs the runner still attached: the keep-alive loop has not run")
+	}
+	if again := m.Hold(); len(again.Terms()) != 0 {
+		t.Errorf("a hold past the detach point pins %v", again.Terms())
 	}
 }
