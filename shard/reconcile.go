@@ -9,7 +9,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-
 )
 
 // plan is what one reconcile pass aims at.
