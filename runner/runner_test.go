@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -258,7 +259,12 @@ func TestAdminRejectsBadRequests(t *testing.T) {
 		{"wrong token on attach", "POST", "/admin/attach", "s3cret!", "", 401},
 		{"malformed JSON", "POST", "/admin/detach", "s3cret", `{"reason":`, 400},
 		{"unknown field", "POST", "/admin/detach", "s3cret", `{"why": "x"}`, 400},
-		{"body too large", "POST", "/admin/detach", "s3cret", `{"reason": "` + strings.Repeat("x", 20000) + `"}`, 400},
+		{"body too large", "POST", "/admin/detach", "s3cret", `{"reason": "` + strings.Repeat("x", 20000) + `"}`, 413},
+		{"trailing data", "POST", "/admin/detach", "s3cret", `{"reason": "x"}}`, 400},
+		{"field in another case", "POST", "/admin/detach", "s3cret", `{"REASON": "x"}`, 400},
+		{"duplicate field", "POST", "/admin/detach", "s3cret", `{"reason": "x", "reason": "y"}`, 400},
+		{"attach with a body", "POST", "/admin/attach", "s3cret", `{"force": true}`, 400},
+		{"attach with trailing data", "POST", "/admin/attach", "s3cret", `{}]`, 400},
 		{"wrong method", "GET", "/admin/detach", "s3cret", "", 405},
 		{"wrong method on status", "POST", "/status", "", "", 405},
 	} {
@@ -268,6 +274,14 @@ func TestAdminRejectsBadRequests(t *testing.T) {
 	}
 	if st := a.Status(); st.State != shard.StateAttached {
 		t.Fatalf("a rejected request changed the runner: %+v", st)
+	}
+	// The scheme is case-insensitive (RFC 9110).
+	req, _ := http.NewRequest("POST", a.url("/admin/attach"), nil)
+	req.Header.Set("Authorization", "bearer s3cret")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("lower-case bearer scheme: %v %v", err, resp)
+	} else {
+		resp.Body.Close()
 	}
 }
 
