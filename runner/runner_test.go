@@ -223,7 +223,7 @@ func TestUndecodablePayloadFailsWithTheDecodeError(t *testing.T) {
 	testutil.Until(t, 10*time.Second, "first attempt failed", func() (bool, string) {
 		return len(e.task(id).Errors) > 0, "no error yet"
 	})
-	if msg := e.task(id).Errors[0].Error; !strings.Contains(msg, "decoding payload") || !strings.Contains(msg, "cannot unmarshal") {
+	if msg := e.task(id).Errors[0].Error; !strings.Contains(msg, "decoding payload") || !strings.Contains(msg, "ms: must be an integer") {
 		t.Fatalf("error %q", msg)
 	}
 }
