@@ -403,11 +403,33 @@ func TestConfigErrors(t *testing.T) {
 		"--election-ttl":    func(c *Config) { c.ElectionTTL = 1500 * time.Millisecond },
 		"--stale-threshold": func(c *Config) { c.Sweep.StaleThreshold = time.Second; c.Sweep.HeartbeatInterval = 2 * time.Second },
 		"--shard-count":     func(c *Config) { c.ShardCount = -1 },
+		"--http-addr":       func(c *Config) { c.HTTPAddr = "127.0.0.1:99999" },
+		"--api-token":       func(c *Config) { c.HTTPAddr = ":8080" },
+		"--coordinator-id":  func(c *Config) { c.ID = "" },
+		"--max-attempts":    func(c *Config) { c.MaxAttempts = 1001 },
 	} {
 		cfg := Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store}
 		mut(&cfg)
 		if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), flag) {
 			t.Errorf("%s: %v", flag, err)
+		}
+	}
+	// New fills zero settings with the defaults; Validate, which a binary
+	// calls on its flags, refuses a zero that would silently become one.
+	cfg := Config{ID: "c", Prefix: prefix, ShardCount: 16}
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for flag, mut := range map[string]func(*Config){
+		"--election-ttl":   func(c *Config) { c.ElectionTTL = 0 },
+		"--max-attempts":   func(c *Config) { c.MaxAttempts = 0 },
+		"--sweep-batch":    func(c *Config) { c.Sweep.BatchSize = 0 },
+		"--sweep-interval": func(c *Config) { c.Sweep.Interval = 0 },
+	} {
+		c := cfg.WithDefaults()
+		mut(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s given as 0: %v", flag, err)
 		}
 	}
 }

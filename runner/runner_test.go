@@ -357,6 +357,11 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		"--retry-cap":          func(c *Config) { c.RetryCap = time.Millisecond },
 		"--admin-token":        func(c *Config) { c.AdminAddr = "0.0.0.0:9090" },
 		"--admin-addr":         func(c *Config) { c.AdminAddr = "nonsense" },
+		"--db-max-conns":       func(c *Config) { c.DBMaxConns = 1 << 32 },
+		"--recovery-window":    func(c *Config) { c.RecoveryWindow = -time.Second },
+		"--poll-interval":      func(c *Config) { c.PollInterval = 0 },
+		"--handoff-timeout":    func(c *Config) { c.HandoffTimeout = 0 },
+		"--runner-id":          func(c *Config) { c.RunnerID = "a\x00b" },
 	} {
 		cfg := base
 		mutate(&cfg)
@@ -369,6 +374,13 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 	ok.AdminAddr, ok.AdminToken = "0.0.0.0:9090", "t"
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("a non-loopback address with a token: %v", err)
+	}
+	// The parts are each package's: the runner's Validate names the same
+	// flags they do.
+	bad := base
+	bad.ShardCount = shard.MaxShardCount + 1
+	if err := bad.Validate(); err == nil || err.Error() != shard.ValidateShardCount(bad.ShardCount).Error() {
+		t.Errorf("shard count: %v", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,5 +106,29 @@ func TestClassifyRealErrors(t *testing.T) {
 	}
 	if _, err := store.Open(ctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=1", store.Options{}); !errors.Is(store.Classify(err), store.ErrUnavailable) {
 		t.Errorf("nothing listening: %v", store.Classify(err))
+	}
+}
+
+func TestOptionsAndDSNChecks(t *testing.T) {
+	for n, ok := range map[int]bool{0: false, 1: false, 2: true, 8: true, 1000: true, 1001: false, 1 << 32: false} {
+		if err := (store.Options{MaxConns: n}).Validate(); (err == nil) != ok || (err != nil && !strings.Contains(err.Error(), "--db-max-conns")) {
+			t.Errorf("MaxConns %d: %v", n, err)
+		}
+	}
+	for _, dsn := range []string{
+		"postgres://u:hunter2@h:nope/db", "postgres://u:hunter2@h/db?sslmode=bogus", "host=h password=hunter2 port=nope",
+		"host=h password='hunter2' sslmode=bogus", "postgres://u:hun%74er2@h:nope/db", "postgres://u:hunter2@@h:x/db",
+		"postgres://h:x/db?password=hunter2", "postgresql://u:hunter2@[::1:5432/db",
+	} {
+		err := store.CheckDSN(dsn)
+		if err == nil || strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "hunt") {
+			t.Errorf("%q: %v", dsn, err)
+		}
+		if _, err := store.Open(context.Background(), dsn, store.Options{}); err == nil || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("Open(%q): %v", dsn, err)
+		}
+	}
+	if !store.HasPassword("postgres://u:pw@h/db") || store.HasPassword("postgres://u@h/db") || !store.HasPassword("host=h password=x") {
+		t.Error("HasPassword")
 	}
 }

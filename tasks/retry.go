@@ -43,15 +43,30 @@ func DefaultRetryPolicy() RetryPolicy {
 
 // Validate reports the first bad field by its flag (--max-attempts,
 // --retry-base, --retry-cap). It checks the policy as it is: zero fields are
-// errors here (NewExecutor fills them with the defaults first).
+// errors here (NewExecutor fills a zero policy with the defaults first).
 func (p RetryPolicy) Validate() error {
+	if err := ValidateMaxAttempts(p.MaxAttempts); err != nil {
+		return err
+	}
+	return ValidateBackoff(p.Base, p.Cap)
+}
+
+// ValidateMaxAttempts checks a default number of attempts (--max-attempts).
+func ValidateMaxAttempts(n int) error {
+	if n < 1 || n > MaxAttemptsLimit {
+		return fmt.Errorf("--max-attempts: must be 1 to %d (each failed attempt adds to the task's errors), got %d", MaxAttemptsLimit, n)
+	}
+	return nil
+}
+
+// ValidateBackoff checks --retry-base and --retry-cap, for the executor's
+// policy and the sweeper's SQL backoff alike.
+func ValidateBackoff(base, cap time.Duration) error {
 	switch {
-	case p.MaxAttempts < 1 || p.MaxAttempts > MaxAttemptsLimit:
-		return fmt.Errorf("--max-attempts: must be 1 to %d (each failed attempt adds to the task's errors), got %d", MaxAttemptsLimit, p.MaxAttempts)
-	case p.Base < MinRetryBase || p.Base > MaxRetryCap:
-		return fmt.Errorf("--retry-base: must be %s to %s (the backoff counts whole milliseconds), got %s", MinRetryBase, MaxRetryCap, p.Base)
-	case p.Cap < p.Base || p.Cap > MaxRetryCap:
-		return fmt.Errorf("--retry-cap: must be at least --retry-base (%s) and at most %s (wait longer with a new task's run_after), got %s", p.Base, MaxRetryCap, p.Cap)
+	case base < MinRetryBase || base > MaxRetryCap:
+		return fmt.Errorf("--retry-base: must be %s to %s (the backoff counts whole milliseconds), got %s", MinRetryBase, MaxRetryCap, base)
+	case cap < base || cap > MaxRetryCap:
+		return fmt.Errorf("--retry-cap: must be at least --retry-base (%s) and at most %s (wait longer with a new task's run_after), got %s", base, MaxRetryCap, cap)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 )
@@ -48,4 +49,23 @@ func Require(token, realm string, next http.HandlerFunc) http.HandlerFunc {
 		}
 		next(w, r)
 	}
+}
+
+// MaxTokenLen bounds a token: it travels in a header of every request.
+const MaxTokenLen = 4096
+
+// CheckToken reports whether token can be sent in an Authorization header:
+// 1 to MaxTokenLen visible ASCII characters (no spaces, no control
+// characters, no newline left over from a file). The message never quotes
+// the token.
+func CheckToken(token string) error {
+	if token == "" || len(token) > MaxTokenLen {
+		return fmt.Errorf("must be 1 to %d characters, got %d", MaxTokenLen, len(token))
+	}
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; c < 0x21 || c > 0x7e {
+			return fmt.Errorf("must be visible ASCII characters (a header cannot carry the character at position %d)", i+1)
+		}
+	}
+	return nil
 }
