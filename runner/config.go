@@ -149,7 +149,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--database-url (DATABASE_URL): %s", cli.OneLine(err))
 	}
 	if c.DetachMargin < 0 {
-		return fmt.Errorf("--detach-margin: must be positive (0 means --lease-ttl/3), got %s", c.DetachMargin)
+		return fmt.Errorf("--detach-margin: must not be negative (0 means --lease-ttl/3), got %s", c.DetachMargin)
 	}
 	sc := c.shardConfig()
 	for _, v := range []interface{ Validate() error }{c.storeOptions(), &sc, c.detachConfig(), c.executorConfig()} {
