@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/jsonbody"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -123,4 +124,21 @@ func FuzzBuiltinPayload(f *testing.F) {
 			_ = h(ctx, &tasks.Task{ID: 1, Kind: kind, Attempt: int(attempt), Payload: payload})
 		}
 	})
+}
+
+// A handler's error with bytes PostgreSQL refuses (NUL, invalid UTF-8) is
+// recorded, cleaned, and the outcome writer goes on: before, it retried the
+// refused write forever and held back every other outcome of its batch.
+func TestHandlerErrorPostgreSQLWouldRefuse(t *testing.T) {
+	e := newEnv(t)
+	e.start("a", withHandler("nul", func(context.Context, *tasks.Task) error { return errors.New("bad\x00news\xff") }))
+	id := e.enqueue("nul", `{}`, 1)[0]
+	ok := e.enqueue("noop", `{}`, 1)[0]
+	testutil.Until(t, 10*time.Second, "the failure recorded and the other task completed", func() (bool, string) {
+		tk := e.task(id)
+		return len(tk.Errors) > 0 && e.task(ok).State == tasks.Completed, string(tk.State)
+	})
+	if got := e.task(id).Errors[0].Error; got != `bad\x00news`+"\uFFFD" {
+		t.Fatalf("stored error %q", got)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"syscall"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -109,4 +110,27 @@ func unavailable(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
 		errors.Is(err, pgconn.ErrConnClosed) || strings.Contains(err.Error(), "closed pool")
+}
+
+// MaxMessage bounds a stored message (a handler's error, an interruption's
+// reason): each failed attempt appends one to the task's errors.
+const MaxMessage = 64 << 10
+
+// StorableText makes a diagnostic message storable in a text or jsonb
+// value: PostgreSQL refuses NUL and invalid UTF-8, and an outcome write it
+// refused would be retried forever, holding back every other outcome of its
+// batch (and the release of their shards). NUL becomes the four characters
+// \x00, invalid bytes U+FFFD, and a message beyond MaxMessage bytes is
+// cut. The message is for people; the attempt's failure is recorded as it
+// happened.
+func StorableText(s string) string {
+	s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\x00`)
+	if len(s) > MaxMessage {
+		cut := MaxMessage
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…(truncated)"
+	}
+	return s
 }

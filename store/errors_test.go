@@ -132,3 +132,25 @@ func TestOptionsAndDSNChecks(t *testing.T) {
 		t.Error("HasPassword")
 	}
 }
+
+// A handler's error that PostgreSQL could not store as it is (NUL, invalid
+// UTF-8) is recorded cleaned, rather than refused and retried forever.
+func TestFailureMessagesAreStorable(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	id := enqueue(t, s, insert("k", 3, 2))
+	raise(t, s, "r1", 3, 10)
+	task := claim(t, s, "r1", 3, 10, 1)[0]
+	res := one(t)(s.Fail(ctx, "r1", []tasks.Failure{{Ref: task.Ref(), Error: "bad\x00news\xff" + strings.Repeat("x", store.MaxMessage)}}))
+	if res.Outcome != tasks.Applied {
+		t.Fatalf("failure not recorded: %+v", res)
+	}
+	got := get(t, s, id).Errors[0].Error
+	if !strings.HasPrefix(got, `bad\x00news`+"\uFFFD") || !strings.HasSuffix(got, "…(truncated)") || len(got) > store.MaxMessage+100 {
+		t.Fatalf("stored error %q…", got[:40])
+	}
+	if store.StorableText("fine ✓") != "fine ✓" {
+		t.Fatal("a clean message must stay as it is")
+	}
+}
