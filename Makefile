@@ -4,7 +4,7 @@ GO        ?= go
 BIN       := bin
 STATICCHECK ?= staticcheck
 
-.PHONY: all build test lint demo bench model model-bounds clean
+.PHONY: all build test fuzz lint demo bench model model-bounds clean
 
 all: build
 
@@ -16,6 +16,24 @@ build:
 test:
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
+
+## fuzz: every decoder of outside input, briefly (FUZZTIME each; go test -fuzz takes one
+## package and one target per run). The committed seeds in testdata/fuzz/ also run in `make test`.
+FUZZTIME ?= 5s
+FUZZ_TARGETS := \
+	./internal/jsonbody:FuzzDecode \
+	./coordinator:FuzzEnqueueOne \
+	./coordinator:FuzzEnqueueBatch \
+	./runner:FuzzAdminBody \
+	./runner:FuzzBuiltinPayload \
+	./cmd/runner:FuzzRunnerFlags \
+	./cmd/coordinator:FuzzCoordinatorFlags
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz: $$fn in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run "^$$fn$$" -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 100x $$pkg; \
+	done
 
 ## lint: formatting, vet and staticcheck
 lint:

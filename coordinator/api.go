@@ -3,20 +3,20 @@ package coordinator
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/httpauth"
+	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -43,8 +43,10 @@ func (c *Coordinator) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "leader": c.IsLeader()})
 	})
 	mux.HandleFunc("GET /api/cluster", c.handleCluster)
-	mux.HandleFunc("POST /api/tasks", c.handleEnqueue)
-	mux.HandleFunc("GET /api/tasks/{id}", c.handleGetTask)
+	// With a token, every call that reads task data or changes anything
+	// needs it (the cluster view and the status page hold no task data).
+	mux.HandleFunc("POST /api/tasks", httpauth.Require(c.cfg.APIToken, "shardrun-api", c.handleEnqueue))
+	mux.HandleFunc("GET /api/tasks/{id}", httpauth.Require(c.cfg.APIToken, "shardrun-api", c.handleGetTask))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{}))
 	return mux
 }
@@ -131,13 +133,20 @@ func (c *Coordinator) handleCluster(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	v, err := c.Cluster(ctx)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+		// etcd or the database; their messages stay in the log.
+		if r.Context().Err() == nil {
+			c.log.Warn("reading the cluster view failed", "error", err)
+		}
+		w.Header().Set("Retry-After", retryAfter)
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "cluster state unavailable; retry later"})
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
 }
 
-// TaskRequest is one task in POST /api/tasks.
+// TaskRequest is one task in POST /api/tasks. Bodies are decoded strictly
+// (internal/jsonbody): exact-case field names, no unknown or duplicate
+// fields, no trailing data, valid UTF-8.
 type TaskRequest struct {
 	Kind        string          `json:"kind"`
 	Key         string          `json:"key,omitempty"`
@@ -147,19 +156,30 @@ type TaskRequest struct {
 	Deadline    *time.Time      `json:"deadline,omitempty"`
 }
 
+// newTask turns the request into the task vocabulary. A field that is
+// given must mean something: max_attempts 0 and the zero time
+// (0001-01-01T00:00:00Z), which the Go vocabulary reads as "not set", are
+// refused rather than silently taken as the default.
 func (t TaskRequest) newTask() (tasks.NewTask, error) {
 	n := tasks.NewTask{Kind: t.Kind, Key: t.Key, Payload: t.Payload}
 	if t.MaxAttempts != nil {
 		if *t.MaxAttempts < 1 {
-			return n, &tasks.FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be at least 1, got %d", *t.MaxAttempts)}
+			return n, &tasks.FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d (leave it out for the default)", tasks.MaxAttemptsLimit, *t.MaxAttempts)}
 		}
 		n.MaxAttempts = *t.MaxAttempts
 	}
-	if t.RunAfter != nil {
-		n.RunAfter = *t.RunAfter
-	}
-	if t.Deadline != nil {
-		n.Deadline = *t.Deadline
+	for _, f := range []struct {
+		name string
+		in   *time.Time
+		out  *time.Time
+	}{{"run_after", t.RunAfter, &n.RunAfter}, {"deadline", t.Deadline, &n.Deadline}} {
+		if f.in == nil {
+			continue
+		}
+		if f.in.IsZero() {
+			return n, &tasks.FieldError{Field: f.name, Problem: "must not be the zero time 0001-01-01T00:00:00Z (leave it out for none)"}
+		}
+		*f.out = *f.in
 	}
 	return n, nil
 }
@@ -170,43 +190,55 @@ type apiError struct {
 	Index *int   `json:"index,omitempty"`
 }
 
+// badRequest answers 400 for a malformed body or an invalid task, naming
+// the field and, in a batch, the index.
+func badRequest(w http.ResponseWriter, err error, batch bool, index int) {
+	e := apiError{Error: err.Error()}
+	var je *jsonbody.Error
+	var fe *tasks.FieldError
+	switch {
+	case errors.As(err, &je):
+		e.Error = "malformed JSON: " + je.Error()
+		e.Field = je.Field()
+		if i, ok := je.Index(); ok && batch {
+			index = i
+		}
+	case errors.As(err, &fe):
+		e.Field = fe.Field
+	}
+	if batch && index >= 0 {
+		e.Index = &index
+		if je == nil {
+			e.Error = fmt.Sprintf("task %d: %s", index, e.Error)
+		}
+	}
+	writeJSON(w, http.StatusBadRequest, e)
+}
+
 // handleEnqueue accepts one task (a JSON object) or a batch (an array).
 func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
-	if c.cfg.APIToken != "" {
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(c.cfg.APIToken)) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="shardrun-api"`)
-			writeJSON(w, http.StatusUnauthorized, apiError{Error: "missing or wrong bearer token"})
-			return
-		}
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBody))
+	body, err := jsonbody.ReadRequest(w, r, MaxRequestBody)
 	if err != nil {
-		var tooBig *http.MaxBytesError
+		var tooBig *jsonbody.TooLargeError
 		if errors.As(err, &tooBig) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: fmt.Sprintf("request body larger than %d bytes", tooBig.Limit)})
+			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: err.Error()})
 			return
 		}
-		writeJSON(w, http.StatusBadRequest, apiError{Error: "reading request body: " + err.Error()})
+		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error()})
 		return
 	}
-	trimmed := bytes.TrimSpace(body)
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	batch := len(trimmed) > 0 && trimmed[0] == '['
 	var reqs []TaskRequest
-	dec := json.NewDecoder(bytes.NewReader(trimmed))
-	dec.DisallowUnknownFields()
 	if batch {
-		err = dec.Decode(&reqs)
+		err = jsonbody.Decode(body, &reqs)
 	} else {
 		var one TaskRequest
-		err = dec.Decode(&one)
+		err = jsonbody.Decode(body, &one)
 		reqs = []TaskRequest{one}
 	}
-	if err == nil && dec.More() {
-		err = errors.New("unexpected data after the JSON value")
-	}
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, apiError{Error: "malformed JSON: " + err.Error()})
+		badRequest(w, err, batch, -1)
 		return
 	}
 	if len(reqs) == 0 || len(reqs) > MaxBatch {
@@ -220,17 +252,7 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 			ins[i], err = c.client.Prepare(n)
 		}
 		if err != nil {
-			e := apiError{Error: err.Error()}
-			var fe *tasks.FieldError
-			if errors.As(err, &fe) {
-				e.Field = fe.Field
-			}
-			if batch {
-				idx := i
-				e.Index = &idx
-				e.Error = fmt.Sprintf("task %d: %s", i, e.Error)
-			}
-			writeJSON(w, http.StatusBadRequest, e)
+			badRequest(w, err, batch, i)
 			return
 		}
 	}
@@ -239,7 +261,7 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	if !batch {
 		id, err := c.cfg.Store.Enqueue(ctx, ins[0])
 		if err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+			c.storeError(w, r, "enqueueing a task", err)
 			return
 		}
 		resp := map[string]any{"id": id, "shard": ins[0].Shard, "key": ins[0].Key}
@@ -249,7 +271,7 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	}
 	n, err := c.cfg.Store.EnqueueBatch(ctx, ins)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+		c.storeError(w, r, "enqueueing a batch", err)
 		return
 	}
 	resp := map[string]any{"enqueued": n}
@@ -257,10 +279,66 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, resp)
 }
 
+// retryAfter is the Retry-After (seconds) of a 503: about how long a
+// database restart or failover takes.
+const retryAfter = "2"
+
+// storeError answers a failed database call by its class (store.Classify):
+// 503 with Retry-After when the database is unavailable, 400 or 409 when it
+// refused the request's values, 500 otherwise. The database's own message
+// goes to the log only: it can quote SQL and values.
+func (c *Coordinator) storeError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	err = store.Classify(err)
+	var se *store.Error
+	errors.As(err, &se)
+	code := ""
+	if se != nil && se.Code != "" {
+		code = " (SQLSTATE " + se.Code + ")"
+	}
+	switch {
+	case errors.Is(err, store.ErrUnavailable):
+		if r.Context().Err() == nil {
+			c.log.Warn(what+" failed: database unavailable", "error", err)
+		}
+		w.Header().Set("Retry-After", retryAfter)
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "database unavailable; retry later"})
+	case errors.Is(err, store.ErrInvalidInput):
+		// Validation should have refused this before the database did.
+		c.log.Error(what+": the database refused a value that passed validation", "error", err)
+		writeJSON(w, http.StatusBadRequest, apiError{Error: "the database refused a value" + code, Field: se.Column})
+	case errors.Is(err, store.ErrConflict):
+		c.log.Info(what+": conflict", "error", err)
+		writeJSON(w, http.StatusConflict, apiError{Error: "conflicts with an existing task" + code})
+	default:
+		c.log.Error(what+" failed", "error", err)
+		writeJSON(w, http.StatusInternalServerError, apiError{Error: "internal error" + code + "; see the coordinator's log"})
+	}
+}
+
+// ParseTaskID parses a task id in canonical form only: decimal digits, no
+// sign, no leading zeros, 1 to 2^63-1. "+1" and "001" are not task 1: one
+// task has one URL.
+func ParseTaskID(s string) (int64, bool) {
+	if s == "" || len(s) > 19 || s[0] < '1' || s[0] > '9' {
+		return 0, false
+	}
+	for i := 1; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	id, err := strconv.ParseInt(s, 10, 64)
+	return id, err == nil
+}
+
 func (c *Coordinator) handleGetTask(w http.ResponseWriter, r *http.Request) {
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil || id < 1 {
-		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("task id must be a positive integer, got %q", r.PathValue("id"))})
+	raw := r.PathValue("id")
+	id, ok := ParseTaskID(raw)
+	if !ok {
+		if len(raw) > 32 {
+			raw = raw[:32] + "…"
+		}
+		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("task id must be a decimal integer from 1 to %d without sign or leading zeros, got %q", int64(math.MaxInt64), raw)})
 		return
 	}
 	t, err := c.cfg.Store.Get(r.Context(), id)
@@ -268,7 +346,7 @@ func (c *Coordinator) handleGetTask(w http.ResponseWriter, r *http.Request) {
 	case errors.Is(err, store.ErrNotFound):
 		writeJSON(w, http.StatusNotFound, apiError{Error: fmt.Sprintf("no task %d", id)})
 	case err != nil:
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+		c.storeError(w, r, "reading a task", err)
 	default:
 		writeJSON(w, http.StatusOK, t)
 	}

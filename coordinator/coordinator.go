@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,7 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
@@ -28,8 +31,17 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// DefaultElectionTTL is the default leader session TTL.
-const DefaultElectionTTL = 10 * time.Second
+// Defaults of Config.
+const (
+	// DefaultElectionTTL is the default leader session TTL.
+	DefaultElectionTTL = 10 * time.Second
+	// DefaultHTTPAddr serves the API and the status page.
+	DefaultHTTPAddr = "127.0.0.1:8080"
+)
+
+// MaxElectionTTL bounds the election TTL: a leader that dies is replaced
+// within about this long, and nobody sweeps meanwhile.
+const MaxElectionTTL = time.Hour
 
 // Config configures a Coordinator.
 type Config struct {
@@ -49,11 +61,14 @@ type Config struct {
 	// Sweep configures the sweeper run by the leader (Store, Epoch and
 	// Clock are filled in).
 	Sweep sweeper.Config
-	// HTTPAddr serves the API and status page. Default 127.0.0.1:8080.
+	// HTTPAddr serves the API and status page. Default DefaultHTTPAddr.
 	HTTPAddr string
-	// APIToken, when set, is required as a bearer token on POST /api/tasks.
+	// APIToken, when set, is required as a bearer token on every call that
+	// reads task data or changes anything; required when HTTPAddr is not a
+	// loopback address.
 	APIToken string
-	// MaxAttempts for enqueued tasks that do not set one. Default 5.
+	// MaxAttempts for enqueued tasks that do not set one. Default
+	// tasks.DefaultMaxAttempts.
 	MaxAttempts int
 	Clock       clock.Clock
 	Logger      hclog.Logger
@@ -94,19 +109,60 @@ type Coordinator struct {
 	kindsAt time.Time
 }
 
-// New validates cfg.
+// WithDefaults returns c with its zero settings (and its sweeper's)
+// replaced by the defaults, as New does.
+func (c Config) WithDefaults() Config {
+	c.ElectionTTL = cmp.Or(c.ElectionTTL, DefaultElectionTTL)
+	c.HTTPAddr = cmp.Or(c.HTTPAddr, DefaultHTTPAddr)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, tasks.DefaultMaxAttempts)
+	c.Sweep = c.Sweep.WithDefaults()
+	return c
+}
+
+// Validate reports the first bad setting in one line naming its flag,
+// before anything connects. It checks the settings as they are: a zero
+// where New would put a default is an error, so that a flag given as 0 is
+// refused rather than replaced (use WithDefaults for library defaults).
+// Client and Store are New's business.
+func (c Config) Validate() error {
+	if err := shard.CheckName("--coordinator-id", c.ID); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(c.Prefix, "/") || !strings.HasSuffix(c.Prefix, "/") {
+		return fmt.Errorf("--etcd-prefix: the key prefix must start and end with /, got %q", c.Prefix)
+	}
+	if err := shard.ValidateShardCount(c.ShardCount); err != nil {
+		return err
+	}
+	if c.ElectionTTL < time.Second || c.ElectionTTL > MaxElectionTTL || c.ElectionTTL%time.Second != 0 {
+		return fmt.Errorf("--election-ttl: must be a whole number of seconds from 1s to %s (nobody sweeps while a dead leader's session lives), got %s", MaxElectionTTL, c.ElectionTTL)
+	}
+	host, err := cli.CheckListenAddr("--http-addr", c.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	if c.APIToken == "" && !cli.IsLoopback(host) {
+		return fmt.Errorf("--api-token (SHARDRUN_API_TOKEN or SHARDRUN_API_TOKEN_FILE): required when --http-addr (%s) is not a loopback address", c.HTTPAddr)
+	}
+	if c.APIToken != "" {
+		if err := httpauth.CheckToken(c.APIToken); err != nil {
+			return fmt.Errorf("--api-token: %w", err)
+		}
+	}
+	if err := tasks.ValidateMaxAttempts(c.MaxAttempts); err != nil {
+		return err
+	}
+	return c.Sweep.Validate()
+}
+
+// New fills the defaults and validates cfg.
 func New(cfg Config) (*Coordinator, error) {
-	cfg.ElectionTTL = cmp.Or(cfg.ElectionTTL, DefaultElectionTTL)
-	cfg.HTTPAddr = cmp.Or(cfg.HTTPAddr, "127.0.0.1:8080")
-	switch {
-	case cfg.ID == "":
-		return nil, errors.New("--coordinator-id: required")
-	case cfg.Client == nil || cfg.Store == nil:
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Client == nil || cfg.Store == nil {
 		return nil, errors.New("coordinator: an etcd client and a store are required")
-	case cfg.ElectionTTL < time.Second || cfg.ElectionTTL%time.Second != 0:
-		return nil, fmt.Errorf("--election-ttl: must be a whole number of seconds, at least 1s, got %s", cfg.ElectionTTL)
-	case cfg.ShardCount < 1:
-		return nil, fmt.Errorf("--shard-count: must be at least 1, got %d", cfg.ShardCount)
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real()
@@ -117,12 +173,6 @@ func New(cfg Config) (*Coordinator, error) {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	}
-	// Validate the sweeper settings now, not at the first leadership.
-	probe := cfg.Sweep
-	probe.Store = cfg.Store
-	if _, err := sweeper.New(probe); err != nil {
-		return nil, err
 	}
 	client, err := tasks.NewClient(cfg.Store, tasks.ClientConfig{ShardCount: cfg.ShardCount, MaxAttempts: cfg.MaxAttempts, Clock: cfg.Clock})
 	if err != nil {

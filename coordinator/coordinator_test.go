@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -231,7 +232,10 @@ func TestTasksAPI(t *testing.T) {
 		t.Fatalf("shard %d", created.Shard)
 	}
 	var task tasks.Task
-	getJSON(t, fmt.Sprintf("%s/api/tasks/%d", base, created.ID), &task)
+	code, body = testutil.HTTP(t, "GET", fmt.Sprintf("%s/api/tasks/%d", base, created.ID), "tok", "")
+	if code != 200 || json.Unmarshal([]byte(body), &task) != nil {
+		t.Fatalf("reading the task back: %d %s", code, body)
+	}
 	if task.Kind != "noop" || task.State != tasks.Ready || task.MaxAttempts != 3 || string(task.Payload) != `{"n":1}` {
 		t.Fatalf("task: %+v", task)
 	}
@@ -254,6 +258,25 @@ func TestTasksAPI(t *testing.T) {
 		{"bad task in a batch", "tok", `[{"kind": "a"}, {"kind": "b"}, {"kind": ""}]`, 400, `"index":2`},
 		{"empty batch", "tok", `[]`, 400, "1 to 10000"},
 		{"trailing data", "tok", `{"kind": "a"} {"kind": "b"}`, 400, "unexpected data"},
+		{"trailing brace", "tok", `{"kind":"noop"}}`, 400, "unexpected data after the JSON value"},
+		{"trailing bracket", "tok", `[{"kind":"noop"}]]`, 400, "unexpected data after the JSON value"},
+		{"field name in another case", "tok", `{"KIND": "noop"}`, 400, `case-sensitive, did you mean \"kind\"`},
+		{"duplicate field", "tok", `{"kind": "a", "kind": "b"}`, 400, `duplicate key \"kind\"`},
+		{"NUL in kind", "tok", `{"kind": "a\u0000b"}`, 400, `"field":"kind"`},
+		{"NUL in key", "tok", `{"kind": "k", "key": "\u0000"}`, 400, `"field":"key"`},
+		{"invalid UTF-8 in kind", "tok", "{\"kind\": \"caf\xe9\"}", 400, `"field":"kind"`},
+		{"invalid UTF-8 in key", "tok", "{\"kind\": \"k\", \"key\": \"user-\xff\"}", 400, `"field":"key"`},
+		{"NUL in payload", "tok", `{"kind": "k", "payload": {"a": "\u0000"}}`, 400, `"field":"payload"`},
+		{"lone surrogate in payload", "tok", `{"kind": "k", "payload": ["\ud800"]}`, 400, `"field":"payload"`},
+		{"max attempts beyond int4", "tok", `{"kind": "k", "max_attempts": 2147483648}`, 400, `"field":"max_attempts"`},
+		{"max attempts not an integer", "tok", `{"kind": "k", "max_attempts": 1e3}`, 400, `"field":"max_attempts"`},
+		{"zero deadline", "tok", `{"kind": "k", "deadline": "0001-01-01T00:00:00Z"}`, 400, `"field":"deadline"`},
+		{"zero run_after", "tok", `{"kind": "k", "run_after": "0001-01-01T00:00:00Z"}`, 400, `"field":"run_after"`},
+		{"not a time", "tok", `{"kind": "k", "run_after": "tomorrow"}`, 400, `"field":"run_after"`},
+		{"bad field deep in a batch", "tok", `[{"kind": "a"}, {"kind": "b", "payload": {"x": 1, "x": 2}}]`, 400, `"index":1`},
+		{"batch with trailing data", "tok", `[{"kind": "a"}] x`, 400, "unexpected data"},
+		{"null body", "tok", `null`, 400, "malformed JSON"},
+		{"empty body", "tok", ``, 400, "no JSON value"},
 		{"too large", "tok", `{"kind": "k", "payload": "` + strings.Repeat("x", MaxRequestBody) + `"}`, 413, "larger than"},
 	} {
 		code, body := testutil.HTTP(t, "POST", base+"/api/tasks", tc.token, tc.body)
@@ -261,16 +284,29 @@ func TestTasksAPI(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d with %q", tc.name, code, body, tc.code, tc.want)
 		}
 	}
-	if code, _ := testutil.HTTP(t, "GET", base+"/api/tasks/999999", "", ""); code != 404 {
+	if code, _ := testutil.HTTP(t, "GET", base+"/api/tasks/999999", "tok", ""); code != 404 {
 		t.Errorf("missing task: %d", code)
 	}
-	if code, _ := testutil.HTTP(t, "GET", base+"/api/tasks/abc", "", ""); code != 400 {
-		t.Errorf("non-numeric id: %d", code)
+	if code, _ := testutil.HTTP(t, "GET", fmt.Sprintf("%s/api/tasks/%d", base, created.ID), "", ""); code != 401 {
+		t.Errorf("reading a task without the token: %d, want 401", code)
+	}
+	for _, id := range []string{"abc", "+1", "001", "0", "-1", "1.0", "1e3", "0x1", "9223372036854775808", "%201"} {
+		if code, body := testutil.HTTP(t, "GET", base+"/api/tasks/"+id, "tok", ""); code != 400 || !strings.Contains(body, "without sign or leading zeros") {
+			t.Errorf("id %q: %d %s, want 400", id, code, body)
+		}
 	}
 	if code, _ := testutil.HTTP(t, "DELETE", base+"/api/tasks/1", "tok", ""); code != 405 {
 		t.Errorf("wrong method: %d", code)
 	}
-	if counts, _ := e.store.CountByState(context.Background()); counts[tasks.Ready] != 3 {
+	// The scheme is case-insensitive (RFC 9110).
+	req, _ := http.NewRequest("POST", base+"/api/tasks", strings.NewReader(`{"kind": "noop"}`))
+	req.Header.Set("Authorization", "bearer tok")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 201 {
+		t.Fatalf("lower-case bearer scheme: %v %v", err, resp)
+	} else {
+		resp.Body.Close()
+	}
+	if counts, _ := e.store.CountByState(context.Background()); counts[tasks.Ready] != 4 {
 		t.Fatalf("rejected requests enqueued something: %v", counts)
 	}
 }
@@ -367,11 +403,33 @@ func TestConfigErrors(t *testing.T) {
 		"--election-ttl":    func(c *Config) { c.ElectionTTL = 1500 * time.Millisecond },
 		"--stale-threshold": func(c *Config) { c.Sweep.StaleThreshold = time.Second; c.Sweep.HeartbeatInterval = 2 * time.Second },
 		"--shard-count":     func(c *Config) { c.ShardCount = -1 },
+		"--http-addr":       func(c *Config) { c.HTTPAddr = "127.0.0.1:99999" },
+		"--api-token":       func(c *Config) { c.HTTPAddr = ":8080" },
+		"--coordinator-id":  func(c *Config) { c.ID = "" },
+		"--max-attempts":    func(c *Config) { c.MaxAttempts = 1001 },
 	} {
 		cfg := Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store}
 		mut(&cfg)
 		if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), flag) {
 			t.Errorf("%s: %v", flag, err)
+		}
+	}
+	// New fills zero settings with the defaults; Validate, which a binary
+	// calls on its flags, refuses a zero that would silently become one.
+	cfg := Config{ID: "c", Prefix: prefix, ShardCount: 16}
+	if err := cfg.WithDefaults().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	for flag, mut := range map[string]func(*Config){
+		"--election-ttl":   func(c *Config) { c.ElectionTTL = 0 },
+		"--max-attempts":   func(c *Config) { c.MaxAttempts = 0 },
+		"--sweep-batch":    func(c *Config) { c.Sweep.BatchSize = 0 },
+		"--sweep-interval": func(c *Config) { c.Sweep.Interval = 0 },
+	} {
+		c := cfg.WithDefaults()
+		mut(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("%s given as 0: %v", flag, err)
 		}
 	}
 }

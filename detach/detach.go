@@ -124,6 +124,18 @@ type Config struct {
 // DefaultRecoveryWindow is the default Config.RecoveryWindow.
 const DefaultRecoveryWindow = 3 * time.Second
 
+// MaxRecoveryWindow bounds the recovery window: a runner stays detached at
+// least this long after its health returns.
+const MaxRecoveryWindow = time.Hour
+
+// Validate reports a bad setting naming its flag. Zero is a valid window.
+func (c Config) Validate() error {
+	if c.RecoveryWindow < 0 || c.RecoveryWindow > MaxRecoveryWindow {
+		return fmt.Errorf("--recovery-window: must be 0 to %s (a runner stays detached this long after its health returns), got %s", MaxRecoveryWindow, c.RecoveryWindow)
+	}
+	return nil
+}
+
 // Machine is the detachment state. Safe for concurrent use.
 type Machine struct {
 	detached atomic.Bool

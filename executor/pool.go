@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/internal/wake"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -231,5 +232,13 @@ func call(ctx context.Context, h tasks.Handler, t *tasks.Task) (err error) {
 			err = fmt.Errorf("panic: %v\n%s", r, debug.Stack())
 		}
 	}()
-	return h(ctx, t)
+	if err = h(ctx, t); err == nil && t.Result != nil {
+		// A result set directly (not through SetResult) that jsonb refuses
+		// would make the completion's write fail, and be retried, forever.
+		if cerr := jsonbody.Check(t.Result); cerr != nil {
+			t.Result = nil
+			err = fmt.Errorf("the handler's result cannot be stored: %w", cerr)
+		}
+	}
+	return err
 }

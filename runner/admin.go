@@ -1,19 +1,20 @@
 package runner
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/executor"
+	"github.com/shardrun/shardrun/internal/httpauth"
+	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -114,32 +115,90 @@ func (r *Runner) adminHandler() http.Handler {
 	return mux
 }
 
-// authorized requires "Authorization: Bearer <token>" when a token is
-// configured (it must be when the endpoint is not on loopback), compared in
-// constant time.
+// authorized requires the admin token (internal/httpauth: "Authorization:
+// Bearer <token>", scheme in any case, compared in constant time) when one
+// is configured; it must be when the endpoint is not on loopback.
 func (r *Runner) authorized(next http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, req *http.Request) {
-		if r.cfg.AdminToken != "" {
-			got, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(r.cfg.AdminToken)) != 1 {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="shardrun-admin"`)
-				writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong bearer token"})
-				return
-			}
-		}
-		req.Body = http.MaxBytesReader(w, req.Body, maxAdminBody)
-		next(w, req)
-	}
+	return httpauth.Require(r.cfg.AdminToken, "shardrun-admin", next)
 }
+
+// MaxDetachReason bounds the reason of POST /admin/detach, which is logged
+// and published in the runner's etcd key.
+const MaxDetachReason = 1024
 
 type detachRequest struct {
 	Reason string `json:"reason"`
 }
 
+// decodeDetach decodes the optional body of POST /admin/detach. Errors are
+// the client's: a *jsonbody.Error or a *tasks.FieldError.
+func decodeDetach(body []byte) (detachRequest, error) {
+	var d detachRequest
+	if jsonbody.IsEmpty(body) {
+		return d, nil
+	}
+	if err := jsonbody.Decode(body, &d); err != nil {
+		return d, err
+	}
+	switch {
+	case len(d.Reason) > MaxDetachReason:
+		return d, &tasks.FieldError{Field: "reason", Problem: fmt.Sprintf("longer than %d bytes", MaxDetachReason)}
+	case strings.IndexFunc(d.Reason, unicode.IsControl) >= 0:
+		// It goes into log lines: no forged lines.
+		return d, &tasks.FieldError{Field: "reason", Problem: "must not contain control characters"}
+	}
+	return d, nil
+}
+
+// decodeAttach decodes the optional body of POST /admin/attach: nothing,
+// or an empty object.
+func decodeAttach(body []byte) error {
+	if jsonbody.IsEmpty(body) {
+		return nil
+	}
+	return jsonbody.Decode(body, &struct{}{})
+}
+
+// readAdminBody reads an admin request body; false means the answer (413
+// or 400) was written.
+func readAdminBody(w http.ResponseWriter, req *http.Request) ([]byte, bool) {
+	body, err := jsonbody.ReadRequest(w, req, maxAdminBody)
+	if err != nil {
+		code := http.StatusBadRequest
+		var tooBig *jsonbody.TooLargeError
+		if errors.As(err, &tooBig) {
+			code = http.StatusRequestEntityTooLarge
+		}
+		writeJSON(w, code, map[string]string{"error": err.Error()})
+		return nil, false
+	}
+	return body, true
+}
+
+func badAdminBody(w http.ResponseWriter, err error) {
+	e := map[string]string{"error": err.Error()}
+	var je *jsonbody.Error
+	var fe *tasks.FieldError
+	switch {
+	case errors.As(err, &je):
+		e["error"] = "malformed JSON body: " + je.Error()
+		if f := je.Field(); f != "" {
+			e["field"] = f
+		}
+	case errors.As(err, &fe):
+		e["field"] = fe.Field
+	}
+	writeJSON(w, http.StatusBadRequest, e)
+}
+
 func (r *Runner) handleDetach(w http.ResponseWriter, req *http.Request) {
-	var body detachRequest
-	if err := decodeOptional(req, &body); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+	raw, ok := readAdminBody(w, req)
+	if !ok {
+		return
+	}
+	body, err := decodeDetach(raw)
+	if err != nil {
+		badAdminBody(w, err)
 		return
 	}
 	reason := body.Reason
@@ -152,34 +211,17 @@ func (r *Runner) handleDetach(w http.ResponseWriter, req *http.Request) {
 }
 
 func (r *Runner) handleAttach(w http.ResponseWriter, req *http.Request) {
-	if err := decodeOptional(req, &struct{}{}); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+	raw, ok := readAdminBody(w, req)
+	if !ok {
+		return
+	}
+	if err := decodeAttach(raw); err != nil {
+		badAdminBody(w, err)
 		return
 	}
 	r.log.Info("attach requested", "remote", req.RemoteAddr, "recovery_window", r.cfg.RecoveryWindow)
 	r.machine.Attach()
 	writeJSON(w, http.StatusOK, r.Status())
-}
-
-// decodeOptional decodes a JSON body if there is one.
-func decodeOptional(req *http.Request, v any) error {
-	b, err := io.ReadAll(req.Body)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return fmt.Errorf("request body larger than %d bytes", tooBig.Limit)
-		}
-		return fmt.Errorf("reading request body: %w", err)
-	}
-	if len(strings.TrimSpace(string(b))) == 0 {
-		return nil
-	}
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("malformed JSON body: %w", err)
-	}
-	return nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

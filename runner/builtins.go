@@ -2,45 +2,105 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/tasks"
+)
+
+// Bounds of the built-in kinds' payloads.
+const (
+	// MaxSleepMS bounds sleep's ms (24 hours): a longer sleep holds a
+	// worker and a heartbeat for longer than any demo or test needs, and
+	// ms * 1e6 must not overflow a time.Duration.
+	MaxSleepMS = 24 * 60 * 60 * 1000
+	// MaxFailTimes bounds fail's times: a task never has more attempts.
+	MaxFailTimes = tasks.MaxAttemptsLimit
 )
 
 // Builtins are the task kinds every shardrun runner binary handles, for
 // demos, tests and benchmarks:
 //
-//	noop                  completes at once
-//	sleep {"ms": N}       sleeps N milliseconds; honours cancellation
-//	fail  {"times": N}    fails its first N attempts, then completes
+//	noop                  completes at once (any payload)
+//	sleep {"ms": N}       sleeps N milliseconds, 0 <= N <= MaxSleepMS; honours cancellation
+//	fail  {"times": N}    fails its first N attempts, 0 <= N <= MaxFailTimes, then completes
+//
+// Payloads are decoded strictly (internal/jsonbody: exact field names, no
+// unknown fields); {} means zero. A payload that does not decode or is out
+// of bounds fails the attempt with an error wrapping tasks.ErrPayload. The
+// executor retries it like any failed attempt until max_attempts (each
+// attempt fails at once, the same way): it has no notion of a failure that
+// no retry can fix.
 func Builtins() map[string]tasks.Handler {
 	return map[string]tasks.Handler{
 		"noop": func(context.Context, *tasks.Task) error { return nil },
-		"sleep": tasks.Typed(func(ctx context.Context, _ *tasks.Task, p struct {
-			MS int `json:"ms"`
-		}) error {
-			if p.MS < 0 {
-				return fmt.Errorf("sleep: ms must not be negative, got %d", p.MS)
+		"sleep": func(ctx context.Context, t *tasks.Task) error {
+			d, err := decodeSleep(t.Payload)
+			if err != nil {
+				return fmt.Errorf("sleep task %d: %w", t.ID, err)
 			}
-			t := time.NewTimer(time.Duration(p.MS) * time.Millisecond)
-			defer t.Stop()
+			timer := time.NewTimer(d)
+			defer timer.Stop()
 			select {
-			case <-t.C:
+			case <-timer.C:
 				return nil
 			case <-ctx.Done():
 				return fmt.Errorf("sleep interrupted: %w", context.Cause(ctx))
 			}
-		}),
-		"fail": tasks.Typed(func(_ context.Context, t *tasks.Task, p struct {
-			Times int `json:"times"`
-		}) error {
-			if t.Attempt <= p.Times {
-				return fmt.Errorf("fail: attempt %d of the first %d that fail", t.Attempt, p.Times)
+		},
+		"fail": func(_ context.Context, t *tasks.Task) error {
+			times, err := decodeFail(t.Payload)
+			if err != nil {
+				return fmt.Errorf("fail task %d: %w", t.ID, err)
+			}
+			if t.Attempt <= times {
+				return fmt.Errorf("fail: attempt %d of the first %d that fail", t.Attempt, times)
 			}
 			return nil
-		}),
+		},
 	}
+}
+
+// decodeBuiltin decodes a built-in's payload strictly; an empty payload is
+// {}. Errors wrap tasks.ErrPayload.
+func decodeBuiltin(payload json.RawMessage, v any) error {
+	if len(payload) == 0 {
+		return nil
+	}
+	if err := jsonbody.Decode(payload, v); err != nil {
+		return fmt.Errorf("%w: %w", tasks.ErrPayload, err)
+	}
+	return nil
+}
+
+// decodeSleep returns how long a sleep task sleeps.
+func decodeSleep(payload json.RawMessage) (time.Duration, error) {
+	var p struct {
+		MS int64 `json:"ms"`
+	}
+	if err := decodeBuiltin(payload, &p); err != nil {
+		return 0, err
+	}
+	if p.MS < 0 || p.MS > MaxSleepMS {
+		return 0, fmt.Errorf("%w: ms must be 0 to %d (24h), got %d", tasks.ErrPayload, MaxSleepMS, p.MS)
+	}
+	return time.Duration(p.MS) * time.Millisecond, nil
+}
+
+// decodeFail returns how many first attempts of a fail task fail.
+func decodeFail(payload json.RawMessage) (int, error) {
+	var p struct {
+		Times int `json:"times"`
+	}
+	if err := decodeBuiltin(payload, &p); err != nil {
+		return 0, err
+	}
+	if p.Times < 0 || p.Times > MaxFailTimes {
+		return 0, fmt.Errorf("%w: times must be 0 to %d, got %d", tasks.ErrPayload, MaxFailTimes, p.Times)
+	}
+	return p.Times, nil
 }
 
 // HandleBuiltins registers Builtins on r.

@@ -9,18 +9,17 @@ package runner
 
 import (
 	"fmt"
-	"net"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
+	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -35,12 +34,14 @@ type Config struct {
 	Cluster    string
 	// ShardCount: --shard-count, SHARDRUN_SHARD_COUNT.
 	ShardCount int
-	// DatabaseURL: --database-url, DATABASE_URL.
+	// DatabaseURL: --database-url, DATABASE_URL (or --database-url-file,
+	// DATABASE_URL_FILE).
 	DatabaseURL string
 	// DBMaxConns: --db-max-conns, SHARDRUN_DB_MAX_CONNS.
 	DBMaxConns int
 	// AdminAddr and AdminToken: --admin-addr, SHARDRUN_ADMIN_ADDR;
-	// --admin-token, SHARDRUN_ADMIN_TOKEN.
+	// --admin-token, SHARDRUN_ADMIN_TOKEN (or --admin-token-file,
+	// SHARDRUN_ADMIN_TOKEN_FILE).
 	AdminAddr  string
 	AdminToken string
 	// RunnerID: --runner-id, SHARDRUN_RUNNER_ID; default hostname-pid.
@@ -65,16 +66,19 @@ type Config struct {
 	Logger hclog.Logger
 }
 
+// DefaultAdminAddr is the default admin endpoint address.
+const DefaultAdminAddr = "127.0.0.1:9090"
+
 // DefaultConfig returns the defaults of every setting.
 func DefaultConfig() Config {
 	host, _ := os.Hostname()
 	return Config{
-		EtcdEndpoints:     []string{"http://127.0.0.1:2379"},
-		EtcdPrefix:        "/shardrun/",
-		Cluster:           "default",
+		EtcdEndpoints:     []string{cli.DefaultEtcdEndpoints},
+		EtcdPrefix:        shard.DefaultEtcdPrefix,
+		Cluster:           shard.DefaultCluster,
 		ShardCount:        shard.DefaultShardCount,
-		DBMaxConns:        8,
-		AdminAddr:         "127.0.0.1:9090",
+		DBMaxConns:        store.DefaultMaxConns,
+		AdminAddr:         DefaultAdminAddr,
 		RunnerID:          fmt.Sprintf("%s-%d", host, os.Getpid()),
 		LeaseTTL:          shard.DefaultLeaseTTL,
 		KeepaliveFailures: shard.DefaultFailureThreshold,
@@ -99,62 +103,71 @@ func (c Config) margin() time.Duration {
 	return c.DetachMargin
 }
 
-// Validate reports the first bad setting in one line naming its flag.
+// shardConfig is the shard manager's part of the configuration (Run adds
+// the etcd client, the detach machine and what it learns on start).
+func (c Config) shardConfig() shard.Config {
+	return shard.Config{Prefix: c.Prefix(), RunnerID: c.RunnerID, Version: c.Version, ShardCount: c.ShardCount,
+		LeaseTTL: c.LeaseTTL, DetachMargin: c.margin(), FailureThreshold: c.KeepaliveFailures, HandoffTimeout: c.HandoffTimeout}
+}
+
+func (c Config) detachConfig() detach.Config { return detach.Config{RecoveryWindow: c.RecoveryWindow} }
+
+func (c Config) storeOptions() store.Options {
+	return store.Options{MaxConns: c.DBMaxConns, ApplicationName: "shardrun-runner " + c.RunnerID}
+}
+
+func (c Config) retryPolicy() tasks.RetryPolicy {
+	return tasks.RetryPolicy{MaxAttempts: tasks.DefaultMaxAttempts, Base: c.RetryBase, Cap: c.RetryCap}
+}
+
+// executorConfig is the executor's part (Run adds the store, the ownership
+// and the handlers). Handlers get the handoff timeout to notice their
+// cancellation before they are reported stuck, and five seconds more at
+// shutdown.
+func (c Config) executorConfig() executor.Config {
+	return executor.Config{RunnerID: c.RunnerID, Retry: c.retryPolicy(), MaxWorkers: c.MaxWorkers,
+		HeartbeatInterval: c.HeartbeatInterval, PollInterval: c.PollInterval,
+		ShutdownTimeout: c.HandoffTimeout + 5*time.Second, StuckAfter: c.HandoffTimeout}
+}
+
+// Validate reports the first bad setting in one line naming its flag,
+// before anything connects. Each part is checked by the package that owns
+// it (store, shard, detach, executor with its retry policy); the runner
+// checks only what is its own: the database URL and the admin address and
+// token.
 func (c Config) Validate() error {
 	if err := cli.CheckEndpoints(c.EtcdEndpoints); err != nil {
 		return err
 	}
-	switch {
-	case !strings.HasPrefix(c.EtcdPrefix, "/") || !strings.HasSuffix(c.EtcdPrefix, "/"):
-		return fmt.Errorf("--etcd-prefix: must start and end with /, got %q", c.EtcdPrefix)
-	case c.Cluster == "" || strings.ContainsAny(c.Cluster, "/ "):
-		return fmt.Errorf("--cluster: must be non-empty without slashes or spaces, got %q", c.Cluster)
-	case c.ShardCount < 1:
-		return fmt.Errorf("--shard-count: must be at least 1, got %d", c.ShardCount)
-	case c.DatabaseURL == "":
-		return fmt.Errorf("--database-url (DATABASE_URL): required, e.g. postgres://user:pass@host:5432/db")
-	case c.DBMaxConns < 2:
-		return fmt.Errorf("--db-max-conns: must be at least 2, got %d", c.DBMaxConns)
-	case c.RunnerID == "" || strings.ContainsAny(c.RunnerID, "/ \t"):
-		return fmt.Errorf("--runner-id: must be non-empty without slashes or spaces, got %q", c.RunnerID)
-	case c.LeaseTTL < time.Second || c.LeaseTTL%time.Second != 0:
-		return fmt.Errorf("--lease-ttl: must be a whole number of seconds, at least 1s, got %s", c.LeaseTTL)
-	case c.DetachMargin < 0 || c.margin() >= c.LeaseTTL:
-		return fmt.Errorf("--detach-margin: must be less than --lease-ttl (%s), got %s", c.LeaseTTL, c.margin())
-	case c.KeepaliveFailures < 1:
-		return fmt.Errorf("--keepalive-failures: must be at least 1, got %d", c.KeepaliveFailures)
-	case c.RecoveryWindow < 0:
-		return fmt.Errorf("--recovery-window: must not be negative, got %s", c.RecoveryWindow)
-	case c.HeartbeatInterval <= 0:
-		return fmt.Errorf("--heartbeat-interval: must be positive, got %s", c.HeartbeatInterval)
-	case c.PollInterval <= 0:
-		return fmt.Errorf("--poll-interval: must be positive, got %s", c.PollInterval)
-	case c.MaxWorkers < 1:
-		return fmt.Errorf("--max-workers: must be at least 1, got %d", c.MaxWorkers)
-	case c.HandoffTimeout < 0:
-		return fmt.Errorf("--handoff-timeout: must not be negative, got %s", c.HandoffTimeout)
-	case c.RetryBase <= 0:
-		return fmt.Errorf("--retry-base: must be positive, got %s", c.RetryBase)
-	case c.RetryCap < c.RetryBase:
-		return fmt.Errorf("--retry-cap: must be at least --retry-base (%s), got %s", c.RetryBase, c.RetryCap)
+	if err := shard.CheckKeyPrefix(c.EtcdPrefix, c.Cluster); err != nil {
+		return err
 	}
-	if _, err := pgx.ParseConfig(c.DatabaseURL); err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): malformed: %s", cli.OneLine(err))
+	if c.DatabaseURL == "" {
+		return fmt.Errorf("--database-url (DATABASE_URL or DATABASE_URL_FILE): required, e.g. postgres://user:pass@host:5432/db")
 	}
-	host, _, err := net.SplitHostPort(c.AdminAddr)
+	if err := store.CheckDSN(c.DatabaseURL); err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): %s", cli.OneLine(err))
+	}
+	if c.DetachMargin < 0 {
+		return fmt.Errorf("--detach-margin: must not be negative (0 means --lease-ttl/3), got %s", c.DetachMargin)
+	}
+	sc := c.shardConfig()
+	for _, v := range []interface{ Validate() error }{c.storeOptions(), &sc, c.detachConfig(), c.executorConfig()} {
+		if err := v.Validate(); err != nil {
+			return err
+		}
+	}
+	host, err := cli.CheckListenAddr("--admin-addr", c.AdminAddr)
 	if err != nil {
-		return fmt.Errorf("--admin-addr: must be host:port, got %q", c.AdminAddr)
+		return err
 	}
-	if c.AdminToken == "" && !isLoopback(host) {
-		return fmt.Errorf("--admin-token (SHARDRUN_ADMIN_TOKEN): required when --admin-addr (%s) is not a loopback address", c.AdminAddr)
+	if c.AdminToken == "" && !cli.IsLoopback(host) {
+		return fmt.Errorf("--admin-token (SHARDRUN_ADMIN_TOKEN or SHARDRUN_ADMIN_TOKEN_FILE): required when --admin-addr (%s) is not a loopback address", c.AdminAddr)
+	}
+	if c.AdminToken != "" {
+		if err := httpauth.CheckToken(c.AdminToken); err != nil {
+			return fmt.Errorf("--admin-token: %w", err)
+		}
 	}
 	return nil
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

@@ -92,10 +92,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer ln.Close()
 	r.adminAddr = ln.Addr().String()
 
-	st, err := store.Open(ctx, cfg.DatabaseURL, store.Options{
-		MaxConns: int32(cfg.DBMaxConns), ApplicationName: "shardrun-runner " + cfg.RunnerID,
-		Logger: r.log.Named("store"),
-	})
+	opts := cfg.storeOptions()
+	opts.Logger = r.log.Named("store")
+	st, err := store.Open(ctx, cfg.DatabaseURL, opts)
 	if err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
@@ -110,27 +109,23 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	defer etcd.Close()
 
-	r.machine = detach.New(detach.Config{RecoveryWindow: cfg.RecoveryWindow, Logger: r.log.Named("detach")})
-	r.mgr, err = shard.New(shard.Config{
-		Client: etcd, Prefix: cfg.Prefix(), RunnerID: cfg.RunnerID, AdminAddr: r.adminAddr, Version: cfg.Version,
-		Kinds:      r.handlers.Kinds(),
-		ShardCount: cfg.ShardCount, LeaseTTL: cfg.LeaseTTL, DetachMargin: cfg.margin(),
-		FailureThreshold: cfg.KeepaliveFailures, HandoffTimeout: cfg.HandoffTimeout,
-		Detach: r.machine, Logger: r.log.Named("shard"), Metrics: shard.NewMetrics(r.reg),
-	})
+	dc := cfg.detachConfig()
+	dc.Logger = r.log.Named("detach")
+	r.machine = detach.New(dc)
+	sc := cfg.shardConfig()
+	sc.Client, sc.Detach, sc.AdminAddr, sc.Kinds = etcd, r.machine, r.adminAddr, r.handlers.Kinds()
+	sc.Logger, sc.Metrics = r.log.Named("shard"), shard.NewMetrics(r.reg)
+	r.mgr, err = shard.New(sc)
 	if err != nil {
 		return err
 	}
 	if err := r.mgr.Start(ctx); err != nil {
 		return err
 	}
-	r.exec, err = executor.New(executor.Config{
-		RunnerID: cfg.RunnerID, Store: st, Ownership: ownership{r.mgr}, Registry: r.handlers,
-		Retry:      tasks.RetryPolicy{MaxAttempts: tasks.DefaultMaxAttempts, Base: cfg.RetryBase, Cap: cfg.RetryCap},
-		MaxWorkers: cfg.MaxWorkers, HeartbeatInterval: cfg.HeartbeatInterval, PollInterval: cfg.PollInterval,
-		ShutdownTimeout: cfg.HandoffTimeout + 5*time.Second, StuckAfter: cfg.HandoffTimeout,
-		Logger: r.log.Named("executor"), Metrics: executor.NewMetrics(r.reg),
-	})
+	ec := cfg.executorConfig()
+	ec.Store, ec.Ownership, ec.Registry = st, ownership{r.mgr}, r.handlers
+	ec.Logger, ec.Metrics = r.log.Named("executor"), executor.NewMetrics(r.reg)
+	r.exec, err = executor.New(ec)
 	if err != nil {
 		return err
 	}

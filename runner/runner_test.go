@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -222,7 +223,7 @@ func TestUndecodablePayloadFailsWithTheDecodeError(t *testing.T) {
 	testutil.Until(t, 10*time.Second, "first attempt failed", func() (bool, string) {
 		return len(e.task(id).Errors) > 0, "no error yet"
 	})
-	if msg := e.task(id).Errors[0].Error; !strings.Contains(msg, "decoding payload") || !strings.Contains(msg, "cannot unmarshal") {
+	if msg := e.task(id).Errors[0].Error; !strings.Contains(msg, "decoding payload") || !strings.Contains(msg, "ms: must be an integer") {
 		t.Fatalf("error %q", msg)
 	}
 }
@@ -258,7 +259,12 @@ func TestAdminRejectsBadRequests(t *testing.T) {
 		{"wrong token on attach", "POST", "/admin/attach", "s3cret!", "", 401},
 		{"malformed JSON", "POST", "/admin/detach", "s3cret", `{"reason":`, 400},
 		{"unknown field", "POST", "/admin/detach", "s3cret", `{"why": "x"}`, 400},
-		{"body too large", "POST", "/admin/detach", "s3cret", `{"reason": "` + strings.Repeat("x", 20000) + `"}`, 400},
+		{"body too large", "POST", "/admin/detach", "s3cret", `{"reason": "` + strings.Repeat("x", 20000) + `"}`, 413},
+		{"trailing data", "POST", "/admin/detach", "s3cret", `{"reason": "x"}}`, 400},
+		{"field in another case", "POST", "/admin/detach", "s3cret", `{"REASON": "x"}`, 400},
+		{"duplicate field", "POST", "/admin/detach", "s3cret", `{"reason": "x", "reason": "y"}`, 400},
+		{"attach with a body", "POST", "/admin/attach", "s3cret", `{"force": true}`, 400},
+		{"attach with trailing data", "POST", "/admin/attach", "s3cret", `{}]`, 400},
 		{"wrong method", "GET", "/admin/detach", "s3cret", "", 405},
 		{"wrong method on status", "POST", "/status", "", "", 405},
 	} {
@@ -268,6 +274,14 @@ func TestAdminRejectsBadRequests(t *testing.T) {
 	}
 	if st := a.Status(); st.State != shard.StateAttached {
 		t.Fatalf("a rejected request changed the runner: %+v", st)
+	}
+	// The scheme is case-insensitive (RFC 9110).
+	req, _ := http.NewRequest("POST", a.url("/admin/attach"), nil)
+	req.Header.Set("Authorization", "bearer s3cret")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("lower-case bearer scheme: %v %v", err, resp)
+	} else {
+		resp.Body.Close()
 	}
 }
 
@@ -343,6 +357,11 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		"--retry-cap":          func(c *Config) { c.RetryCap = time.Millisecond },
 		"--admin-token":        func(c *Config) { c.AdminAddr = "0.0.0.0:9090" },
 		"--admin-addr":         func(c *Config) { c.AdminAddr = "nonsense" },
+		"--db-max-conns":       func(c *Config) { c.DBMaxConns = 1 << 32 },
+		"--recovery-window":    func(c *Config) { c.RecoveryWindow = -time.Second },
+		"--poll-interval":      func(c *Config) { c.PollInterval = 0 },
+		"--handoff-timeout":    func(c *Config) { c.HandoffTimeout = 0 },
+		"--runner-id":          func(c *Config) { c.RunnerID = "a\x00b" },
 	} {
 		cfg := base
 		mutate(&cfg)
@@ -355,6 +374,13 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 	ok.AdminAddr, ok.AdminToken = "0.0.0.0:9090", "t"
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("a non-loopback address with a token: %v", err)
+	}
+	// The parts are each package's: the runner's Validate names the same
+	// flags they do.
+	bad := base
+	bad.ShardCount = shard.MaxShardCount + 1
+	if err := bad.Validate(); err == nil || err.Error() != shard.ValidateShardCount(bad.ShardCount).Error() {
+		t.Errorf("shard count: %v", err)
 	}
 }
 

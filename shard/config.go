@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -24,8 +26,12 @@ import (
 	"github.com/shardrun/shardrun/internal/testsignal"
 )
 
-// Defaults of Config.
+// Defaults of Config, and of the flags that make it.
 const (
+	// DefaultEtcdPrefix and DefaultCluster make the default key prefix
+	// /shardrun/default/ (--etcd-prefix, --cluster).
+	DefaultEtcdPrefix       = "/shardrun/"
+	DefaultCluster          = "default"
 	DefaultShardCount       = 256
 	DefaultLeaseTTL         = 10 * time.Second
 	DefaultFailureThreshold = 2
@@ -41,6 +47,32 @@ const (
 	// work, for handlers to return and their results to be written before
 	// the key is deleted anyway (later writes are fenced out).
 	cancelGrace = time.Second
+)
+
+// Bounds of Config's settings. A bad value must stop a binary before it
+// writes anything to etcd (meta/shard-count is permanent).
+const (
+	// MaxShardCount: on 2 cores against embedded etcd a cold cluster of 1
+	// to 4 runners owns 16,384 shards in 2.5-3.1s and /api/cluster's shard
+	// map is 250 KB; with 65,536 shards convergence took 68-76s and the map
+	// 1 MB. Every runner's etcd watch, assignment and fence table grow with
+	// the count.
+	MaxShardCount = 16384
+	// MaxLeaseTTL: a runner that dies keeps its shards until its lease
+	// expires; beyond an hour nobody is waiting on purpose.
+	MaxLeaseTTL = time.Hour
+	// MaxFailureThreshold: keep-alives go out every TTL/3, so after a
+	// streak of 3 the lease deadline has passed and the runner detaches
+	// anyway; higher values only mean "detach on the deadline alone".
+	MaxFailureThreshold = 100
+	// MaxHandoffTimeout bounds how long a moving shard waits for its
+	// tasks.
+	MaxHandoffTimeout = time.Hour
+	// MaxNameLen bounds runner ids and cluster names (they are etcd key
+	// segments and appear in every claimed row).
+	MaxNameLen = 128
+	// MaxEtcdPrefixLen bounds --etcd-prefix (part of every key).
+	MaxEtcdPrefixLen = 256
 )
 
 // Config configures a Manager. Zero fields take the defaults above.
@@ -96,6 +128,10 @@ type Config struct {
 	// share one among members to check invariants on one timeline. Nil in
 	// production.
 	Events *testsignal.Signal[Event]
+
+	// requireDeps is set by fill, which only New calls: New needs Client
+	// and Detach, while a binary validates its flags before it has them.
+	requireDeps bool
 }
 
 // EventKind is what happened to a shard or to the runner.
@@ -136,7 +172,13 @@ type Event struct {
 	Sent   time.Time
 }
 
+// fill gives zero fields their defaults; New calls it before Validate.
 func (c *Config) fill() {
+	c.fillDefaults()
+	c.requireDeps = true
+}
+
+func (c *Config) fillDefaults() {
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
 	c.DetachMargin = cmp.Or(c.DetachMargin, c.LeaseTTL/3)
 	c.KeepAliveInterval = cmp.Or(c.KeepAliveInterval, c.LeaseTTL/8)
@@ -155,34 +197,87 @@ func (c *Config) fill() {
 	}
 }
 
-// Validate reports the first bad field, by its flag name.
+// Validate reports the first bad setting in one line naming its flag. It
+// checks the settings as they are, before anything connects: a zero where
+// New would put a default is an error (a flag given as 0 must not silently
+// become the default), except for the fields no flag sets (KeepAliveInterval,
+// AcquireBatch, JoinSettle), which are checked with their defaults.
+// New additionally requires Client and Detach.
 func (c *Config) Validate() error {
+	if c.requireDeps {
+		switch {
+		case c.Client == nil:
+			return fmt.Errorf("shard: an etcd client is required")
+		case c.Detach == nil:
+			return fmt.Errorf("shard: a detach machine is required")
+		}
+	}
+	f := *c
+	f.fillDefaults()
 	switch {
-	case c.Client == nil:
-		return fmt.Errorf("shard: an etcd client is required")
-	case c.Detach == nil:
-		return fmt.Errorf("shard: a detach machine is required")
-	case c.Prefix == "" || !strings.HasSuffix(c.Prefix, "/"):
-		return fmt.Errorf("--etcd-prefix: must be non-empty and end with /, got %q", c.Prefix)
-	case c.RunnerID == "" || strings.ContainsAny(c.RunnerID, "/ \t\n"):
-		return fmt.Errorf("--runner-id: must be non-empty without slashes or spaces, got %q", c.RunnerID)
-	case c.ShardCount < 1:
-		return fmt.Errorf("--shard-count: must be at least 1, got %d", c.ShardCount)
-	case c.LeaseTTL < time.Second || c.LeaseTTL%time.Second != 0:
-		return fmt.Errorf("--lease-ttl: must be a whole number of seconds, at least 1s, got %s", c.LeaseTTL)
+	case !strings.HasPrefix(c.Prefix, "/") || !strings.HasSuffix(c.Prefix, "/"):
+		return fmt.Errorf("--etcd-prefix: the key prefix must start and end with /, got %q", c.Prefix)
+	}
+	if err := CheckName("--runner-id", c.RunnerID); err != nil {
+		return err
+	}
+	if err := ValidateShardCount(c.ShardCount); err != nil {
+		return err
+	}
+	switch {
+	case c.LeaseTTL < time.Second || c.LeaseTTL > MaxLeaseTTL || c.LeaseTTL%time.Second != 0:
+		return fmt.Errorf("--lease-ttl: must be a whole number of seconds from 1s to %s (a dead runner keeps its shards this long), got %s", MaxLeaseTTL, c.LeaseTTL)
 	case c.DetachMargin <= 0 || c.DetachMargin >= c.LeaseTTL:
 		return fmt.Errorf("--detach-margin: must be positive and less than --lease-ttl (%s), got %s", c.LeaseTTL, c.DetachMargin)
-	case c.KeepAliveInterval <= 0 || c.KeepAliveInterval >= c.LeaseTTL-c.DetachMargin:
-		return fmt.Errorf("keep-alive interval %s must be positive and less than --lease-ttl minus --detach-margin (%s), or no keep-alive can land before the runner detaches",
-			c.KeepAliveInterval, c.LeaseTTL-c.DetachMargin)
-	case c.FailureThreshold < 1:
-		return fmt.Errorf("--keepalive-failures: must be at least 1, got %d", c.FailureThreshold)
-	case c.HandoffTimeout < 0:
-		return fmt.Errorf("--handoff-timeout: must not be negative, got %s", c.HandoffTimeout)
-	case c.AcquireBatch < 1:
-		return fmt.Errorf("acquire batch: must be at least 1, got %d", c.AcquireBatch)
+	case f.KeepAliveInterval <= 0 || f.KeepAliveInterval >= c.LeaseTTL-c.DetachMargin:
+		return fmt.Errorf("--detach-margin: must leave more than one keep-alive interval (%s) before the lease deadline, or no keep-alive can land before the runner detaches: at most %s with --lease-ttl %s, got %s",
+			f.KeepAliveInterval, c.LeaseTTL-f.KeepAliveInterval-time.Millisecond, c.LeaseTTL, c.DetachMargin)
+	case c.FailureThreshold < 1 || c.FailureThreshold > MaxFailureThreshold:
+		return fmt.Errorf("--keepalive-failures: must be 1 to %d (keep-alives go out every lease-ttl/3, so a streak beyond 3 already outlasts the lease), got %d", MaxFailureThreshold, c.FailureThreshold)
+	case c.HandoffTimeout <= 0 || c.HandoffTimeout > MaxHandoffTimeout:
+		return fmt.Errorf("--handoff-timeout: must be positive and at most %s, got %s", MaxHandoffTimeout, c.HandoffTimeout)
+	case f.AcquireBatch < 1:
+		return fmt.Errorf("shard: acquire batch must be at least 1, got %d", f.AcquireBatch)
 	}
 	return nil
+}
+
+// ValidateShardCount checks --shard-count for every binary that names one.
+func ValidateShardCount(n int) error {
+	if n < 1 || n > MaxShardCount {
+		return fmt.Errorf("--shard-count: must be 1 to %d (beyond that ownership converges slowly and the cluster view grows past 250 KB; the count is permanent), got %d", MaxShardCount, n)
+	}
+	return nil
+}
+
+// CheckKeyPrefix checks the two flags that make a cluster's key prefix
+// etcdPrefix + cluster + "/".
+func CheckKeyPrefix(etcdPrefix, cluster string) error {
+	if !strings.HasPrefix(etcdPrefix, "/") || !strings.HasSuffix(etcdPrefix, "/") || len(etcdPrefix) > MaxEtcdPrefixLen ||
+		!utf8.ValidString(etcdPrefix) || strings.IndexFunc(etcdPrefix, notGraphic) >= 0 {
+		return fmt.Errorf("--etcd-prefix: must start and end with /, without spaces or control characters, at most %d bytes, got %q", MaxEtcdPrefixLen, short(etcdPrefix))
+	}
+	return CheckName("--cluster", cluster)
+}
+
+// CheckName checks a name that becomes an etcd key segment or a value in
+// every claimed row (--runner-id, --cluster, --coordinator-id): 1 to
+// MaxNameLen bytes of valid UTF-8, no slash, space or control character.
+func CheckName(flagName, name string) error {
+	if name == "" || len(name) > MaxNameLen || !utf8.ValidString(name) ||
+		strings.ContainsRune(name, '/') || strings.IndexFunc(name, notGraphic) >= 0 {
+		return fmt.Errorf("%s: must be 1 to %d characters without slashes, spaces or control characters, got %q", flagName, MaxNameLen, short(name))
+	}
+	return nil
+}
+
+func notGraphic(r rune) bool { return !unicode.IsGraphic(r) || unicode.IsSpace(r) }
+
+func short(s string) string {
+	if len(s) > MaxNameLen+2 {
+		return s[:MaxNameLen] + "…"
+	}
+	return s
 }
 
 // keys names the cluster's etcd keys.

@@ -241,7 +241,7 @@ func (s *Store) Interrupt(ctx context.Context, owner string, cut []tasks.Interru
 	refs := make([]tasks.Ref, len(cut))
 	msgs := make([]string, len(cut))
 	for i, c := range cut {
-		refs[i], msgs[i] = c.Ref, c.Reason
+		refs[i], msgs[i] = c.Ref, StorableText(c.Reason)
 	}
 	return s.fencedWrite(ctx, "interrupting", owner, refs, `
 		state = 'ready', run_after = now(),
@@ -275,7 +275,7 @@ func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) 
 	msgs := make([]string, len(failed))
 	delays := make([]int64, len(failed))
 	for i, f := range failed {
-		refs[i], msgs[i], delays[i] = f.Ref, f.Error, f.RetryAfter.Milliseconds()
+		refs[i], msgs[i], delays[i] = f.Ref, StorableText(f.Error), f.RetryAfter.Milliseconds()
 	}
 	return s.fencedWrite(ctx, "failing", owner, refs,
 		retryOrBury("now() + c.delay_ms * interval '1 millisecond'", "$1::text", "c.msg"),

@@ -36,18 +36,63 @@ import (
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// Defaults and bounds of Options.
+const (
+	// DefaultMaxConns: a runner's statements are batched, so it needs few
+	// connections whatever its worker count.
+	DefaultMaxConns = 8
+	// MinMaxConns: a runner's listener holds one connection for LISTEN and
+	// its statements need at least one more.
+	MinMaxConns = 2
+	// MaxMaxConns: PostgreSQL serves 100 connections by default for the
+	// whole server (max_connections), and each costs it a process; no
+	// server serves thousands from one client.
+	MaxMaxConns = 1000
+	// DefaultConnectTimeout bounds the first connection.
+	DefaultConnectTimeout = 10 * time.Second
+)
+
 // Options configure Open.
 type Options struct {
-	// MaxConns bounds the pool. Default 8: a runner's statements are batched,
-	// so it needs few connections whatever its worker count.
-	MaxConns int32
+	// MaxConns bounds the pool (--db-max-conns), MinMaxConns to
+	// MaxMaxConns. Zero means DefaultMaxConns.
+	MaxConns int
 	// ApplicationName shows up in pg_stat_activity.
 	ApplicationName string
-	// ConnectTimeout bounds the first connection. Default 10s.
+	// ConnectTimeout bounds the first connection. Zero means
+	// DefaultConnectTimeout.
 	ConnectTimeout time.Duration
 	// Logger receives migration progress; nil discards it.
 	Logger hclog.Logger
 }
+
+// Validate reports a bad setting naming its flag. It checks the options as
+// they are: a zero MaxConns, which Open takes as the default, is an error
+// here, so that --db-max-conns 0 is refused rather than replaced.
+func (o Options) Validate() error {
+	switch {
+	case o.MaxConns < MinMaxConns || o.MaxConns > MaxMaxConns:
+		return fmt.Errorf("--db-max-conns: must be %d to %d (the LISTEN connection plus one for statements; PostgreSQL serves %d by default for everyone), got %d",
+			MinMaxConns, MaxMaxConns, 100, o.MaxConns)
+	case o.ConnectTimeout < 0:
+		return fmt.Errorf("store: connect timeout must not be negative, got %s", o.ConnectTimeout)
+	}
+	return nil
+}
+
+// CheckDSN reports whether dsn is a connection string pgx can parse. Its
+// message never holds the password, even when the string is too mangled to
+// tell where the password is.
+func CheckDSN(dsn string) error {
+	if _, err := pgxpool.ParseConfig(dsn); err != nil {
+		return errors.New(scrubDSN(dsn, "malformed: "+err.Error()))
+	}
+	return nil
+}
+
+// HasPassword reports whether dsn holds a password (as far as it can be
+// told), to warn when one is given on the command line.
+func HasPassword(dsn string) bool { return len(passwordsIn(dsn)) > 0 }
 
 // Store runs shardrun's statements on a pgx pool.
 type Store struct {
@@ -59,11 +104,16 @@ type Store struct {
 // Open connects to the database behind dsn and checks that it answers.
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	masked := MaskDSN(dsn)
+	opts.MaxConns = cmp.Or(opts.MaxConns, DefaultMaxConns)
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("parsing database URL %s: %w", masked, errors.Unwrap(err))
+		// pgx's message may quote the string; its redaction is best effort.
+		return nil, errors.New(scrubDSN(dsn, fmt.Sprintf("parsing database URL %s: %v", masked, err)))
 	}
-	cfg.MaxConns = cmp.Or(opts.MaxConns, 8)
+	cfg.MaxConns = int32(opts.MaxConns)
 	if opts.ApplicationName != "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = opts.ApplicationName
 	}
@@ -74,7 +124,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	// them plus a sort: 37ms per claim from 50,000 fresh tasks instead of
 	// 0.9ms. Only this pool's sessions are affected.
 	cfg.ConnConfig.RuntimeParams["enable_bitmapscan"] = "off"
-	timeout := cmp.Or(opts.ConnectTimeout, 10*time.Second)
+	timeout := cmp.Or(opts.ConnectTimeout, DefaultConnectTimeout)
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > timeout {
 		cfg.ConnConfig.ConnectTimeout = timeout
 	}
@@ -179,6 +229,56 @@ func MaskDSN(dsn string) string {
 		return u.String()
 	}
 	return passwordKV.ReplaceAllString(dsn, "${1}xxxxx")
+}
+
+var urlPasswordParam = regexp.MustCompile(`(?i)[?&]password=([^&]*)`)
+
+// passwordsIn lists what may be the password in dsn, however malformed:
+// the part after the first colon of the user info up to the first or the
+// last "@", a password= query parameter, a password=... key-value pair;
+// each raw and unescaped, longest first.
+func passwordsIn(dsn string) []string {
+	var out []string
+	add := func(s string) {
+		for _, v := range []string{s, unescape(s)} {
+			if v != "" && !slices.Contains(out, v) {
+				out = append(out, v)
+			}
+		}
+	}
+	if _, rest, ok := strings.Cut(dsn, "://"); ok {
+		for _, at := range []int{strings.Index(rest, "@"), strings.LastIndex(rest, "@")} {
+			if at < 0 {
+				continue
+			}
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+				add(pw)
+			}
+		}
+		for _, m := range urlPasswordParam.FindAllStringSubmatch(dsn, -1) {
+			add(m[1])
+		}
+	}
+	for _, m := range passwordKV.FindAllStringSubmatch(dsn, -1) {
+		add(strings.Trim(m[2], "'"))
+	}
+	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	return out
+}
+
+func unescape(s string) string {
+	if u, err := url.PathUnescape(s); err == nil {
+		return u
+	}
+	return s
+}
+
+// scrubDSN removes from msg every string that may be dsn's password.
+func scrubDSN(dsn, msg string) string {
+	for _, pw := range passwordsIn(dsn) {
+		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+	}
+	return msg
 }
 
 func migrationFS() fs.FS {

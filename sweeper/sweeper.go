@@ -34,9 +34,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
+	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 // Store is what the sweeper needs from the database (store.Store).
@@ -46,12 +48,28 @@ type Store interface {
 	SweepStale(ctx context.Context, epoch int64, threshold time.Duration, limit int, b store.Backoff) (requeued, dead int64, err error)
 }
 
-// Defaults of Config.
+// Defaults of Config. The runners' heartbeat interval and the retry
+// backoff default to executor.DefaultHeartbeatInterval, tasks.DefaultRetryBase
+// and tasks.DefaultRetryCap: one default, shared with the runners.
 const (
-	DefaultInterval          = 5 * time.Second
-	DefaultStaleThreshold    = 30 * time.Second
-	DefaultHeartbeatInterval = 5 * time.Second
-	DefaultBatchSize         = 1000
+	DefaultInterval       = 5 * time.Second
+	DefaultStaleThreshold = 30 * time.Second
+	DefaultBatchSize      = 1000
+)
+
+// Bounds of Config.
+const (
+	// MinInterval: a pass is at least two statements; more often than every
+	// 10ms is a busy loop on the database.
+	MinInterval = 10 * time.Millisecond
+	// MaxInterval: a sweep less often than hourly leaves stale claims and
+	// missed deadlines unnoticed for too long.
+	MaxInterval = time.Hour
+	// MaxStaleThreshold: a running task silent for a day is not coming back.
+	MaxStaleThreshold = 24 * time.Hour
+	// MaxBatchSize: rows one statement locks and changes (their ids travel
+	// in arrays).
+	MaxBatchSize = 100_000
 )
 
 // Config configures a Sweeper.
@@ -65,12 +83,13 @@ type Config struct {
 	// 30s; must exceed the runners' HeartbeatInterval.
 	StaleThreshold time.Duration
 	// HeartbeatInterval is the runners' task heartbeat interval, for
-	// validation only. Default 5s.
+	// validation only. Default executor.DefaultHeartbeatInterval.
 	HeartbeatInterval time.Duration
 	// BatchSize bounds the rows one statement changes, so a pass over a
 	// huge backlog never holds many row locks at once. Default 1000.
 	BatchSize int
-	// Backoff before a requeued stale task's next attempt.
+	// Backoff before a requeued stale task's next attempt. Default
+	// tasks.DefaultRetryBase and tasks.DefaultRetryCap.
 	Backoff store.Backoff
 	Clock   clock.Clock
 	Logger  hclog.Logger
@@ -80,19 +99,34 @@ type Config struct {
 	Passes *testsignal.Signal[Result]
 }
 
-// Validate reports the first bad setting, by its flag.
+// WithDefaults returns c with its zero settings replaced by the defaults,
+// as New does; a coordinator fills its sweeper configuration with it.
+func (c Config) WithDefaults() Config {
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.StaleThreshold = cmp.Or(c.StaleThreshold, DefaultStaleThreshold)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, executor.DefaultHeartbeatInterval)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	if c.Backoff == (store.Backoff{}) {
+		c.Backoff = store.Backoff{Base: tasks.DefaultRetryBase, Cap: tasks.DefaultRetryCap}
+	}
+	return c
+}
+
+// Validate reports the first bad setting, by its flag. It checks the
+// settings as they are: a zero that New would replace by the default is an
+// error here, so that a flag given as 0 is refused rather than replaced.
 func (c *Config) Validate() error {
 	switch {
-	case c.Interval <= 0:
-		return fmt.Errorf("--sweep-interval: must be positive, got %s", c.Interval)
-	case c.StaleThreshold <= c.HeartbeatInterval:
-		return fmt.Errorf("--stale-threshold: must exceed the runners' --heartbeat-interval (%s), got %s", c.HeartbeatInterval, c.StaleThreshold)
-	case c.BatchSize < 1:
-		return fmt.Errorf("--sweep-batch: must be at least 1, got %d", c.BatchSize)
-	case c.Backoff.Base <= 0 || c.Backoff.Cap < c.Backoff.Base:
-		return fmt.Errorf("--retry-base/--retry-cap: need 0 < base <= cap, got %s and %s", c.Backoff.Base, c.Backoff.Cap)
+	case c.Interval < MinInterval || c.Interval > MaxInterval:
+		return fmt.Errorf("--sweep-interval: must be %s to %s, got %s", MinInterval, MaxInterval, c.Interval)
+	case c.HeartbeatInterval <= 0:
+		return fmt.Errorf("--heartbeat-interval: must be positive, got %s", c.HeartbeatInterval)
+	case c.StaleThreshold <= c.HeartbeatInterval || c.StaleThreshold > MaxStaleThreshold:
+		return fmt.Errorf("--stale-threshold: must exceed the runners' --heartbeat-interval (%s) and be at most %s, got %s", c.HeartbeatInterval, MaxStaleThreshold, c.StaleThreshold)
+	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
+		return fmt.Errorf("--sweep-batch: must be 1 to %d (rows one statement locks), got %d", MaxBatchSize, c.BatchSize)
 	}
-	return nil
+	return tasks.ValidateBackoff(c.Backoff.Base, c.Backoff.Cap)
 }
 
 // Result is what one pass did.
@@ -130,15 +164,9 @@ type Sweeper struct {
 	failing    bool
 }
 
-// New validates cfg and fills the defaults.
+// New fills the defaults and validates cfg.
 func New(cfg Config) (*Sweeper, error) {
-	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
-	cfg.StaleThreshold = cmp.Or(cfg.StaleThreshold, DefaultStaleThreshold)
-	cfg.HeartbeatInterval = cmp.Or(cfg.HeartbeatInterval, DefaultHeartbeatInterval)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
-	if cfg.Backoff == (store.Backoff{}) {
-		cfg.Backoff = store.Backoff{Base: time.Second, Cap: 5 * time.Minute}
-	}
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testsignal"
@@ -337,13 +338,33 @@ func TestRunStopsWithItsContext(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	for flag, cfg := range map[string]Config{
-		"--sweep-interval":  {Interval: -1, StaleThreshold: time.Minute, HeartbeatInterval: time.Second, BatchSize: 1, Backoff: store.Backoff{Base: 1, Cap: 1}},
-		"--stale-threshold": {Interval: 1, StaleThreshold: time.Second, HeartbeatInterval: time.Second, BatchSize: 1, Backoff: store.Backoff{Base: 1, Cap: 1}},
-		"--sweep-batch":     {Interval: 1, StaleThreshold: time.Minute, HeartbeatInterval: time.Second, BatchSize: -1, Backoff: store.Backoff{Base: 1, Cap: 1}},
+	valid := Config{}.WithDefaults()
+	if err := valid.Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	if valid.HeartbeatInterval != executor.DefaultHeartbeatInterval || valid.Backoff.Base != tasks.DefaultRetryBase {
+		t.Fatalf("defaults are not the runners': %+v", valid)
+	}
+	for _, tc := range []struct {
+		flag string
+		mut  func(*Config)
+	}{
+		{"--sweep-interval", func(c *Config) { c.Interval = -1 }},
+		{"--sweep-interval", func(c *Config) { c.Interval = 0 }}, // a given 0 is not the default
+		{"--sweep-interval", func(c *Config) { c.Interval = time.Millisecond }},
+		{"--sweep-interval", func(c *Config) { c.Interval = 2 * time.Hour }},
+		{"--stale-threshold", func(c *Config) { c.StaleThreshold = c.HeartbeatInterval }},
+		{"--stale-threshold", func(c *Config) { c.StaleThreshold = 25 * time.Hour }},
+		{"--heartbeat-interval", func(c *Config) { c.HeartbeatInterval = 0 }},
+		{"--sweep-batch", func(c *Config) { c.BatchSize = 0 }},
+		{"--sweep-batch", func(c *Config) { c.BatchSize = MaxBatchSize + 1 }},
+		{"--retry-base", func(c *Config) { c.Backoff.Base = time.Microsecond }},
+		{"--retry-cap", func(c *Config) { c.Backoff.Cap = c.Backoff.Base / 2 }},
 	} {
-		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), flag) {
-			t.Errorf("%s: %v", flag, err)
+		cfg := valid
+		tc.mut(&cfg)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.flag) {
+			t.Errorf("%s: %v", tc.flag, err)
 		}
 	}
 }

@@ -38,8 +38,8 @@ func NewClient(ins Inserter, cfg ClientConfig) (*Client, error) {
 	if cfg.MaxAttempts == 0 {
 		cfg.MaxAttempts = DefaultMaxAttempts
 	}
-	if cfg.MaxAttempts < 1 {
-		return nil, &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be at least 1, got %d", cfg.MaxAttempts)}
+	if cfg.MaxAttempts < 1 || cfg.MaxAttempts > MaxAttemptsLimit {
+		return nil, &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d", MaxAttemptsLimit, cfg.MaxAttempts)}
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real()
@@ -52,7 +52,9 @@ func (c *Client) Prepare(n NewTask) (Insert, error) {
 	return n.Prepare(c.cfg.Clock.Now(), c.cfg.ShardCount, c.cfg.MaxAttempts)
 }
 
-// Enqueue validates and inserts one task, returning its id.
+// Enqueue validates and inserts one task, returning its id. Errors from
+// the database are the store's; store.Classify tells an unavailable
+// database from a refused value.
 func (c *Client) Enqueue(ctx context.Context, n NewTask) (int64, error) {
 	in, err := c.Prepare(n)
 	if err != nil {

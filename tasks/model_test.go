@@ -76,12 +76,54 @@ func TestPrepareRejectsBadInputNamingTheField(t *testing.T) {
 		{"deadline before run_after", NewTask{Kind: "k", RunAfter: now.Add(time.Hour), Deadline: now.Add(time.Minute)}, 8, "deadline"},
 		{"unknown shard count", NewTask{Kind: "k"}, 0, "shard_count"},
 		{"long key", NewTask{Kind: "k", Key: strings.Repeat("x", 1025)}, 8, "key"},
+		{"NUL in kind", NewTask{Kind: "a\x00b"}, 8, "kind"},
+		{"NUL in key", NewTask{Kind: "k", Key: "a\x00b"}, 8, "key"},
+		{"invalid UTF-8 in kind", NewTask{Kind: "a\xffb"}, 8, "kind"},
+		{"invalid UTF-8 in key", NewTask{Kind: "k", Key: "caf\xe9"}, 8, "key"},
+		{"control character in kind", NewTask{Kind: "a\nb"}, 8, "kind"},
+		{"\\u0000 in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": "x\u0000"}`)}, 8, "payload"},
+		{"lone surrogate in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": "\ud800"}`)}, 8, "payload"},
+		{"invalid UTF-8 in payload", NewTask{Kind: "k", Payload: json.RawMessage("{\"a\": \"\xff\"}")}, 8, "payload"},
+		{"duplicate key in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": 1, "a": 2}`)}, 8, "payload"},
+		{"number beyond numeric", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": 1e131072}`)}, 8, "payload"},
+		{"trailing data in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{} {}`)}, 8, "payload"},
+		{"max attempts beyond int4", NewTask{Kind: "k", MaxAttempts: 1 << 31}, 8, "max_attempts"},
+		{"max attempts beyond the limit", NewTask{Kind: "k", MaxAttempts: MaxAttemptsLimit + 1}, 8, "max_attempts"},
+		{"run_after in year 10000", NewTask{Kind: "k", RunAfter: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, 8, "run_after"},
+		{"deadline in year 300000", NewTask{Kind: "k", Deadline: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, 8, "deadline"},
 	} {
 		_, err := tc.task.Prepare(now, tc.shards, 5)
 		var fe *FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field || !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: got %v, want a FieldError naming %s", tc.name, err, tc.field)
 		}
+	}
+}
+
+func TestPrepareAcceptsWhatPostgreSQLStores(t *testing.T) {
+	now := time.Now()
+	for _, n := range []NewTask{
+		{Kind: "naïve-kind", Key: "naïve\n\tkey"},
+		{Kind: "k", Payload: json.RawMessage(`{"emoji": "\ud83d\ude00", "n": 1e131, "deep": [[[[1]]]], "s": "\u0001"}`)},
+		{Kind: "k", Payload: json.RawMessage(`"just a string"`), MaxAttempts: MaxAttemptsLimit},
+		{Kind: "k", RunAfter: time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)},
+	} {
+		if _, err := n.Prepare(now, 8, 5); err != nil {
+			t.Errorf("%+v: %v", n, err)
+		}
+	}
+	if _, err := (NewTask{Kind: "k"}).Prepare(now, 8, MaxAttemptsLimit+1); err == nil {
+		t.Error("a default max_attempts beyond the limit was accepted")
+	}
+}
+
+func TestSetResultRefusesWhatJSONBCannotStore(t *testing.T) {
+	task := &Task{ID: 1}
+	if err := task.SetResult(map[string]string{"a": "x\x00y"}); err == nil || task.Result != nil {
+		t.Fatalf("a NUL in a result was accepted: %v %s", err, task.Result)
+	}
+	if err := task.SetResult(map[string]int{"n": 1}); err != nil || string(task.Result) != `{"n":1}` {
+		t.Fatalf("result: %v %s", err, task.Result)
 	}
 }
 
@@ -132,6 +174,9 @@ func TestRegistryAndTyped(t *testing.T) {
 	}
 	if err := r.Register("", h); err == nil {
 		t.Fatal("empty kind accepted")
+	}
+	if err := r.Register("a\x00", h); err == nil {
+		t.Fatal("a kind with NUL accepted")
 	}
 	if err := r.Register("x", nil); err == nil {
 		t.Fatal("nil handler accepted")

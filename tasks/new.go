@@ -6,7 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/shardrun/shardrun/internal/jsonbody"
 )
 
 // ErrInvalid is matched by every validation error (errors.Is).
@@ -28,7 +33,17 @@ const (
 	MaxKindLen    = 200
 	MaxKeyLen     = 1024
 	MaxPayloadLen = 1 << 20
+	// MaxAttemptsLimit bounds max_attempts (the column is a 32-bit
+	// integer). Every failed attempt appends an entry to the task's errors,
+	// so the row grows with its attempts; 1,000 attempts at the default
+	// 5-minute retry cap keep a task retrying for three and a half days.
+	MaxAttemptsLimit = 1000
 )
+
+// latestTime bounds run_after and deadline: RFC 3339 and the API have
+// four-digit years, and PostgreSQL's timestamptz and pgx's encoding of it
+// end (at year 294,276) long before Go's time.Time does.
+var latestTime = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // NewTask describes a task to enqueue.
 type NewTask struct {
@@ -59,29 +74,41 @@ type Insert struct {
 }
 
 // Prepare validates n against now and the shard count and fills defaults.
-// Deadlines are checked against the caller's clock as a sanity check only;
-// the sweeper enforces them with the database clock.
+// It refuses everything PostgreSQL would refuse, so that every producer (the
+// HTTP API, the Go client) gets a FieldError naming the field instead of a
+// database error: text must be valid UTF-8 without NUL, the payload strict
+// JSON (see internal/jsonbody: no duplicate keys, no \u0000 or lone
+// surrogate escapes, bounded numbers and nesting), max_attempts and times
+// within range. Deadlines are checked against the caller's clock as a
+// sanity check only; the sweeper enforces them with the database clock.
 func (n NewTask) Prepare(now time.Time, shardCount, defaultMaxAttempts int) (Insert, error) {
 	if shardCount < 1 {
 		return Insert{}, &FieldError{Field: "shard_count", Problem: fmt.Sprintf("must be at least 1, got %d (unknown shard count)", shardCount)}
 	}
+	if err := CheckKind(n.Kind); err != nil {
+		return Insert{}, err
+	}
+	if err := checkText("key", n.Key, MaxKeyLen); err != nil {
+		return Insert{}, err
+	}
 	switch {
-	case n.Kind == "":
-		return Insert{}, &FieldError{Field: "kind", Problem: "must not be empty"}
-	case len(n.Kind) > MaxKindLen:
-		return Insert{}, &FieldError{Field: "kind", Problem: fmt.Sprintf("longer than %d bytes", MaxKindLen)}
-	case len(n.Key) > MaxKeyLen:
-		return Insert{}, &FieldError{Field: "key", Problem: fmt.Sprintf("longer than %d bytes", MaxKeyLen)}
 	case len(n.Payload) > MaxPayloadLen:
 		return Insert{}, &FieldError{Field: "payload", Problem: fmt.Sprintf("larger than %d bytes", MaxPayloadLen)}
-	case len(n.Payload) > 0 && !json.Valid(n.Payload):
-		return Insert{}, &FieldError{Field: "payload", Problem: "is not valid JSON"}
-	case n.MaxAttempts < 0:
-		return Insert{}, &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be at least 1, got %d", n.MaxAttempts)}
+	case n.MaxAttempts < 0 || n.MaxAttempts > MaxAttemptsLimit:
+		return Insert{}, &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d", MaxAttemptsLimit, n.MaxAttempts)}
+	case !n.RunAfter.Before(latestTime):
+		return Insert{}, &FieldError{Field: "run_after", Problem: "must be before the year 10000"}
+	case !n.Deadline.Before(latestTime):
+		return Insert{}, &FieldError{Field: "deadline", Problem: "must be before the year 10000"}
 	case !n.Deadline.IsZero() && !n.Deadline.After(now):
 		return Insert{}, &FieldError{Field: "deadline", Problem: fmt.Sprintf("%s is in the past", n.Deadline.Format(time.RFC3339Nano))}
 	case !n.Deadline.IsZero() && !n.RunAfter.IsZero() && !n.Deadline.After(n.RunAfter):
 		return Insert{}, &FieldError{Field: "deadline", Problem: "is not after run_after"}
+	}
+	if len(n.Payload) > 0 {
+		if err := jsonbody.Check(n.Payload); err != nil {
+			return Insert{}, &FieldError{Field: "payload", Problem: payloadProblem(err)}
+		}
 	}
 	in := Insert{Kind: n.Kind, Key: n.Key, Payload: n.Payload, MaxAttempts: n.MaxAttempts}
 	if in.Key == "" {
@@ -93,8 +120,8 @@ func (n NewTask) Prepare(now time.Time, shardCount, defaultMaxAttempts int) (Ins
 	if in.MaxAttempts == 0 {
 		in.MaxAttempts = defaultMaxAttempts
 	}
-	if in.MaxAttempts < 1 {
-		return Insert{}, &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be at least 1, got %d", in.MaxAttempts)}
+	if in.MaxAttempts < 1 || in.MaxAttempts > MaxAttemptsLimit {
+		return Insert{}, &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("default must be 1 to %d, got %d", MaxAttemptsLimit, in.MaxAttempts)}
 	}
 	if !n.RunAfter.IsZero() {
 		t := n.RunAfter
@@ -112,4 +139,59 @@ func randomKey() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// CheckKind reports whether kind can name a task kind: 1 to MaxKindLen
+// bytes of valid UTF-8 without control characters (kinds show up in logs,
+// metric labels and the status page).
+func CheckKind(kind string) error {
+	if kind == "" {
+		return &FieldError{Field: "kind", Problem: "must not be empty"}
+	}
+	if err := checkText("kind", kind, MaxKindLen); err != nil {
+		return err
+	}
+	if i := strings.IndexFunc(kind, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(kind[i:])
+		return &FieldError{Field: "kind", Problem: fmt.Sprintf("control character %q at byte %d", r, i)}
+	}
+	return nil
+}
+
+// checkText refuses what PostgreSQL's text refuses (invalid UTF-8, NUL)
+// and text longer than max bytes. Invalid UTF-8 is refused rather than
+// repaired: a key's shard is computed on its bytes, and a producer hashing
+// the bytes it sent must get the same shard.
+func checkText(field, s string, max int) error {
+	if len(s) > max {
+		return &FieldError{Field: field, Problem: fmt.Sprintf("longer than %d bytes", max)}
+	}
+	if !utf8.ValidString(s) {
+		i := 0
+		for i < len(s) {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				break
+			}
+			i += size
+		}
+		return &FieldError{Field: field, Problem: fmt.Sprintf("invalid UTF-8 at byte %d", i)}
+	}
+	if i := strings.IndexByte(s, 0); i >= 0 {
+		return &FieldError{Field: field, Problem: fmt.Sprintf("NUL character at byte %d", i)}
+	}
+	return nil
+}
+
+// payloadProblem words a jsonbody error about a payload, with its place
+// inside the payload.
+func payloadProblem(err error) string {
+	var je *jsonbody.Error
+	if errors.As(err, &je) {
+		if p := je.PathString(); p != "" {
+			return fmt.Sprintf("is not valid: at %s: %s", p, je.Problem)
+		}
+		return "is not valid: " + je.Problem
+	}
+	return "is not valid: " + err.Error()
 }

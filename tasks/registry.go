@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+
+	"github.com/shardrun/shardrun/internal/jsonbody"
 )
 
 // Handler runs one attempt of a task. ctx is cancelled when the runner loses
@@ -31,9 +33,15 @@ func Typed[P any](fn func(ctx context.Context, t *Task, payload P) error) Handle
 }
 
 // SetResult stores v, as JSON, as the task's result when the attempt
-// completes.
+// completes. A result PostgreSQL's jsonb cannot store (a string holding
+// NUL, which encoding/json writes as \u0000; nesting deeper than
+// jsonbody.MaxDepth) is refused here, where the handler can still do
+// something about it, rather than when the completion is written.
 func (t *Task) SetResult(v any) error {
 	b, err := json.Marshal(v)
+	if err == nil {
+		err = jsonbody.Check(b)
+	}
 	if err != nil {
 		return fmt.Errorf("encoding result of task %d: %w", t.ID, err)
 	}
@@ -53,12 +61,10 @@ func NewRegistry() *Registry { return &Registry{handlers: map[string]Handler{}} 
 
 // Register adds the handler for kind.
 func (r *Registry) Register(kind string, h Handler) error {
-	switch {
-	case kind == "":
-		return &FieldError{Field: "kind", Problem: "must not be empty"}
-	case len(kind) > MaxKindLen:
-		return &FieldError{Field: "kind", Problem: fmt.Sprintf("longer than %d bytes", MaxKindLen)}
-	case h == nil:
+	if err := CheckKind(kind); err != nil {
+		return err
+	}
+	if h == nil {
 		return &FieldError{Field: "handler", Problem: fmt.Sprintf("nil handler for kind %q", kind)}
 	}
 	r.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -289,7 +290,7 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 	r := &devRunner{id: fmt.Sprintf("runner-%d", n), admin: fmt.Sprintf("127.0.0.1:%d", port), done: make(chan error, 1)}
 	r.cmd = exec.Command(bin,
 		"--etcd-endpoints", o.endpoints, "--etcd-prefix", o.prefix, "--cluster", o.cluster,
-		"--shard-count", strconv.Itoa(o.shardCount), "--database-url", o.databaseURL,
+		"--shard-count", strconv.Itoa(o.shardCount),
 		"--runner-id", r.id, "--admin-addr", r.admin, "--lease-ttl", devLeaseTTL.String(), "--recovery-window", "2s",
 		"--heartbeat-interval", o.heartbeatInterval.String(), "--handoff-timeout", "5s",
 		"--retry-base", o.retryBase.String(), "--retry-cap", o.retryCap.String(), "--log-level", "warn")
@@ -298,6 +299,9 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 	// second signal would make it exit at once); and SIGTERM if this
 	// process dies without stopping it.
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	// The database URL goes by environment, not on the command line, where
+	// every local user could read its password.
+	r.cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "DATABASE_URL_FILE"), "DATABASE_URL="+o.databaseURL)
 	w := linewriter.New(func(line string) { fmt.Fprintf(out, "%s | %s\n", r.id, line) })
 	r.cmd.Stdout, r.cmd.Stderr = w, w
 	if err := r.cmd.Start(); err != nil {
@@ -343,6 +347,18 @@ func stopRunners(rs []*devRunner, out io.Writer) {
 			fmt.Fprintf(out, "%s did not exit within 20s; killed it\n", r.id)
 		}
 	}
+}
+
+// withoutEnv drops the named variables from env.
+func withoutEnv(env []string, names ...string) []string {
+	var out []string
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if !slices.Contains(names, name) {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 func exitText(err error) string {

@@ -15,11 +15,12 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/shardrun/shardrun/coordinator"
+	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/sweeper"
 	"github.com/shardrun/shardrun/tasks"
@@ -39,9 +40,14 @@ type options struct {
 	dev                                                             bool
 	devRunners, devRate                                             int
 	runnerBin                                                       string
+	// warnings name the secrets given on the command line.
+	warnings []string
 }
 
-func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+// parse reads the flags, their variables and secret files (through
+// readFile), and validates everything before anything connects. Errors are
+// one line naming the flag (exit status 2); cli.ErrHelp after --help.
+func parse(args []string, getenv func(string) string, readFile func(string) ([]byte, error), stdout io.Writer) (options, error) {
 	host, _ := os.Hostname()
 	var o options
 	fs := cli.NewFlagSet("coordinator", "coordinator: the shardrun coordinator — leader election, the sweeper, the cluster API and status page.\n\n"+
@@ -49,49 +55,68 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		"       coordinator --dev          (a whole cluster on this machine: embedded etcd, a throwaway\n"+
 		"                                   PostgreSQL, this coordinator, three runner processes, demo tasks)\n\n"+
 		"Several coordinators may run; one is leader and sweeps stale claims and missed deadlines.\n"+
-		"SIGTERM/SIGINT shuts down gracefully (the leader resigns); a second signal exits at once.")
-	fs.String(&o.endpoints, "etcd-endpoints", "SHARDRUN_ETCD_ENDPOINTS", "http://127.0.0.1:2379", "comma-separated etcd client URLs (ignored with --embed-etcd)")
-	fs.String(&o.prefix, "etcd-prefix", "SHARDRUN_ETCD_PREFIX", "/shardrun/", "etcd key prefix; the cluster's keys live under <prefix><cluster>/")
-	fs.String(&o.cluster, "cluster", "SHARDRUN_CLUSTER", "default", "cluster name")
-	fs.Int(&o.shardCount, "shard-count", "SHARDRUN_SHARD_COUNT", 256, "number of shards; must match the cluster's (meta/shard-count)")
-	fs.String(&o.databaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL (required, except with --dev)")
-	fs.Int(&o.dbMaxConns, "db-max-conns", "SHARDRUN_DB_MAX_CONNS", 8, "PostgreSQL pool size")
-	fs.String(&o.httpAddr, "http-addr", "SHARDRUN_HTTP_ADDR", "127.0.0.1:8080", "address of the API, status page and metrics")
-	fs.String(&o.apiToken, "api-token", "SHARDRUN_API_TOKEN", "", "bearer token for POST /api/tasks; required when --http-addr is not loopback")
+		"SIGTERM/SIGINT shuts down gracefully (the leader resigns); a second signal exits at once.\n\n"+
+		"Secrets (--database-url, --api-token) are best given by file (--database-url-file,\n"+
+		"DATABASE_URL_FILE, …) or by the environment: the command line is readable by every local user.")
+	fs.String(&o.endpoints, "etcd-endpoints", "SHARDRUN_ETCD_ENDPOINTS", cli.DefaultEtcdEndpoints, fmt.Sprintf("comma-separated etcd client URLs, at most %d (ignored with --embed-etcd)", cli.MaxEndpoints))
+	fs.String(&o.prefix, "etcd-prefix", "SHARDRUN_ETCD_PREFIX", shard.DefaultEtcdPrefix, "etcd key prefix; the cluster's keys live under <prefix><cluster>/")
+	fs.String(&o.cluster, "cluster", "SHARDRUN_CLUSTER", shard.DefaultCluster, "cluster name")
+	fs.Int(&o.shardCount, "shard-count", "SHARDRUN_SHARD_COUNT", shard.DefaultShardCount, fmt.Sprintf("number of shards, 1 to %d; must match the cluster's (meta/shard-count)", shard.MaxShardCount))
+	fs.Secret(&o.databaseURL, "database-url", "DATABASE_URL", "PostgreSQL URL (required, except with --dev)")
+	fs.Int(&o.dbMaxConns, "db-max-conns", "SHARDRUN_DB_MAX_CONNS", store.DefaultMaxConns, fmt.Sprintf("PostgreSQL pool size, %d to %d", store.MinMaxConns, store.MaxMaxConns))
+	fs.String(&o.httpAddr, "http-addr", "SHARDRUN_HTTP_ADDR", coordinator.DefaultHTTPAddr, "address of the API, status page and metrics")
+	fs.Secret(&o.apiToken, "api-token", "SHARDRUN_API_TOKEN", "bearer token for the task API (enqueue and read); required when --http-addr is not loopback")
 	fs.String(&o.id, "coordinator-id", "SHARDRUN_COORDINATOR_ID", fmt.Sprintf("%s-%d", host, os.Getpid()), "this coordinator's name in the election (default: <hostname>-<pid>)")
 	fs.DynamicDefault("coordinator-id")
-	fs.Duration(&o.electionTTL, "election-ttl", "SHARDRUN_ELECTION_TTL", coordinator.DefaultElectionTTL, "leader session TTL, whole seconds: a dead leader is replaced within about this long")
-	fs.Duration(&o.sweepInterval, "sweep-interval", "SHARDRUN_SWEEP_INTERVAL", sweeper.DefaultInterval, "time between sweep passes")
-	fs.Duration(&o.staleThreshold, "stale-threshold", "SHARDRUN_STALE_THRESHOLD", sweeper.DefaultStaleThreshold, "a running task silent for longer is requeued (must exceed --heartbeat-interval)")
-	fs.Duration(&o.heartbeatInterval, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", sweeper.DefaultHeartbeatInterval, "the runners' task heartbeat interval (to check --stale-threshold against)")
-	fs.Int(&o.sweepBatch, "sweep-batch", "SHARDRUN_SWEEP_BATCH", sweeper.DefaultBatchSize, "rows one sweep statement may change")
-	fs.Duration(&o.retryBase, "retry-base", "SHARDRUN_RETRY_BASE", tasks.DefaultRetryBase, "backoff before a swept task's next attempt (doubles per attempt, with jitter)")
-	fs.Duration(&o.retryCap, "retry-cap", "SHARDRUN_RETRY_CAP", tasks.DefaultRetryCap, "longest backoff")
-	fs.Int(&o.maxAttempts, "max-attempts", "SHARDRUN_MAX_ATTEMPTS", tasks.DefaultMaxAttempts, "attempts for tasks enqueued without max_attempts")
+	fs.Duration(&o.electionTTL, "election-ttl", "SHARDRUN_ELECTION_TTL", coordinator.DefaultElectionTTL, "leader session TTL, whole seconds, 1s to 1h: a dead leader is replaced within about this long")
+	fs.Duration(&o.sweepInterval, "sweep-interval", "SHARDRUN_SWEEP_INTERVAL", sweeper.DefaultInterval, "time between sweep passes, 10ms to 1h")
+	fs.Duration(&o.staleThreshold, "stale-threshold", "SHARDRUN_STALE_THRESHOLD", sweeper.DefaultStaleThreshold, "a running task silent for longer is requeued (must exceed --heartbeat-interval; at most 24h)")
+	fs.Duration(&o.heartbeatInterval, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", executor.DefaultHeartbeatInterval, "the runners' task heartbeat interval (to check --stale-threshold against)")
+	fs.Int(&o.sweepBatch, "sweep-batch", "SHARDRUN_SWEEP_BATCH", sweeper.DefaultBatchSize, fmt.Sprintf("rows one sweep statement may change, 1 to %d", sweeper.MaxBatchSize))
+	fs.Duration(&o.retryBase, "retry-base", "SHARDRUN_RETRY_BASE", tasks.DefaultRetryBase, "backoff before a swept task's next attempt (doubles per attempt, with jitter), 1ms to 24h")
+	fs.Duration(&o.retryCap, "retry-cap", "SHARDRUN_RETRY_CAP", tasks.DefaultRetryCap, "longest backoff, --retry-base to 24h")
+	fs.Int(&o.maxAttempts, "max-attempts", "SHARDRUN_MAX_ATTEMPTS", tasks.DefaultMaxAttempts, fmt.Sprintf("attempts for tasks enqueued without max_attempts, 1 to %d", tasks.MaxAttemptsLimit))
 	fs.String(&o.embedDir, "embed-etcd", "SHARDRUN_EMBED_ETCD", "", "run a single-node etcd inside the coordinator with its data in this directory")
-	fs.String(&o.embedAddr, "embed-etcd-addr", "SHARDRUN_EMBED_ETCD_ADDR", "127.0.0.1:2379", "client address of the embedded etcd")
+	fs.String(&o.embedAddr, "embed-etcd-addr", "SHARDRUN_EMBED_ETCD_ADDR", cli.DefaultEtcdAddr, "client address of the embedded etcd")
 	fs.Bool(&o.dev, "dev", "", false, "all-in-one demo cluster on this machine; Ctrl-C stops and removes everything")
-	fs.Int(&o.devRunners, "dev-runners", "", 3, "--dev: runner processes to start")
-	fs.Int(&o.devRate, "dev-rate", "", 40, "--dev: demo tasks enqueued per second")
+	fs.Int(&o.devRunners, "dev-runners", "", 3, fmt.Sprintf("--dev: runner processes to start, 1 to %d", maxDevRunners))
+	fs.Int(&o.devRate, "dev-rate", "", 40, fmt.Sprintf("--dev: demo tasks enqueued per second, 0 to %d", maxDevRate))
 	fs.String(&o.runnerBin, "runner-bin", "", "", "--dev: the runner binary (default: runner next to this binary)")
 	fs.LogFlags(&o.logLevel, &o.logFormat)
+	fs.ReadFile = readFile
 	if err := fs.Parse(args, getenv, stdout); err != nil {
-		if errors.Is(err, cli.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "coordinator: %s\n", cli.OneLine(err))
-		return 2
+		return o, err
 	}
 	if o.dev {
 		o.devDefaults(fs.Given)
 	}
-	log, err := cli.NewLogger("coordinator", o.logLevel, o.logFormat, stderr)
+	if err := o.validate(); err != nil {
+		return o, err
+	}
+	for _, name := range fs.SecretsOnCommandLine() {
+		if name != "database-url" || store.HasPassword(o.databaseURL) {
+			o.warnings = append(o.warnings, name)
+		}
+	}
+	return o, nil
+}
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	o, err := parse(args, getenv, os.ReadFile, stdout)
+	if errors.Is(err, cli.ErrHelp) {
+		return 0
+	}
+	var log hclog.Logger
 	if err == nil {
-		err = o.validate()
+		log, err = cli.NewLogger("coordinator", o.logLevel, o.logFormat, stderr)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator: %s\n", cli.OneLine(err))
 		return 2
+	}
+	for _, name := range o.warnings {
+		log.Warn("a secret was given on the command line, where every local user can read it (/proc/<pid>/cmdline); give it by file or environment instead",
+			"flag", "--"+name, "instead", "--"+name+"-file")
 	}
 	ctx, stop := cli.SignalContext(log)
 	defer stop()
@@ -109,32 +134,68 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	return 0
 }
 
+// Bounds of the --dev flags: a demo on one machine.
+const (
+	maxDevRunners = 64
+	maxDevRate    = 10_000
+)
+
+// config is the coordinator's configuration from the flags; serve adds the
+// etcd client and the store.
+func (o *options) config() coordinator.Config {
+	return coordinator.Config{
+		ID: o.id, Prefix: o.prefix + o.cluster + "/", ShardCount: o.shardCount,
+		ElectionTTL: o.electionTTL, HTTPAddr: o.httpAddr, APIToken: o.apiToken, MaxAttempts: o.maxAttempts,
+		Sweep: sweeper.Config{Interval: o.sweepInterval, StaleThreshold: o.staleThreshold,
+			HeartbeatInterval: o.heartbeatInterval, BatchSize: o.sweepBatch,
+			Backoff: store.Backoff{Base: o.retryBase, Cap: o.retryCap}},
+	}
+}
+
+func (o *options) storeOptions() store.Options {
+	return store.Options{MaxConns: o.dbMaxConns, ApplicationName: "shardrun-coordinator " + o.id}
+}
+
+// validate checks every setting, each by the package that owns it, before
+// anything connects or writes.
 func (o *options) validate() error {
+	if err := cli.CheckLogFlags(o.logLevel, o.logFormat); err != nil {
+		return err
+	}
 	if !o.dev && o.databaseURL == "" {
-		return errors.New("--database-url (DATABASE_URL): required, e.g. postgres://user:pass@host:5432/db")
+		return errors.New("--database-url (DATABASE_URL or DATABASE_URL_FILE): required, e.g. postgres://user:pass@host:5432/db")
 	}
 	if o.databaseURL != "" {
-		if _, err := pgx.ParseConfig(o.databaseURL); err != nil {
-			return fmt.Errorf("--database-url (DATABASE_URL): malformed: %s", cli.OneLine(err))
+		if err := store.CheckDSN(o.databaseURL); err != nil {
+			return fmt.Errorf("--database-url (DATABASE_URL): %s", cli.OneLine(err))
 		}
-	}
-	host, _, err := net.SplitHostPort(o.httpAddr)
-	if err != nil {
-		return fmt.Errorf("--http-addr: must be host:port, got %q", o.httpAddr)
-	}
-	if ip := net.ParseIP(host); o.apiToken == "" && host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-		return fmt.Errorf("--api-token (SHARDRUN_API_TOKEN): required when --http-addr (%s) is not a loopback address", o.httpAddr)
 	}
 	if o.embedDir == "" && !o.dev {
 		if err := cli.CheckEndpoints(cli.SplitList(o.endpoints)); err != nil {
 			return err
 		}
 	}
+	if o.embedDir != "" {
+		if _, port, err := net.SplitHostPort(o.embedAddr); err != nil {
+			return fmt.Errorf("--embed-etcd-addr: must be host:port, got %q", o.embedAddr)
+		} else if _, err := cli.Port(port, false); err != nil {
+			return fmt.Errorf("--embed-etcd-addr: %q: %v", o.embedAddr, err)
+		}
+	}
+	if err := shard.CheckKeyPrefix(o.prefix, o.cluster); err != nil {
+		return err
+	}
+	if err := o.storeOptions().Validate(); err != nil {
+		return err
+	}
+	if err := o.config().Validate(); err != nil {
+		return err
+	}
 	switch {
-	case o.devRunners < 1:
-		return fmt.Errorf("--dev-runners: must be at least 1, got %d", o.devRunners)
-	case o.devRate < 0:
-		return fmt.Errorf("--dev-rate: must not be negative, got %d", o.devRate)
+	case o.devRunners < 1 || o.devRunners > maxDevRunners:
+		return fmt.Errorf("--dev-runners: must be 1 to %d (processes on this machine), got %d", maxDevRunners, o.devRunners)
+	case o.devRate < 0 || o.devRate > maxDevRate:
+		return fmt.Errorf("--dev-rate: must be 0 to %d tasks per second, got %d", maxDevRate, o.devRate)
 	}
 	return nil
 }
@@ -156,8 +217,9 @@ func serve(ctx context.Context, o options, log hclog.Logger, ready chan<- *coord
 		endpoints = srv.Endpoints()
 		log.Info("embedded etcd serving", "dir", dir, "endpoints", endpoints)
 	}
-	st, err := store.Open(ctx, o.databaseURL, store.Options{MaxConns: int32(o.dbMaxConns),
-		ApplicationName: "shardrun-coordinator " + o.id, Logger: log.Named("store")})
+	opts := o.storeOptions()
+	opts.Logger = log.Named("store")
+	st, err := store.Open(ctx, o.databaseURL, opts)
 	if err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
@@ -170,14 +232,9 @@ func serve(ctx context.Context, o options, log hclog.Logger, ready chan<- *coord
 		return err
 	}
 	defer etcd.Close()
-	c, err := coordinator.New(coordinator.Config{
-		ID: o.id, Client: etcd, Prefix: o.prefix + o.cluster + "/", ShardCount: o.shardCount, Store: st,
-		ElectionTTL: o.electionTTL, HTTPAddr: o.httpAddr, APIToken: o.apiToken, MaxAttempts: o.maxAttempts,
-		Sweep: sweeper.Config{Interval: o.sweepInterval, StaleThreshold: o.staleThreshold,
-			HeartbeatInterval: o.heartbeatInterval, BatchSize: o.sweepBatch,
-			Backoff: store.Backoff{Base: o.retryBase, Cap: o.retryCap}},
-		Logger: log,
-	})
+	cfg := o.config()
+	cfg.Client, cfg.Store, cfg.Logger = etcd, st, log
+	c, err := coordinator.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -54,13 +54,6 @@ func TestHelpAndBadInput(t *testing.T) {
 			t.Errorf("%v: exit %d %q; want exit 2 and one line naming %s", tc.args, code, msg, tc.want)
 		}
 	}
-	// A stale threshold not above the heartbeat interval is refused at start.
-	var errOut2 bytes.Buffer
-	code := run([]string{"--database-url", pgtest.NewDatabase(t), "--etcd-endpoints", "http://127.0.0.1:1",
-		"--stale-threshold", "5s", "--heartbeat-interval", "5s"}, func(string) string { return "" }, &bytes.Buffer{}, &errOut2)
-	if code == 0 || !strings.Contains(errOut2.String(), "--stale-threshold") {
-		t.Errorf("stale threshold = heartbeat interval: exit %d %q", code, errOut2.String())
-	}
 }
 
 func TestEmbeddedEtcd(t *testing.T) {

@@ -9,8 +9,12 @@ import (
 	"io"
 	"os"
 
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/runner"
+	"github.com/shardrun/shardrun/store"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -20,55 +24,105 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
-func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	cfg := runner.DefaultConfig()
+// settings is what the command line and the environment say, validated.
+type settings struct {
+	cfg                 runner.Config
+	logLevel, logFormat string
+	// warnings are said once the logger exists (secrets on the command
+	// line).
+	warnings []string
+}
+
+// parse reads the flags, their variables and secret files (through
+// readFile), and validates everything before anything connects. Errors are
+// one line naming the flag (exit status 2); cli.ErrHelp after --help.
+func parse(args []string, getenv func(string) string, readFile func(string) ([]byte, error), stdout io.Writer) (settings, error) {
+	s := settings{cfg: runner.DefaultConfig()}
+	cfg := &s.cfg
 	cfg.Version = version
-	var endpoints, logLevel, logFormat string
+	var endpoints string
 	fs := cli.NewFlagSet("runner", "runner: a shardrun runner — executes the tasks of the shards it owns.\n\n"+
 		"Usage: runner [flags]\n\n"+
 		"The runner holds an etcd lease, owns a balanced share of the cluster's shards, and runs\n"+
 		"their tasks from PostgreSQL. It detaches (stops all work) when it cannot prove its lease,\n"+
 		"and drains on SIGTERM/SIGINT (a second signal exits at once). Built-in task kinds:\n"+
-		"noop, sleep {\"ms\": N}, fail {\"times\": N}.")
-	fs.String(&endpoints, "etcd-endpoints", "SHARDRUN_ETCD_ENDPOINTS", "http://127.0.0.1:2379", "comma-separated etcd client URLs")
+		"noop, sleep {\"ms\": N}, fail {\"times\": N}.\n\n"+
+		"Secrets (--database-url, --admin-token) are best given by file (--database-url-file,\n"+
+		"DATABASE_URL_FILE, …) or by the environment: the command line is readable by every local user.")
+	fs.String(&endpoints, "etcd-endpoints", "SHARDRUN_ETCD_ENDPOINTS", cli.DefaultEtcdEndpoints, fmt.Sprintf("comma-separated etcd client URLs (at most %d)", cli.MaxEndpoints))
 	fs.String(&cfg.EtcdPrefix, "etcd-prefix", "SHARDRUN_ETCD_PREFIX", cfg.EtcdPrefix, "etcd key prefix; the cluster's keys live under <prefix><cluster>/")
 	fs.String(&cfg.Cluster, "cluster", "SHARDRUN_CLUSTER", cfg.Cluster, "cluster name")
-	fs.Int(&cfg.ShardCount, "shard-count", "SHARDRUN_SHARD_COUNT", cfg.ShardCount, "number of shards; must match the cluster's (written once to meta/shard-count)")
-	fs.String(&cfg.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL URL, e.g. postgres://user:pass@host:5432/db (required)")
-	fs.Int(&cfg.DBMaxConns, "db-max-conns", "SHARDRUN_DB_MAX_CONNS", cfg.DBMaxConns, "PostgreSQL pool size")
+	fs.Int(&cfg.ShardCount, "shard-count", "SHARDRUN_SHARD_COUNT", cfg.ShardCount, "number of shards, 1 to 16384; must match the cluster's (written once to meta/shard-count)")
+	fs.Secret(&cfg.DatabaseURL, "database-url", "DATABASE_URL", "PostgreSQL URL, e.g. postgres://user:pass@host:5432/db (required)")
+	fs.Int(&cfg.DBMaxConns, "db-max-conns", "SHARDRUN_DB_MAX_CONNS", cfg.DBMaxConns, "PostgreSQL pool size, 2 to 1000")
 	fs.String(&cfg.AdminAddr, "admin-addr", "SHARDRUN_ADMIN_ADDR", cfg.AdminAddr, "admin HTTP address (healthz, readyz, status, metrics, admin/detach, admin/attach)")
-	fs.String(&cfg.AdminToken, "admin-token", "SHARDRUN_ADMIN_TOKEN", "", "bearer token for POST /admin/*; required when --admin-addr is not loopback")
+	fs.Secret(&cfg.AdminToken, "admin-token", "SHARDRUN_ADMIN_TOKEN", "bearer token for POST /admin/*; required when --admin-addr is not loopback")
 	fs.String(&cfg.RunnerID, "runner-id", "SHARDRUN_RUNNER_ID", cfg.RunnerID, "unique runner id (default: <hostname>-<pid>)")
 	fs.DynamicDefault("runner-id")
-	fs.Duration(&cfg.LeaseTTL, "lease-ttl", "SHARDRUN_LEASE_TTL", cfg.LeaseTTL, "etcd lease TTL, whole seconds")
-	fs.Duration(&cfg.DetachMargin, "detach-margin", "SHARDRUN_DETACH_MARGIN", 0, "detach this long before the lease deadline (0 means lease-ttl/3)")
-	fs.Int(&cfg.KeepaliveFailures, "keepalive-failures", "SHARDRUN_KEEPALIVE_FAILURES", cfg.KeepaliveFailures, "consecutive failed keep-alives that detach the runner")
-	fs.Duration(&cfg.RecoveryWindow, "recovery-window", "SHARDRUN_RECOVERY_WINDOW", cfg.RecoveryWindow, "continuous health needed before re-attaching")
-	fs.Duration(&cfg.HeartbeatInterval, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", cfg.HeartbeatInterval, "interval between heartbeats of running tasks (keep below the coordinator's --stale-threshold)")
-	fs.Duration(&cfg.PollInterval, "poll-interval", "SHARDRUN_POLL_INTERVAL", cfg.PollInterval, "claim poll interval when no notification arrives")
-	fs.Int(&cfg.MaxWorkers, "max-workers", "SHARDRUN_MAX_WORKERS", cfg.MaxWorkers, "tasks running at once")
-	fs.Duration(&cfg.HandoffTimeout, "handoff-timeout", "SHARDRUN_HANDOFF_TIMEOUT", cfg.HandoffTimeout, "how long a moving shard's running tasks may finish before they are cancelled")
-	fs.Duration(&cfg.RetryBase, "retry-base", "SHARDRUN_RETRY_BASE", cfg.RetryBase, "backoff after a task's first failed attempt (doubles per attempt, with jitter)")
-	fs.Duration(&cfg.RetryCap, "retry-cap", "SHARDRUN_RETRY_CAP", cfg.RetryCap, "longest backoff between attempts")
-	fs.LogFlags(&logLevel, &logFormat)
+	fs.Duration(&cfg.LeaseTTL, "lease-ttl", "SHARDRUN_LEASE_TTL", cfg.LeaseTTL, "etcd lease TTL, whole seconds, 1s to 1h")
+	fs.Duration(&cfg.DetachMargin, "detach-margin", "SHARDRUN_DETACH_MARGIN", 0, "detach this long before the lease deadline (default: lease-ttl/3)")
+	fs.DynamicDefault("detach-margin")
+	fs.Int(&cfg.KeepaliveFailures, "keepalive-failures", "SHARDRUN_KEEPALIVE_FAILURES", cfg.KeepaliveFailures, "consecutive failed keep-alives that detach the runner, 1 to 100")
+	fs.Duration(&cfg.RecoveryWindow, "recovery-window", "SHARDRUN_RECOVERY_WINDOW", cfg.RecoveryWindow, "continuous health needed before re-attaching, 0 to 1h")
+	fs.Duration(&cfg.HeartbeatInterval, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", cfg.HeartbeatInterval, "interval between heartbeats of running tasks, 10ms to 1h (keep below the coordinator's --stale-threshold)")
+	fs.Duration(&cfg.PollInterval, "poll-interval", "SHARDRUN_POLL_INTERVAL", cfg.PollInterval, "claim poll interval when no notification arrives, 10ms to 1h")
+	fs.Int(&cfg.MaxWorkers, "max-workers", "SHARDRUN_MAX_WORKERS", cfg.MaxWorkers, fmt.Sprintf("tasks running at once, 1 to %d", executor.MaxMaxWorkers))
+	fs.Duration(&cfg.HandoffTimeout, "handoff-timeout", "SHARDRUN_HANDOFF_TIMEOUT", cfg.HandoffTimeout, "how long a moving shard's running tasks may finish before they are cancelled, up to 1h")
+	fs.Duration(&cfg.RetryBase, "retry-base", "SHARDRUN_RETRY_BASE", cfg.RetryBase, "backoff after a task's first failed attempt (doubles per attempt, with jitter), 1ms to 24h")
+	fs.Duration(&cfg.RetryCap, "retry-cap", "SHARDRUN_RETRY_CAP", cfg.RetryCap, "longest backoff between attempts, --retry-base to 24h")
+	fs.LogFlags(&s.logLevel, &s.logFormat)
+	fs.ReadFile = readFile
+	if err := fs.Parse(args, getenv, stdout); err != nil {
+		return s, err
+	}
+	cfg.EtcdEndpoints = cli.SplitList(endpoints)
+	// 0 is not a margin: it would stop work at the very deadline. Left
+	// out, the margin is lease-ttl/3.
+	if fs.Given("detach-margin") && cfg.DetachMargin == 0 {
+		return s, fmt.Errorf("--detach-margin: must be positive (leave it out for --lease-ttl/3), got 0s")
+	}
+	if err := cli.CheckLogFlags(s.logLevel, s.logFormat); err != nil {
+		return s, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return s, err
+	}
+	s.warnings = secretWarnings(fs, cfg.DatabaseURL)
+	return s, nil
+}
+
+// secretWarnings says which secrets were given on the command line.
+func secretWarnings(fs *cli.FlagSet, databaseURL string) []string {
+	var out []string
+	for _, name := range fs.SecretsOnCommandLine() {
+		if name == "database-url" && !store.HasPassword(databaseURL) {
+			continue // a URL without a password is no secret
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	// Exit codes: 2 for bad flags or settings, 1 for a failure while running.
 	fail := func(err error, code int) int {
 		fmt.Fprintf(stderr, "runner: %s\n", cli.OneLine(err))
 		return code
 	}
-	if err := fs.Parse(args, getenv, stdout); err != nil {
+	s, err := parse(args, getenv, os.ReadFile, stdout)
+	if err != nil {
 		if errors.Is(err, cli.ErrHelp) {
 			return 0
 		}
 		return fail(err, 2)
 	}
-	cfg.EtcdEndpoints = cli.SplitList(endpoints)
-	log, err := cli.NewLogger("runner", logLevel, logFormat, stderr)
+	log, err := cli.NewLogger("runner", s.logLevel, s.logFormat, stderr)
 	if err != nil {
 		return fail(err, 2)
 	}
-	cfg.Logger = log
-	r, err := runner.New(cfg)
+	warnSecrets(log, s.warnings)
+	s.cfg.Logger = log
+	r, err := runner.New(s.cfg)
 	if err != nil {
 		return fail(err, 2)
 	}
@@ -81,4 +135,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return fail(err, 1)
 	}
 	return 0
+}
+
+func warnSecrets(log hclog.Logger, flags []string) {
+	for _, name := range flags {
+		log.Warn("a secret was given on the command line, where every local user can read it (/proc/<pid>/cmdline); give it by file or environment instead",
+			"flag", "--"+name, "instead", "--"+name+"-file")
+	}
 }

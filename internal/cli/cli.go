@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"os"
 	"os/signal"
@@ -22,6 +23,17 @@ import (
 	"go.uber.org/zap"
 )
 
+// DefaultEtcdAddr is the default etcd client address: what the binaries
+// connect to, and where the coordinator's embedded etcd listens.
+const DefaultEtcdAddr = "127.0.0.1:2379"
+
+// DefaultEtcdEndpoints is the default of --etcd-endpoints.
+const DefaultEtcdEndpoints = "http://" + DefaultEtcdAddr
+
+// MaxSecretFile bounds a secret file: a token or a database URL is short,
+// and a large file is the wrong file.
+const MaxSecretFile = 64 << 10
+
 // FlagSet is a flag.FlagSet whose flags fall back to environment variables:
 // a flag given on the command line wins, then its variable, then the default.
 type FlagSet struct {
@@ -29,15 +41,25 @@ type FlagSet struct {
 	summary string
 	env     map[string]string // flag name -> variable
 	order   []string
-	dynamic map[string]bool // defaults computed at run time, described in the usage instead
-	given   map[string]bool // set on the command line or by the environment
+	dynamic map[string]bool   // defaults computed at run time, described in the usage instead
+	source  map[string]string // flag name -> where its value came from (--flag or VARIABLE), when given
+	secrets []secret
+	// ReadFile reads secret files; default os.ReadFile (tests replace it).
+	ReadFile func(name string) ([]byte, error)
+}
+
+// secret is a flag whose value may instead come from a file (Secret).
+type secret struct {
+	p    *string
+	name string
 }
 
 // NewFlagSet returns an empty set for the named command.
 func NewFlagSet(name, summary string) *FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	return &FlagSet{fs: fs, summary: summary, env: map[string]string{}, dynamic: map[string]bool{}, given: map[string]bool{}}
+	return &FlagSet{fs: fs, summary: summary, env: map[string]string{}, dynamic: map[string]bool{},
+		source: map[string]string{}, ReadFile: os.ReadFile}
 }
 
 // DynamicDefault marks a flag whose default is computed at run time (such
@@ -67,6 +89,20 @@ func (f *FlagSet) Duration(p *time.Duration, name, env string, def time.Duration
 	f.add(name, env)
 }
 
+// Secret defines a string flag holding a secret (a token, a database URL)
+// and its file form: --<name>-file and <env>_FILE name a file holding the
+// value, for container platforms that mount secrets as files and because a
+// value on the command line is readable by every local user in
+// /proc/<pid>/cmdline. Parse reads the file (one trailing newline is
+// trimmed) and refuses an unreadable or empty file, and a value given both
+// ways.
+func (f *FlagSet) Secret(p *string, name, env, usage string) {
+	f.String(p, name, env, "", usage)
+	var file string
+	f.String(&file, name+"-file", env+"_FILE", "", "file holding --"+name+" (one trailing newline is trimmed)")
+	f.secrets = append(f.secrets, secret{p: p, name: name})
+}
+
 // Bool defines a boolean flag.
 func (f *FlagSet) Bool(p *bool, name, env string, def bool, usage string) {
 	f.fs.BoolVar(p, name, def, usage)
@@ -90,26 +126,92 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string, out io.Writer
 	if f.fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (see --help)", f.fs.Arg(0))
 	}
-	f.fs.Visit(func(fl *flag.Flag) { f.given[fl.Name] = true })
+	f.fs.Visit(func(fl *flag.Flag) { f.source[fl.Name] = "--" + fl.Name })
 	for _, name := range f.order {
 		env := f.env[name]
-		if f.given[name] || env == "" {
+		if f.source[name] != "" || env == "" {
 			continue
 		}
 		if v, ok := lookup(getenv, env); ok {
 			if err := f.fs.Set(name, v); err != nil {
+				if f.isSecret(name) {
+					v = "…" // never echo a secret
+				}
 				return fmt.Errorf("invalid value %q for %s (--%s): %v", v, env, name, err)
 			}
-			f.given[name] = true
+			f.source[name] = env
+		}
+	}
+	for _, s := range f.secrets {
+		if err := f.readSecret(s); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// Given reports whether the flag was set on the command line or by its
-// environment variable (after Parse): a mode that brings its own defaults
-// (--dev) changes only the flags the user did not give.
-func (f *FlagSet) Given(name string) bool { return f.given[name] }
+func (f *FlagSet) isSecret(name string) bool {
+	for _, s := range f.secrets {
+		if s.name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// readSecret fills a secret from its file when the file form was given.
+func (f *FlagSet) readSecret(s secret) error {
+	fileFlag := s.name + "-file"
+	from := f.source[fileFlag]
+	if from == "" {
+		return nil
+	}
+	if by := f.source[s.name]; by != "" {
+		return fmt.Errorf("%s and %s are both set: give the secret one way", by, from)
+	}
+	path := f.fs.Lookup(fileFlag).Value.String()
+	if path == "" {
+		return fmt.Errorf("%s: empty file name", from)
+	}
+	b, err := f.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("%s: reading the secret file: %v", from, err)
+	}
+	if len(b) > MaxSecretFile {
+		return fmt.Errorf("%s: %s is larger than %d bytes: not a secret file", from, path, MaxSecretFile)
+	}
+	v := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if v == "" {
+		return fmt.Errorf("%s: %s is empty", from, path)
+	}
+	*s.p = v
+	f.source[s.name] = from
+	return nil
+}
+
+// Given reports whether the flag was set on the command line, by its
+// environment variable or (for a secret) through its file, after Parse: a
+// mode that brings its own defaults (--dev) changes only the flags the user
+// did not give.
+func (f *FlagSet) Given(name string) bool { return f.source[name] != "" }
+
+// SecretsOnCommandLine lists the secret flags whose value was given on the
+// command line itself, to warn about: /proc/<pid>/cmdline is readable by
+// every local user, the environment (/proc/<pid>/environ) and a file
+// readable by the owner only are not.
+func (f *FlagSet) SecretsOnCommandLine() []string {
+	var names []string
+	for _, s := range f.secrets {
+		if f.source[s.name] == "--"+s.name {
+			names = append(names, s.name)
+		}
+	}
+	return names
+}
+
+// Source says where a given flag's value came from: "--name", the
+// variable, or the secret file's flag or variable; "" when not given.
+func (f *FlagSet) Source(name string) string { return f.source[name] }
 
 func lookup(getenv func(string) string, name string) (string, bool) {
 	if getenv == nil {
@@ -147,17 +249,24 @@ func (f *FlagSet) LogFlags(level, format *string) {
 	f.String(format, "log-format", "SHARDRUN_LOG_FORMAT", "text", "text or json")
 }
 
+// CheckLogFlags validates --log-level and --log-format.
+func CheckLogFlags(level, format string) error {
+	if hclog.LevelFromString(level) == hclog.NoLevel {
+		return fmt.Errorf("--log-level: must be trace, debug, info, warn or error, got %q", level)
+	}
+	if format != "text" && format != "json" {
+		return fmt.Errorf("--log-format: must be text or json, got %q", format)
+	}
+	return nil
+}
+
 // NewLogger returns the root hclog logger. level is trace, debug, info,
 // warn or error; format is text or json.
 func NewLogger(name, level, format string, w io.Writer) (hclog.Logger, error) {
-	lvl := hclog.LevelFromString(level)
-	if lvl == hclog.NoLevel {
-		return nil, fmt.Errorf("--log-level: must be trace, debug, info, warn or error, got %q", level)
+	if err := CheckLogFlags(level, format); err != nil {
+		return nil, err
 	}
-	if format != "text" && format != "json" {
-		return nil, fmt.Errorf("--log-format: must be text or json, got %q", format)
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: name, Level: lvl, JSONFormat: format == "json", Output: w}), nil
+	return hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.LevelFromString(level), JSONFormat: format == "json", Output: w}), nil
 }
 
 // SplitList splits a comma-separated flag value, dropping empty items.
@@ -171,21 +280,85 @@ func SplitList(s string) []string {
 	return out
 }
 
-// CheckEndpoints validates etcd client URLs.
+// MaxEndpoints bounds --etcd-endpoints: an etcd cluster has an odd
+// handful of members (etcd advises at most 7).
+const MaxEndpoints = 16
+
+// CheckEndpoints validates etcd client URLs: http or https, a host and a
+// port from 1 to 65535, nothing else (no user, path or query: etcd's
+// client ignores them, and a user's password would end up in messages).
 func CheckEndpoints(endpoints []string) error {
 	if len(endpoints) == 0 {
 		return fmt.Errorf("--etcd-endpoints: at least one endpoint is required")
 	}
+	if len(endpoints) > MaxEndpoints {
+		return fmt.Errorf("--etcd-endpoints: at most %d endpoints (an etcd cluster has a handful of members), got %d", MaxEndpoints, len(endpoints))
+	}
 	for _, e := range endpoints {
 		u, err := url.Parse(e)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("--etcd-endpoints: %q is not an http(s)://host:port URL", e)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+			(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+			return fmt.Errorf("--etcd-endpoints: %s is not an http(s)://host:port URL", quoteEndpoint(e))
 		}
-		if _, err := strconv.Atoi(u.Port()); err != nil {
-			return fmt.Errorf("--etcd-endpoints: %q has no port", e)
+		if _, err := Port(u.Port(), false); err != nil {
+			return fmt.Errorf("--etcd-endpoints: %s: %v", quoteEndpoint(e), err)
 		}
 	}
 	return nil
+}
+
+// quoteEndpoint quotes an endpoint for a message without a user's password.
+func quoteEndpoint(e string) string {
+	if u, err := url.Parse(e); err == nil && u.User != nil {
+		u.User = url.User("…")
+		e = u.String()
+	} else if i := strings.LastIndex(e, "@"); i >= 0 {
+		e = "…" + e[i:]
+	}
+	if len(e) > 100 {
+		e = e[:100] + "…"
+	}
+	return strconv.Quote(e)
+}
+
+// Port parses a TCP port number: 1 to 65535, or 0 (any free port) when
+// allowZero.
+func Port(s string, allowZero bool) (int, error) {
+	if s == "" {
+		return 0, fmt.Errorf("no port")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || s[0] == '+' || s[0] == '-' || n > 65535 || n < 0 || (n == 0 && !allowZero) {
+		lo := 1
+		if allowZero {
+			lo = 0
+		}
+		return 0, fmt.Errorf("port %q is not a number from %d to 65535", s, lo)
+	}
+	return n, nil
+}
+
+// CheckListenAddr validates a host:port to listen on (port 0 picks a free
+// one) and returns the host.
+func CheckListenAddr(flagName, addr string) (host string, err error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("%s: must be host:port, got %q", flagName, addr)
+	}
+	if _, err := Port(port, true); err != nil {
+		return "", fmt.Errorf("%s: %q: %v", flagName, addr, err)
+	}
+	return host, nil
+}
+
+// IsLoopback reports whether host (from a listen address) only accepts
+// local connections. An empty host listens on every interface.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // NewEtcdClient returns a client with gRPC keep-alives, so that a dead or

@@ -8,6 +8,7 @@ package pgtest
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -61,6 +62,7 @@ func Main(m *testing.M, leakOpts ...goleak.Option) {
 }
 
 func run(m *testing.M, leakOpts []goleak.Option) int {
+	flag.Parse()
 	if err := start(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: cannot get a PostgreSQL server for the tests: %v\n", err)
 		return 1
@@ -83,10 +85,18 @@ func run(m *testing.M, leakOpts []goleak.Option) int {
 	return code
 }
 
+// sharedServerEnv passes a fuzzing test binary's server to its fuzz
+// workers (child processes of the same binary, each of which runs TestMain),
+// so that each worker does not start a server of its own for the few
+// seconds it fuzzes.
+const sharedServerEnv = "SHARDRUN_PGTEST_SHARED_DSN"
+
 func start() error {
-	if url := os.Getenv("TEST_DATABASE_URL"); url != "" {
-		adminDSN = url
-		return nil
+	for _, env := range []string{"TEST_DATABASE_URL", sharedServerEnv} {
+		if url := os.Getenv(env); url != "" {
+			adminDSN = url
+			return nil
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -96,6 +106,9 @@ func start() error {
 	}
 	server = s
 	adminDSN = s.DSN("postgres")
+	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
+		os.Setenv(sharedServerEnv, adminDSN)
+	}
 	return nil
 }
 
