@@ -123,9 +123,16 @@ func TestBlackholedEtcdLinkDetachesBeforeTakeover(t *testing.T) {
 	victim.proxy.Blackhole()
 	c.waitFor(15*time.Second, "runner-2's shards owned by others", func() bool { return c.ownedElsewhere(moved, "runner-2") })
 	detached := victim.firstEventAfter("runner detached from cluster", cut)
-	first, ok := c.firstAcquisitionAfter(cut, moved, "runner-2")
-	if detached.IsZero() || !ok {
-		t.Fatalf("detach at %v, first takeover found %v", detached, ok)
+	// The takeover's etcd event reaches the recording watch a moment after
+	// the key is readable.
+	var first etcdEvent
+	c.waitFor(5*time.Second, "the takeover recorded", func() bool {
+		var ok bool
+		first, ok = c.firstAcquisitionAfter(cut, moved, "runner-2")
+		return ok
+	})
+	if detached.IsZero() {
+		t.Fatal("runner-2 never detached")
 	}
 	gap := first.at.Sub(detached)
 	if gap <= 0 {

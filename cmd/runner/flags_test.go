@@ -35,7 +35,7 @@ func TestEveryFlagIsBounded(t *testing.T) {
 		{[]string{"--lease-ttl", "2h"}, nil, "--lease-ttl"},
 		{[]string{"--lease-ttl", "-10s"}, nil, "--lease-ttl"},
 		{[]string{"--detach-margin", "0"}, nil, "--detach-margin"},
-		{[]string{"--lease-ttl", "3s", "--detach-margin", "2500ms"}, nil, "--detach-margin"}, // no keep-alive could land
+		{[]string{"--lease-ttl", "3s", "--detach-margin", "2700ms"}, nil, "--detach-margin"}, // no keep-alive round (TTL/8) could land
 		{[]string{"--keepalive-failures", "101"}, nil, "--keepalive-failures"},
 		{[]string{"--recovery-window", "2h"}, nil, "--recovery-window"},
 		{[]string{"--recovery-window", "-1s"}, nil, "--recovery-window"},
