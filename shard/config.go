@@ -128,10 +128,6 @@ type Config struct {
 	// share one among members to check invariants on one timeline. Nil in
 	// production.
 	Events *testsignal.Signal[Event]
-
-	// requireDeps is set by fill, which only New calls: New needs Client
-	// and Detach, while a binary validates its flags before it has them.
-	requireDeps bool
 }
 
 // EventKind is what happened to a shard or to the runner.
@@ -174,11 +170,6 @@ type Event struct {
 
 // fill gives zero fields their defaults; New calls it before Validate.
 func (c *Config) fill() {
-	c.fillDefaults()
-	c.requireDeps = true
-}
-
-func (c *Config) fillDefaults() {
 	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
 	c.DetachMargin = cmp.Or(c.DetachMargin, c.LeaseTTL/3)
 	c.KeepAliveInterval = cmp.Or(c.KeepAliveInterval, c.LeaseTTL/8)
@@ -201,19 +192,12 @@ func (c *Config) fillDefaults() {
 // checks the settings as they are, before anything connects: a zero where
 // New would put a default is an error (a flag given as 0 must not silently
 // become the default), except for the fields no flag sets (KeepAliveInterval,
-// AcquireBatch, JoinSettle), which are checked with their defaults.
-// New additionally requires Client and Detach.
+// AcquireBatch, JoinSettle), which are checked with their defaults. It does
+// not need Client and Detach, so that a binary validates its flags before it
+// connects; New requires them.
 func (c *Config) Validate() error {
-	if c.requireDeps {
-		switch {
-		case c.Client == nil:
-			return fmt.Errorf("shard: an etcd client is required")
-		case c.Detach == nil:
-			return fmt.Errorf("shard: a detach machine is required")
-		}
-	}
 	f := *c
-	f.fillDefaults()
+	f.fill()
 	switch {
 	case !strings.HasPrefix(c.Prefix, "/") || !strings.HasSuffix(c.Prefix, "/"):
 		return fmt.Errorf("--etcd-prefix: the key prefix must start and end with /, got %q", c.Prefix)

@@ -83,6 +83,12 @@ type Manager struct {
 
 // New validates cfg and returns a manager; it does not touch etcd.
 func New(cfg Config) (*Manager, error) {
+	switch {
+	case cfg.Client == nil:
+		return nil, errors.New("shard: an etcd client is required")
+	case cfg.Detach == nil:
+		return nil, errors.New("shard: a detach machine is required")
+	}
 	cfg.fill()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
