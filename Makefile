@@ -45,9 +45,10 @@ model-bounds:
 
 ## deploy-test: build the images docker-compose.yml needs (local stand-ins where no registry
 ## is reachable) and run the deployment through its faults on the Docker engine
+## (-race as in make test, so the test binary's packages come from the same build cache)
 deploy-test:
 	deploy/standins/build.sh
-	$(GO) test -tags deploy -count=1 -timeout 40m -v ./deploy/
+	$(GO) test -race -tags deploy -count=1 -timeout 40m -v ./deploy/
 
 clean:
 	rm -rf $(BIN)

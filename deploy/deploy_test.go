@@ -472,27 +472,36 @@ func (d *deployment) up(t *testing.T) {
 // replaced, and the build stages of earlier builds. The newest build stage
 // is kept under a tag, shardrun:build-cache, so that the next build reuses
 // its layers without it being a dangling image. Build stages are found by
-// the label they inherit from the golang stand-in.
+// the label they inherit from the golang stand-in, which a replaced golang
+// stand-in carries too: it is removed once no build stage uses it.
 func (d *deployment) tidyImages(t *testing.T, oldImage, image string) {
 	if oldImage != "" && oldImage != image {
 		if out, err := d.dockerOut("rmi", oldImage); err != nil {
 			t.Logf("the replaced shardrun image %s is still in use: %s", oldImage, out)
 		}
 	}
-	golang := buildBase(t)
-	out, err := d.dockerOut("images", "-q", "--no-trunc", "--filter", "dangling=true",
-		"--filter", "label=org.shardrun.standin="+golang)
-	if err != nil || out == "" {
-		return
+	dangling := func() []string {
+		out, err := d.dockerOut("images", "-q", "--no-trunc", "--filter", "dangling=true",
+			"--filter", "label=org.shardrun.standin="+buildBase(t))
+		if err != nil {
+			return nil
+		}
+		return strings.Fields(out) // newest first
 	}
-	stages := strings.Fields(out) // newest first
-	oldCache := d.imageID("shardrun:build-cache")
-	d.docker(t, time.Minute, "tag", stages[0], "shardrun:build-cache")
-	for _, id := range append(stages[1:], oldCache) {
-		if id != "" && id != stages[0] {
-			if out, err := d.dockerOut("rmi", id); err != nil {
-				t.Logf("an earlier build stage %s is still in use: %s", id, out)
+	if stages := dangling(); len(stages) > 0 {
+		d.docker(t, time.Minute, "tag", stages[0], "shardrun:build-cache")
+	}
+	// Removing an image can leave its parent dangling: repeat while that
+	// frees something.
+	for {
+		removed := 0
+		for _, id := range dangling() {
+			if _, err := d.dockerOut("rmi", id); err == nil {
+				removed++
 			}
+		}
+		if removed == 0 {
+			return
 		}
 	}
 }
