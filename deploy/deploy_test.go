@@ -99,6 +99,7 @@ type deployment struct {
 	view         *etcdView
 	stopView     func()
 	load         *load
+	cutOff       string // the runner the test disconnected from the network
 	down         bool
 	figures      []string
 }
@@ -636,6 +637,7 @@ func (d *deployment) disconnectRunner(t *testing.T) {
 	c := d.container(t, "runner", 3)
 	network := d.network(t, "default")
 	st := d.mustStatus(t, c)
+	d.cutOff = st.RunnerID
 	start := time.Now()
 	d.docker(t, time.Minute, "network", "disconnect", network, c)
 	var detached runnerStatus
@@ -952,7 +954,7 @@ func (d *deployment) checkTasks(t *testing.T) {
 	}
 	perBatch := map[int]int{}
 	seen := map[string]bool{}
-	var total, completed, retried, orphaned, failedOnce int
+	var total, completed, retried, orphaned, orphanedCutOff, failedOnce int
 	var bad []string
 	complain := func(format string, args ...any) {
 		if len(bad) < 10 {
@@ -991,6 +993,9 @@ func (d *deployment) checkTasks(t *testing.T) {
 			switch {
 			case strings.HasPrefix(e.Error, "orphaned:"):
 				orphaned++
+				if e.Runner == d.cutOff {
+					orphanedCutOff++
+				}
 			case kind == "fail" && e.Attempt == 1 && strings.HasPrefix(e.Error, "fail: attempt 1 "):
 				failedOnce++
 			default:
@@ -1039,8 +1044,8 @@ func (d *deployment) checkTasks(t *testing.T) {
 	for _, p := range bad {
 		t.Error(p)
 	}
-	d.figure("tasks: %d sent in %d batches over %s; %d batches answered with an error (%s), of which %d tasks were stored all the same; %d tasks stored, every one completed exactly once (%d after a failed or orphaned attempt: %d failed once by design, %d orphaned by a runner that lost its shard); the last finished %s after the load stopped",
-		sent, len(confirmed), secs(l.stopped.Sub(l.started)), unanswered, lastErr, stored, total, retried, failedOnce, orphaned, secs(drained.Sub(l.stopped)))
+	d.figure("tasks: %d sent in %d batches over %s; %d batches answered with an error (%s), of which %d tasks were stored all the same; %d tasks stored, every one completed exactly once (%d after a failed or orphaned attempt: %d failed once by design, %d orphaned by a runner that lost its shard, %d of them by the one cut off the network); the last finished %s after the load stopped",
+		sent, len(confirmed), secs(l.stopped.Sub(l.started)), unanswered, lastErr, stored, total, retried, failedOnce, orphaned, orphanedCutOff, secs(drained.Sub(l.stopped)))
 	d.figure("etcd history: %d shard acquisitions, each key created only while free; every completed task was written under its shard's epoch by the runner etcd shows holding it", acquisitions)
 	if lost > 0 || completed != total {
 		t.Errorf("%d tasks lost, %d of %d completed", lost, completed, total)
