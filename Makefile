@@ -4,7 +4,7 @@ GO        ?= go
 BIN       := bin
 STATICCHECK ?= staticcheck
 
-.PHONY: all build test fuzz lint demo bench model model-bounds clean
+.PHONY: all build test fuzz lint demo bench model model-bounds deploy-test clean
 
 all: build
 
@@ -40,6 +40,8 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
+	$(GO) vet -tags deploy ./deploy/
+	$(STATICCHECK) -tags deploy ./deploy/
 	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
 
 ## demo: an all-in-one cluster (embedded etcd, throwaway PostgreSQL, coordinator, 3 runners); Ctrl-C stops it
@@ -58,6 +60,13 @@ model:
 ## model-bounds: the model at the edges of its safety bound (slower)
 model-bounds:
 	$(MAKE) -C model bounds
+
+## deploy-test: build the images docker-compose.yml needs (local stand-ins where no registry
+## is reachable) and run the deployment through its faults on the Docker engine
+## (-race as in make test, so the test binary's packages come from the same build cache)
+deploy-test:
+	deploy/standins/build.sh
+	$(GO) test -race -tags deploy -count=1 -timeout 40m -v ./deploy/
 
 clean:
 	rm -rf $(BIN)

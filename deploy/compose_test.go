@@ -1,4 +1,4 @@
-package integration
+package deploy
 
 import (
 	"os"
@@ -11,7 +11,9 @@ import (
 
 // TestComposeFileIsValid checks docker-compose.yml with `docker-compose
 // config` (Debian's docker-compose; .ci/run installs it): it parses, names
-// every service, runs three runners, and refuses to start without tokens.
+// every service, runs three etcd members, two coordinators and three
+// runners, and refuses to start without tokens. It needs no Docker engine;
+// the deploy test (build tag deploy) runs the file.
 func TestComposeFileIsValid(t *testing.T) {
 	bin, err := exec.LookPath("docker-compose")
 	if err != nil {
@@ -24,8 +26,10 @@ func TestComposeFileIsValid(t *testing.T) {
 		t.Fatalf("docker-compose config: %v\n%s", err, out)
 	}
 	config := string(out)
-	for _, want := range []string{"  etcd:", "  postgres:", "  coordinator:", "  runner:", "replicas: 3",
-		"SHARDRUN_ADMIN_TOKEN: t1", "SHARDRUN_API_TOKEN: t2", "healthcheck:", "etcd-data:", "pg-data:", "condition: service_healthy"} {
+	for _, want := range []string{"  etcd1:", "  etcd2:", "  etcd3:", "  postgres:", "  coordinator1:", "  coordinator2:", "  runner:",
+		"replicas: 3", "SHARDRUN_ADMIN_TOKEN: t1", "SHARDRUN_API_TOKEN: t2", "healthcheck:", "etcd1-data:", "pg-data:",
+		"condition: service_healthy", "SHARDRUN_ETCD_ENDPOINTS: http://etcd1:2379,http://etcd2:2379,http://etcd3:2379",
+		"ETCD_INITIAL_CLUSTER: etcd1=http://etcd1:2380,etcd2=http://etcd2:2380,etcd3=http://etcd3:2380"} {
 		if !strings.Contains(config, want) {
 			t.Errorf("compose config lacks %q", want)
 		}
