@@ -3,6 +3,8 @@ package runner
 import (
 	"context"
 	"fmt"
+	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -182,3 +184,17 @@ func (e *env) etcdOwners() map[int]string {
 }
 
 func (tr *testRunner) url(path string) string { return "http://" + tr.AdminAddr() + path }
+
+func TestAdvertisedAdminAddress(t *testing.T) {
+	host, _ := os.Hostname()
+	for bound, want := range map[string]string{
+		"127.0.0.1:9090": "127.0.0.1:9090",
+		"[::]:9090":      net.JoinHostPort(host, "9090"),
+		"0.0.0.0:9091":   net.JoinHostPort(host, "9091"),
+		"10.1.2.3:9090":  "10.1.2.3:9090",
+	} {
+		if got := advertised(bound); got != want {
+			t.Errorf("advertised(%q) = %q, want %q", bound, got, want)
+		}
+	}
+}

@@ -113,7 +113,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	dc.Logger = r.log.Named("detach")
 	r.machine = detach.New(dc)
 	sc := cfg.shardConfig()
-	sc.Client, sc.Detach, sc.AdminAddr, sc.Kinds = etcd, r.machine, r.adminAddr, r.handlers.Kinds()
+	sc.Client, sc.Detach, sc.AdminAddr, sc.Kinds = etcd, r.machine, advertised(r.adminAddr), r.handlers.Kinds()
 	sc.Logger, sc.Metrics = r.log.Named("shard"), shard.NewMetrics(r.reg)
 	r.mgr, err = shard.New(sc)
 	if err != nil {
@@ -173,3 +173,21 @@ type ownership struct{ *shard.Manager }
 
 // Hold pins the claimable terms for one claim.
 func (o ownership) Hold() executor.Hold { return o.Manager.Hold() }
+
+// advertised is the admin address other hosts can use: a wildcard bind
+// ("[::]:9090" in a container) names no host, so the host name stands in
+// for it in the runner's etcd key and on the status page.
+func advertised(bound string) string {
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return bound
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
+		return bound
+	}
+	name, err := os.Hostname()
+	if err != nil || name == "" {
+		return bound
+	}
+	return net.JoinHostPort(name, port)
+}
