@@ -282,6 +282,15 @@ func (c *Coordinator) handleBulk(op string, run func(context.Context, tasks.Filt
 			c.taskError(w, r, "bulk "+op, err)
 			return
 		}
-		writeJSON(w, http.StatusOK, res)
+		resp := map[string]any{"done": res.Done}
+		if op == "cancel" {
+			resp["cancelled"], resp["cancel_requested"] = res.Cancelled, res.CancelRequested
+		} else {
+			resp["retried"], resp["skipped"] = res.Retried, res.Skipped
+		}
+		if !res.Done {
+			resp["next"] = res.Next
+		}
+		writeJSON(w, http.StatusOK, resp)
 	}
 }

@@ -212,7 +212,9 @@ func (b *sqlBuilder) stream(f tasks.Filter, after int64, desc bool, n int) (stre
 	// the primary key yields the same order; an array comparison on the
 	// first column keeps the ORDER BY whole, and only this index produces
 	// it without reading and sorting every match.
-	first := func(col, v string) string { return col + " = ANY ((SELECT " + b.arg([]string{v}) + "::text[])::text[])" }
+	first := func(col, v string) string {
+		return col + " = ANY ((SELECT " + b.arg([]string{v}) + "::text[])::text[])"
+	}
 	hidden := func(v string) string { return "(SELECT " + b.arg(v) + "::text)" }
 	union := func(drive func(st tasks.State) string, order string) string {
 		parts := make([]string, len(states))
