@@ -258,7 +258,7 @@ func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []ta
 	for i, c := range cancelled {
 		refs[i], msgs[i] = c.Ref, "cancelled on request"
 		if c.Error != "" {
-			msgs[i] += "; the handler returned: " + c.Error
+			msgs[i] = StorableText(msgs[i] + "; the handler returned: " + c.Error)
 		}
 	}
 	return s.fencedWrite(ctx, "recording cancelled", owner, refs, `
@@ -279,9 +279,16 @@ func (s *Store) Interrupt(ctx context.Context, owner string, cut []tasks.Interru
 	for i, c := range cut {
 		refs[i], msgs[i] = c.Ref, StorableText(c.Reason)
 	}
+	// A task whose cancel was requested is cancelled instead: nothing would
+	// run it again.
 	return s.fencedWrite(ctx, "interrupting", owner, refs, `
-		state = 'ready', run_after = now(),
-		claimed_by = NULL, claim_epoch = NULL, claimed_at = NULL, heartbeat_at = NULL,
+		state        = CASE WHEN t.cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END,
+		run_after    = now(),
+		finished_at  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+		claimed_by   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_by END,
+		claim_epoch  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claim_epoch END,
+		claimed_at   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_at END,
+		heartbeat_at = NULL,
 		errors = t.errors || jsonb_build_array(jsonb_build_object(
 			'attempt', t.attempt, 'at', now(), 'runner', $1::text, 'error', c.msg, 'interrupted', true))`,
 		inputCol{"msg", "text", msgs})

@@ -123,6 +123,12 @@ func TestCancelRequestedTaskIsNeverRequeued(t *testing.T) {
 	}
 	check("unclaimed", given.ID)
 
+	cut := requested()
+	if r := one(t)(s.Interrupt(ctx, "a", []tasks.Interruption{{Ref: cut.Ref(), Reason: "interrupted: detached"}})); r.State != tasks.Cancelled {
+		t.Errorf("interrupt: %+v", r)
+	}
+	check("interrupted", cut.ID)
+
 	stale := requested()
 	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour' WHERE id = $1`, stale.ID)
 	if requeued, dead, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff); err != nil || requeued != 0 || dead != 0 {
