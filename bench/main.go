@@ -55,6 +55,8 @@ type Report struct {
 	Handoff     *latencies        `json:"graceful_handoff,omitempty"`
 	Detach      []detachTrial     `json:"detach_margin"`
 	Sweep       []sweepResult     `json:"sweep"`
+	Inspect     *inspectResult    `json:"inspect_10m_rows,omitempty"`
+	Enqueue     *enqueueResult    `json:"enqueue_paths,omitempty"`
 	Cost        *cost             `json:"cost,omitempty"`
 	Notes       []string          `json:"notes"`
 }
@@ -68,7 +70,8 @@ func main() {
 	maxWorkers := flag.String("max-workers", "1=1024,3=512", "shardrun runners' --max-workers per process count in the throughput runs")
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,cost (default all)")
+	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost (default all)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -150,6 +153,8 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"handoff", func() error { return e.handoffSection(ctx, rep, faultTrials) }},
 		{"detach", func() error { return e.detachSection(ctx, rep, faultTrials) }},
 		{"sweep", func() error { return e.sweepSection(ctx, rep, trials) }},
+		{"inspect", func() error { return e.inspectSection(ctx, rep, trials) }},
+		{"enqueue", func() error { return e.enqueueSection(ctx, rep, trials) }},
 		{"cost", func() error { return e.costSection(ctx, rep) }},
 	}
 	for _, s := range sections {
@@ -312,6 +317,30 @@ func printTable(w io.Writer, rep *Report) {
 	for _, sw := range rep.Sweep {
 		fmt.Fprintf(w, "| sweep pass, %d rows with 1,000 stale claims | median %.1f ms (%s) |\n", sw.Rows, sw.MedianMS, fmtList(sw.PassMS))
 	}
+	if in := rep.Inspect; in != nil {
+		for _, q := range in.Queries {
+			fmt.Fprintf(w, "| list at %s rows: %s (%d tasks) | p50 %.2f ms, max %.2f ms |\n", fmtRows(in.Rows), q.Name, q.Returned, q.P50MS, q.MaxMS)
+		}
+		fmt.Fprintf(w, "| count by state at %s rows | full %.0f ms, capped at %d per state %.1f ms |\n", fmtRows(in.Rows), in.CountFullMS, in.CountCap, in.CountCappedMS)
+		fmt.Fprintf(w, "| bulk cancel, bulk retry at %s rows | %d tasks in %.1fs (%.0f/s), %d in %.1fs (%.0f/s) |\n", fmtRows(in.Rows),
+			in.BulkCancel.Tasks, in.BulkCancel.S, in.BulkCancel.PerS, in.BulkRetry.Tasks, in.BulkRetry.S, in.BulkRetry.PerS)
+		var builds []string
+		for name, s := range in.IndexBuildS {
+			builds = append(builds, fmt.Sprintf("%s %.1fs", name, s))
+		}
+		slices.Sort(builds)
+		fmt.Fprintf(w, "| index builds at %s rows | %s |\n", fmtRows(in.Rows), strings.Join(builds, ", "))
+	}
+	if en := rep.Enqueue; en != nil {
+		var names []string
+		for name := range en.Median {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			fmt.Fprintf(w, "| enqueue: %s | %.0f rows/s (median of %s) |\n", name, en.Median[name], fmtList(en.PerS[name]))
+		}
+	}
 	if c := rep.Cost; c != nil {
 		fmt.Fprintf(w, "| etcd messages/s per runner at steady state | 256 shards: %.2f, 4,096 shards: %.2f |\n", c.EtcdMsgsPerRunnerPerS["256"], c.EtcdMsgsPerRunnerPerS["4096"])
 		fmt.Fprintf(w, "| RSS per runner | idle %.0f MiB, under load %.0f MiB |\n", c.IdleRSSMiB, c.LoadRSSMiB)
@@ -320,6 +349,13 @@ func printTable(w io.Writer, rep *Report) {
 		}
 		fmt.Fprintf(w, "| PostgreSQL transactions per completed task | shardrun %.4f, River %.4f |\n", c.XactsPerTask["shardrun"], c.XactsPerTask["river"])
 	}
+}
+
+func fmtRows(n int) string {
+	if n >= 1_000_000 {
+		return fmt.Sprintf("%dM", n/1_000_000)
+	}
+	return fmt.Sprint(n)
 }
 
 func fmtList(xs []float64) string {

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
@@ -45,8 +43,7 @@ func (c *Coordinator) Handler() http.Handler {
 	mux.HandleFunc("GET /api/cluster", c.handleCluster)
 	// With a token, every call that reads task data or changes anything
 	// needs it (the cluster view and the status page hold no task data).
-	mux.HandleFunc("POST /api/tasks", httpauth.Require(c.cfg.APIToken, "shardrun-api", c.handleEnqueue))
-	mux.HandleFunc("GET /api/tasks/{id}", httpauth.Require(c.cfg.APIToken, "shardrun-api", c.handleGetTask))
+	c.taskRoutes(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{}))
 	return mux
 }
@@ -82,8 +79,15 @@ type ClusterView struct {
 	Owners []string              `json:"owners"`
 	Epochs []int64               `json:"epochs"`
 	Tasks  map[tasks.State]int64 `json:"tasks"`
+	// TasksEstimated lists the states with at least store.CountCap tasks:
+	// their count is from the last full count, which runs about once a
+	// minute (counting 10 million rows takes over a second).
+	TasksEstimated []tasks.State `json:"tasks_estimated,omitempty"`
+	// Attention lists the newest dead and failed tasks and the longest
+	// running ones, without their data (GET /api/tasks/{id} has it).
+	Attention Attention `json:"attention"`
 	// Rates are the tasks finished per second over the last RateWindow, by
-	// final state (completed, failed, dead).
+	// final state (completed, failed, dead, cancelled).
 	Rates map[tasks.State]float64 `json:"rates"`
 	// RateWindow is the window of Rates, in seconds.
 	RateWindow float64 `json:"rate_window_seconds"`
@@ -99,7 +103,7 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	if err != nil {
 		return ClusterView{}, err
 	}
-	counts, err := c.Counts(ctx)
+	tc, err := c.counter.View(ctx)
 	if err != nil {
 		return ClusterView{}, err
 	}
@@ -109,7 +113,8 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	}
 	now := c.clock.Now()
 	v := ClusterView{Prefix: c.cfg.Prefix, ShardCount: c.cfg.ShardCount, Revision: cl.Revision,
-		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Owners: cl.Owners, Epochs: cl.Epochs, Tasks: counts,
+		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Owners: cl.Owners, Epochs: cl.Epochs, Tasks: tc.counts,
+		TasksEstimated: tc.estimated, Attention: tc.attention,
 		Runners: []RunnerView{}, Rates: rates, RateWindow: rateWindow.Seconds()}
 	owned := map[string]int{}
 	for _, o := range cl.Owners {
@@ -154,6 +159,7 @@ type TaskRequest struct {
 	MaxAttempts *int            `json:"max_attempts,omitempty"`
 	RunAfter    *time.Time      `json:"run_after,omitempty"`
 	Deadline    *time.Time      `json:"deadline,omitempty"`
+	UniqueKey   string          `json:"unique_key,omitempty"`
 }
 
 // newTask turns the request into the task vocabulary. A field that is
@@ -161,7 +167,7 @@ type TaskRequest struct {
 // (0001-01-01T00:00:00Z), which the Go vocabulary reads as "not set", are
 // refused rather than silently taken as the default.
 func (t TaskRequest) newTask() (tasks.NewTask, error) {
-	n := tasks.NewTask{Kind: t.Kind, Key: t.Key, Payload: t.Payload}
+	n := tasks.NewTask{Kind: t.Kind, Key: t.Key, Payload: t.Payload, UniqueKey: t.UniqueKey}
 	if t.MaxAttempts != nil {
 		if *t.MaxAttempts < 1 {
 			return n, &tasks.FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d (leave it out for the default)", tasks.MaxAttemptsLimit, *t.MaxAttempts)}
@@ -245,6 +251,10 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("a batch holds 1 to %d tasks, got %d", MaxBatch, len(reqs))})
 		return
 	}
+	if err := idempotencyKey(r, reqs, batch); err != nil {
+		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error(), Field: "unique_key"})
+		return
+	}
 	ins := make([]tasks.Insert, len(reqs))
 	for i, req := range reqs {
 		n, err := req.newTask()
@@ -258,25 +268,7 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	if !batch {
-		id, err := c.cfg.Store.Enqueue(ctx, ins[0])
-		if err != nil {
-			c.storeError(w, r, "enqueueing a task", err)
-			return
-		}
-		resp := map[string]any{"id": id, "shard": ins[0].Shard, "key": ins[0].Key}
-		c.warnUnhandled(ctx, resp, ins)
-		writeJSON(w, http.StatusCreated, resp)
-		return
-	}
-	n, err := c.cfg.Store.EnqueueBatch(ctx, ins)
-	if err != nil {
-		c.storeError(w, r, "enqueueing a batch", err)
-		return
-	}
-	resp := map[string]any{"enqueued": n}
-	c.warnUnhandled(ctx, resp, ins)
-	writeJSON(w, http.StatusCreated, resp)
+	c.enqueue(ctx, w, r, ins, batch)
 }
 
 // retryAfter is the Retry-After (seconds) of a 503: about how long a
@@ -332,24 +324,16 @@ func ParseTaskID(s string) (int64, bool) {
 }
 
 func (c *Coordinator) handleGetTask(w http.ResponseWriter, r *http.Request) {
-	raw := r.PathValue("id")
-	id, ok := ParseTaskID(raw)
+	id, ok := taskID(w, r)
 	if !ok {
-		if len(raw) > 32 {
-			raw = raw[:32] + "…"
-		}
-		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("task id must be a decimal integer from 1 to %d without sign or leading zeros, got %q", int64(math.MaxInt64), raw)})
 		return
 	}
 	t, err := c.cfg.Store.Get(r.Context(), id)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		writeJSON(w, http.StatusNotFound, apiError{Error: fmt.Sprintf("no task %d", id)})
-	case err != nil:
-		c.storeError(w, r, "reading a task", err)
-	default:
-		writeJSON(w, http.StatusOK, t)
+	if err != nil {
+		c.taskError(w, r, "reading a task", err)
+		return
 	}
+	writeJSON(w, http.StatusOK, t)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

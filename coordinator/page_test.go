@@ -98,6 +98,19 @@ func TestStatusPageInABrowser(t *testing.T) {
 		return owners["runner-1"] == 32 && owners["runner-2"] == 32
 	})
 
+	// Tasks that need attention, listed with links to them.
+	var dead, failed int64
+	if err := e.store.Pool().QueryRow(context.Background(), `
+		WITH d AS (INSERT INTO tasks (kind, shard, key, state, finished_at) VALUES ('ghost', 1, 'x', 'dead', now()) RETURNING id),
+		     f AS (INSERT INTO tasks (kind, shard, key, state, finished_at) VALUES ('ghost', 2, 'y', 'failed', now()) RETURNING id)
+		SELECT (SELECT id FROM d), (SELECT id FROM f)`).Scan(&dead, &failed); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the dead task listed for attention", func() bool {
+		v, err := c.Cluster(context.Background())
+		return err == nil && len(v.Attention.Dead) == 1 && len(v.Attention.Failed) == 1
+	})
+
 	url := "http://" + c.Addr() + "/"
 	dom := headless(t, browser, "--dump-dom", url)
 	if !strings.Contains(dom, `data-rendered="true"`) {
@@ -118,7 +131,9 @@ func TestStatusPageInABrowser(t *testing.T) {
 		`data-runner="runner-3"`, `<span class="badge detached">detached</span>`,
 		`<span class="badge attached">attached</span>`, `data-state="completed"`, "leader coord",
 		`<tr class="gone" data-runner="runner-4" data-health="left">`, `id="rate" data-completed-per-second=`,
-		"tasks/s completed", "minmax(0px, 1fr)",
+		"tasks/s completed", "minmax(0px, 1fr)", `data-state="cancelled"`,
+		fmt.Sprintf(`<tr data-task="%d"><td><a href="/api/tasks/%d">#%d</a></td><td>ghost</td>`, dead, dead, dead),
+		fmt.Sprintf(`<a href="/api/tasks/%d">#%d</a>`, failed, failed),
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered page lacks %s", want)

@@ -13,7 +13,8 @@
 //	             is unreachable; each attempt's done is called after its
 //	             write, so a shard is never released with outcomes unwritten
 //	heartbeater  beats every running attempt in one statement per interval,
-//	             and cancels attempts a sweep took back
+//	             cancels attempts a sweep took back, and cancels those an
+//	             operator asked to cancel (the beat returns the requests)
 //
 // The pool (not a loop) starts one goroutine per attempt and knows which
 // attempts run. Every write is fenced by the shard's epoch in the store; a
@@ -45,6 +46,7 @@ type Store interface {
 	Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error)
 	Fail(ctx context.Context, owner string, failed []tasks.Failure) ([]tasks.WriteResult, error)
 	Interrupt(ctx context.Context, owner string, cut []tasks.Interruption) ([]tasks.WriteResult, error)
+	CancelAttempts(ctx context.Context, owner string, cancelled []tasks.Cancellation) ([]tasks.WriteResult, error)
 }
 
 // Ownership is what the executor needs from shard ownership (shard.Manager).

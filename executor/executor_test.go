@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
 	"github.com/shardrun/shardrun/internal/clock"
@@ -479,4 +481,101 @@ func TestConfigNamesTheFlag(t *testing.T) {
 			t.Errorf("%s: %v", flag, err)
 		}
 	}
+}
+
+// An operator cancels a running task: the next heartbeat carries the
+// request, the handler's context ends with tasks.ErrCancelled within one
+// interval, and the attempt is recorded as cancelled although the handler
+// then returns success.
+func TestCancelRequestEndsTheHandlerAndRecordsCancelled(t *testing.T) {
+	t.Parallel()
+	type end struct {
+		cause error
+		at    time.Time
+	}
+	ended := make(chan end, 1)
+	var e *env
+	e = newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, _ *tasks.Task) error {
+		<-ctx.Done()
+		ended <- end{context.Cause(ctx), e.clock.Now()}
+		return nil
+	}})
+	e.store.add(1, "slow", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	requested := e.clock.Now()
+	e.store.requestCancel(1)
+	var got end
+	e.until("handler cancelled", func() bool {
+		select {
+		case got = <-ended:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(got.cause, tasks.ErrCancelled) {
+		t.Fatalf("cause %v, want tasks.ErrCancelled", got.cause)
+	}
+	if took := got.at.Sub(requested); took > e.exec.cfg.HeartbeatInterval {
+		t.Fatalf("the handler's context ended %s after the request, more than one heartbeat interval (%s)", took, e.exec.cfg.HeartbeatInterval)
+	}
+	e.until("recorded cancelled", func() bool { return e.state(1) == tasks.Cancelled })
+	if errs := e.store.get(1).Errors; len(errs) != 1 || !strings.Contains(errs[0].Error, "cancelled on request") {
+		t.Fatalf("history %+v", errs)
+	}
+	if n := counterValue(e.exec.cfg.Metrics.Finished.WithLabelValues("slow", "cancelled")); n != 1 {
+		t.Fatalf("tasks_finished_total{outcome=cancelled} = %v", n)
+	}
+	if e.store.count("complete") != 0 || e.store.count("fail") != 0 {
+		t.Fatal("a cancelled attempt was also completed or failed")
+	}
+}
+
+// A handler that returns an error once cancelled is not retried: its task
+// is cancelled, with the handler's error in its history.
+func TestCancelledAttemptIsNotRetried(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, _ *tasks.Task) error {
+		<-ctx.Done()
+		return fmt.Errorf("interrupted: %w", context.Cause(ctx))
+	}})
+	e.store.add(1, "slow", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	e.store.requestCancel(1)
+	e.until("recorded cancelled", func() bool { return e.state(1) == tasks.Cancelled })
+	got := e.store.get(1)
+	if got.Attempt != 1 || len(got.Errors) != 1 || !strings.Contains(got.Errors[0].Error, "interrupted: task cancelled on request") {
+		t.Fatalf("task %+v", got)
+	}
+}
+
+// A task whose cancel was requested but whose handler failed before the
+// heartbeat told the runner is cancelled by the failure write, not retried.
+func TestFailureOfACancelRequestedTaskCancelsIt(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	e := newEnv(t, map[string]tasks.Handler{"slow": func(context.Context, *tasks.Task) error {
+		<-release
+		return errors.New("boom")
+	}}, func(c *Config) { c.HeartbeatInterval = time.Hour })
+	e.store.add(1, "slow", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	e.store.requestCancel(1)
+	close(release)
+	e.until("cancelled", func() bool { return e.state(1) == tasks.Cancelled })
+	if n := counterValue(e.exec.cfg.Metrics.Finished.WithLabelValues("slow", "cancelled")); n != 1 {
+		t.Fatalf("tasks_finished_total{outcome=cancelled} = %v", n)
+	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
 }

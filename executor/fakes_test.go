@@ -163,7 +163,7 @@ func (s *fakeStore) fenced(op, owner string, refs []tasks.Ref, write func(t *tas
 			out[i].Outcome = tasks.TaskMoved
 		default:
 			write(t, i)
-			out[i].State = t.State
+			out[i].State, out[i].CancelRequested = t.State, t.CancelRequestedAt != nil
 		}
 	}
 	return out, nil
@@ -205,13 +205,40 @@ func (s *fakeStore) Interrupt(_ context.Context, owner string, cut []tasks.Inter
 	}
 	return s.fenced("interrupt", owner, refs, func(t *tasks.Task, i int) {
 		t.Errors = append(t.Errors, tasks.AttemptError{Attempt: t.Attempt, Error: cut[i].Reason, Interrupted: true})
+		if t.CancelRequestedAt != nil {
+			t.State = tasks.Cancelled
+			return
+		}
 		t.State, t.ClaimedBy, t.Epoch = tasks.Ready, "", 0
 	})
+}
+
+func (s *fakeStore) CancelAttempts(_ context.Context, owner string, cancelled []tasks.Cancellation) ([]tasks.WriteResult, error) {
+	refs := make([]tasks.Ref, len(cancelled))
+	for i, c := range cancelled {
+		refs[i] = c.Ref
+	}
+	return s.fenced("cancel", owner, refs, func(t *tasks.Task, i int) {
+		t.State = tasks.Cancelled
+		t.Errors = append(t.Errors, tasks.AttemptError{Attempt: t.Attempt, Error: "cancelled on request; the handler returned: " + cancelled[i].Error})
+	})
+}
+
+// requestCancel is an operator's cancel of a running task.
+func (s *fakeStore) requestCancel(id int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	s.tasks[id].CancelRequestedAt = &now
 }
 
 // retryOrBury is the store's failure rule (s.mu held).
 func (s *fakeStore) retryOrBury(t *tasks.Task, msg string) {
 	t.Errors = append(t.Errors, tasks.AttemptError{Attempt: t.Attempt, Error: msg})
+	if t.CancelRequestedAt != nil {
+		t.State = tasks.Cancelled
+		return
+	}
 	if t.Attempt < t.MaxAttempts {
 		t.State, t.Attempt, t.ClaimedBy, t.Epoch = tasks.Ready, t.Attempt+1, "", 0
 		return

@@ -12,7 +12,9 @@ import (
 
 // heartbeater is the heartbeat loop: every interval it records, in one
 // statement, that all running attempts are alive. An attempt whose fence
-// moved loses its shard; an attempt a sweep took back is cancelled.
+// moved loses its shard; an attempt a sweep took back is cancelled; an
+// attempt whose task an operator cancelled is cancelled with cause
+// tasks.ErrCancelled, so its outcome is recorded as cancelled.
 type heartbeater struct {
 	store    Store
 	owner    string
@@ -61,6 +63,10 @@ func (h *heartbeater) beat(ctx context.Context) {
 	}
 	for _, r := range res {
 		switch r.Outcome {
+		case tasks.Applied:
+			if r.CancelRequested && h.pool.cancel(r.Ref, tasks.ErrCancelled) {
+				h.log.Info("cancelled a running task on request", "task", r.Ref.ID)
+			}
 		case tasks.FenceLost:
 			h.m.FenceRejections.Inc()
 			h.own.FenceLost(r.Ref.Shard, r.Ref.Epoch)

@@ -32,12 +32,17 @@ type result struct {
 	// done ends the attempt once its outcome is written: it leaves the
 	// pool's heartbeat set and its hold on the term ends.
 	done func()
+	// cancelled: an operator cancelled the task and the heartbeat cancelled
+	// the handler's context (cause tasks.ErrCancelled); the attempt is
+	// recorded as cancelled whatever the handler returned.
+	cancelled bool
 }
 
 // attempt is one claimed task from the start of its handler until its
 // outcome is written.
 type attempt struct {
 	task   tasks.Task
+	ctx    context.Context
 	cancel context.CancelCauseFunc
 	// finished: the handler returned; the outcome awaits its write. The
 	// attempt is still heartbeated, so a database outage that delays the
@@ -101,7 +106,7 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 		handlerCtx, stopDeadline = context.WithDeadline(ctx, *t.Deadline)
 	}
 	ref := t.Ref()
-	a := &attempt{task: t, cancel: cancel}
+	a := &attempt{task: t, ctx: ctx, cancel: cancel}
 	p.mu.Lock()
 	p.attempts[ref] = a
 	p.mu.Unlock()
@@ -126,6 +131,7 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 		if cause := context.Cause(ctx); err != nil && errors.Is(cause, tasks.ErrOwnershipLost) {
 			r.interrupted = cause
 		}
+		r.cancelled = errors.Is(context.Cause(ctx), tasks.ErrCancelled)
 		stopWatch()
 		stopDeadline()
 		cancel(nil)
@@ -161,12 +167,13 @@ func (p *pool) refs() []tasks.Ref {
 }
 
 // cancel cancels the handler of attempt ref, if it is still running; it
-// reports whether it did.
+// reports whether this call ended the handler's context (false when the
+// handler returned or its context ended before).
 func (p *pool) cancel(ref tasks.Ref, cause error) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	a := p.attempts[ref]
-	if a == nil || a.finished {
+	if a == nil || a.finished || a.ctx.Err() != nil {
 		return false
 	}
 	a.cancel(cause)

@@ -74,8 +74,8 @@ func (w *writer) Run(ctx context.Context) {
 	}
 }
 
-// flush writes one batch — completions, failures and interruptions, one
-// statement each — then ends each attempt.
+// flush writes one batch — completions, failures, interruptions and
+// cancellations, one statement each — then ends each attempt.
 func (w *writer) flush(ctx context.Context, batch []result) {
 	if len(batch) == 0 {
 		return
@@ -83,9 +83,11 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 	var completions []tasks.Completion
 	var failures []tasks.Failure
 	var interruptions []tasks.Interruption
-	var cItems, fItems, iItems []result
+	var cItems, fItems, iItems, cancelled []result
 	for _, r := range batch {
 		switch {
+		case r.cancelled:
+			cancelled = append(cancelled, r)
 		case r.err == nil:
 			completions = append(completions, tasks.Completion{Ref: r.task.Ref(), Result: r.task.Result})
 			cItems = append(cItems, r)
@@ -112,6 +114,7 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 			return w.store.Interrupt(c, w.owner, interruptions)
 		}))
 	}
+	w.writeCancelled(ctx, cancelled)
 	for _, r := range batch {
 		r.done()
 	}
@@ -176,4 +179,25 @@ func (w *writer) account(items []result, res []tasks.WriteResult) {
 			w.log.Info("outcome dropped: the task moved on", "task", it.task.ID, "outcome", r.Outcome.String())
 		}
 	}
+}
+
+// writeCancelled records attempts cancelled on request, whatever their
+// handlers returned (what they returned goes into the task's history). If
+// the task's completion or failure landed first, the write finds it no
+// longer running and changes nothing: one outcome per attempt.
+func (w *writer) writeCancelled(ctx context.Context, items []result) {
+	if len(items) == 0 {
+		return
+	}
+	cs := make([]tasks.Cancellation, len(items))
+	for i, r := range items {
+		cs[i].Ref = r.task.Ref()
+		if r.err != nil {
+			cs[i].Error = r.err.Error()
+		}
+	}
+	res := w.write(ctx, "recording cancelled", func(c context.Context) ([]tasks.WriteResult, error) {
+		return w.store.CancelAttempts(c, w.owner, cs)
+	})
+	w.account(items, res)
 }

@@ -138,7 +138,7 @@ func (s *Store) fencedWrite(ctx context.Context, what, owner string, refs []task
 		FROM c JOIN fence ON fence.shard = c.shard AND fence.epoch = c.epoch
 		WHERE t.id = c.id AND t.shard = c.shard AND t.state = 'running'
 		  AND t.claimed_by = $1 AND t.claim_epoch = c.epoch AND t.attempt = c.attempt
-		RETURNING t.id, c.attempt, c.epoch, t.state`
+		RETURNING t.id, c.attempt, c.epoch, t.state, t.cancel_requested_at IS NOT NULL`
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
@@ -150,11 +150,16 @@ func (s *Store) fencedWrite(ctx context.Context, what, owner string, refs []task
 		attempt int32
 		epoch   int64
 	}
-	applied := make(map[claim]tasks.State, len(refs))
+	type after struct {
+		state           tasks.State
+		cancelRequested bool
+	}
+	applied := make(map[claim]after, len(refs))
 	var c claim
 	var state string
-	_, err = pgx.ForEachRow(rows, []any{&c.id, &c.attempt, &c.epoch, &state}, func() error {
-		applied[c] = tasks.State(state)
+	var cancelRequested bool
+	_, err = pgx.ForEachRow(rows, []any{&c.id, &c.attempt, &c.epoch, &state, &cancelRequested}, func() error {
+		applied[c] = after{tasks.State(state), cancelRequested}
 		return nil
 	})
 	if err != nil {
@@ -164,8 +169,8 @@ func (s *Store) fencedWrite(ctx context.Context, what, owner string, refs []task
 	var missed []int
 	for i, r := range refs {
 		results[i].Ref = r
-		if st, ok := applied[claim{r.ID, int32(r.Attempt), r.Epoch}]; ok {
-			results[i].State = st
+		if a, ok := applied[claim{r.ID, int32(r.Attempt), r.Epoch}]; ok {
+			results[i].State, results[i].CancelRequested = a.state, a.cancelRequested
 		} else {
 			missed = append(missed, i)
 		}
@@ -219,17 +224,48 @@ func (s *Store) classify(ctx context.Context, owner string, results []tasks.Writ
 }
 
 // Heartbeat records that the runner is still working on these attempts, in
-// one statement.
+// one statement. Each result says whether an operator asked to cancel the
+// task meanwhile (CancelRequested): that is how a cancel request reaches
+// whichever runner runs the task, within one heartbeat interval.
 func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
 	return s.fencedWrite(ctx, "heartbeating", owner, refs, `heartbeat_at = now()`)
 }
 
 // Unclaim gives back claims whose handler never started (the shard began
 // to move between the claim and the start): running -> ready with the same
-// attempt, since no attempt was made.
+// attempt, since no attempt was made; or to cancelled when an operator asked
+// to cancel the task meanwhile, since nothing would run it again.
 func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
-	return s.fencedWrite(ctx, "unclaiming", owner, refs,
-		`state = 'ready', claimed_by = NULL, claim_epoch = NULL, claimed_at = NULL, heartbeat_at = NULL`)
+	return s.fencedWrite(ctx, "unclaiming", owner, refs, `
+		state        = CASE WHEN t.cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END,
+		finished_at  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+		claimed_by   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_by END,
+		claim_epoch  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claim_epoch END,
+		claimed_at   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_at END,
+		heartbeat_at = NULL`)
+}
+
+// CancelAttempts records attempts cancelled on request (the heartbeat
+// reported the request and the runner cancelled the handler's context):
+// running -> cancelled under the same claim, whatever the handler returned.
+// A completion or failure that landed first wins: the task is then no
+// longer running under this claim and the cancellation changes nothing, so
+// each attempt has exactly one outcome. The attempt is recorded in the
+// task's errors with what the handler returned.
+func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []tasks.Cancellation) ([]tasks.WriteResult, error) {
+	refs := make([]tasks.Ref, len(cancelled))
+	msgs := make([]string, len(cancelled))
+	for i, c := range cancelled {
+		refs[i], msgs[i] = c.Ref, "cancelled on request"
+		if c.Error != "" {
+			msgs[i] = StorableText(msgs[i] + "; the handler returned: " + c.Error)
+		}
+	}
+	return s.fencedWrite(ctx, "recording cancelled", owner, refs, `
+		state = 'cancelled', finished_at = now(), heartbeat_at = now(),
+		errors = t.errors || jsonb_build_array(jsonb_build_object(
+			'attempt', t.attempt, 'at', now(), 'runner', $1::text, 'error', c.msg))`,
+		inputCol{"msg", "text", msgs})
 }
 
 // Interrupt records attempts cut short because the runner lost the shard
@@ -243,9 +279,16 @@ func (s *Store) Interrupt(ctx context.Context, owner string, cut []tasks.Interru
 	for i, c := range cut {
 		refs[i], msgs[i] = c.Ref, StorableText(c.Reason)
 	}
+	// A task whose cancel was requested is cancelled instead: nothing would
+	// run it again.
 	return s.fencedWrite(ctx, "interrupting", owner, refs, `
-		state = 'ready', run_after = now(),
-		claimed_by = NULL, claim_epoch = NULL, claimed_at = NULL, heartbeat_at = NULL,
+		state        = CASE WHEN t.cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END,
+		run_after    = now(),
+		finished_at  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+		claimed_by   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_by END,
+		claim_epoch  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claim_epoch END,
+		claimed_at   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_at END,
+		heartbeat_at = NULL,
 		errors = t.errors || jsonb_build_array(jsonb_build_object(
 			'attempt', t.attempt, 'at', now(), 'runner', $1::text, 'error', c.msg, 'interrupted', true))`,
 		inputCol{"msg", "text", msgs})
@@ -284,29 +327,35 @@ func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) 
 
 // retryOrBury is the SET list of every statement that ends an attempt in
 // failure: back to ready with attempt+1 at runAfter and the claim cleared, or
-// to dead when the attempts are used up, keeping the claim as evidence. The
-// error (an SQL expression, as is runner) is appended to the task's errors
-// under the attempt that failed.
+// to dead when the attempts are used up, keeping the claim as evidence. A
+// task whose cancel was requested goes to cancelled instead of either: it
+// must not run again. The error (an SQL expression, as is runner) is
+// appended to the task's errors under the attempt that failed.
 func retryOrBury(runAfter, runner, errExpr string) string {
+	const again = `t.attempt < t.max_attempts AND t.cancel_requested_at IS NULL`
 	return `
-		state        = CASE WHEN t.attempt < t.max_attempts THEN 'ready' ELSE 'dead' END,
-		attempt      = CASE WHEN t.attempt < t.max_attempts THEN t.attempt + 1 ELSE t.attempt END,
-		run_after    = CASE WHEN t.attempt < t.max_attempts THEN ` + runAfter + ` ELSE t.run_after END,
-		finished_at  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE now() END,
-		claimed_by   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_by END,
-		claim_epoch  = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claim_epoch END,
-		claimed_at   = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.claimed_at END,
-		heartbeat_at = CASE WHEN t.attempt < t.max_attempts THEN NULL ELSE t.heartbeat_at END,
+		state        = CASE WHEN ` + again + ` THEN 'ready'
+		                    WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'dead' END,
+		attempt      = CASE WHEN ` + again + ` THEN t.attempt + 1 ELSE t.attempt END,
+		run_after    = CASE WHEN ` + again + ` THEN ` + runAfter + ` ELSE t.run_after END,
+		finished_at  = CASE WHEN ` + again + ` THEN NULL ELSE now() END,
+		claimed_by   = CASE WHEN ` + again + ` THEN NULL ELSE t.claimed_by END,
+		claim_epoch  = CASE WHEN ` + again + ` THEN NULL ELSE t.claim_epoch END,
+		claimed_at   = CASE WHEN ` + again + ` THEN NULL ELSE t.claimed_at END,
+		heartbeat_at = CASE WHEN ` + again + ` THEN NULL ELSE t.heartbeat_at END,
 		errors       = t.errors || jsonb_build_array(jsonb_build_object(
 			'attempt', t.attempt, 'at', now(), 'runner', ` + runner + `, 'error', ` + errExpr + `))`
 }
 
+// countStates counts the requeued (ready) and dead tasks a statement
+// returned; tasks it cancelled (their cancel was requested) are neither.
 func countStates(rows pgx.Rows, what string) (ready, dead int64, err error) {
 	var state string
 	_, err = pgx.ForEachRow(rows, []any{&state}, func() error {
-		if tasks.State(state) == tasks.Dead {
+		switch tasks.State(state) {
+		case tasks.Dead:
 			dead++
-		} else {
+		case tasks.Ready:
 			ready++
 		}
 		return nil

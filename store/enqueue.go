@@ -2,35 +2,178 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// The producer side: inserting tasks, one by one or by COPY.
+// The producer side: inserting tasks, one by one, by COPY, idempotently by
+// unique key, and inside the producer's own transaction.
+//
+// A task with a unique key is inserted with ON CONFLICT DO NOTHING against
+// the partial unique index tasks_unique_key_idx (unique_key of ready and
+// running tasks). PostgreSQL makes a second inserter of the same key wait
+// for the first one's transaction and then skip its row, so concurrent
+// producers create one task; the skipped ones then read the id of the task
+// that holds the key. If that task finished in between (the key is free
+// again) the insert is simply tried again.
 
-// Enqueue inserts one task and returns its id.
-func (s *Store) Enqueue(ctx context.Context, in tasks.Insert) (int64, error) {
-	var id int64
-	err := s.pool.QueryRow(ctx, `
-		INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, deadline)
-		VALUES ($1, $2, $3, $4::jsonb, $5, coalesce($6, now()), $7)
-		RETURNING id`,
-		in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline).Scan(&id)
-	if err != nil {
-		return 0, fmt.Errorf("enqueueing task of kind %q: %w", in.Kind, err)
-	}
-	return id, nil
+// querier is where the producer statements run: the pool, or a producer's
+// own transaction.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, rows pgx.CopyFromSource) (int64, error)
 }
 
-// EnqueueBatch inserts many tasks with COPY in one transaction and returns
-// how many it inserted. Tasks without RunAfter get the database's now().
-func (s *Store) EnqueueBatch(ctx context.Context, ins []tasks.Insert) (int64, error) {
-	if len(ins) == 0 {
-		return 0, nil
+// uniqueTries bounds the insert-or-find rounds of a unique key: each round
+// that finds neither a slot nor a holder saw the holder finish in between,
+// which needs a task to finish within a few milliseconds, repeatedly.
+const uniqueTries = 8
+
+// errHolderInvisible: the insert met a holder of the unique key that the
+// lookup could not see. Under READ COMMITTED that cannot persist; under a
+// producer's REPEATABLE READ or SERIALIZABLE transaction it does.
+var errHolderInvisible = errors.New("another transaction holds the unique key but its task is not visible to this one; " +
+	"enqueue with a unique key inside READ COMMITTED transactions, or retry the transaction")
+
+// onConflictUnique is the conflict target of every insert: the partial
+// unique index of unfinished tasks' unique keys.
+const onConflictUnique = `ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('ready', 'running') DO NOTHING`
+
+// Enqueue inserts one task and returns its id. A task whose unique key an
+// unfinished task holds is not inserted: that task's id is returned.
+func (s *Store) Enqueue(ctx context.Context, in tasks.Insert) (int64, error) {
+	e, err := s.EnqueueIn(ctx, nil, in)
+	return e.ID, err
+}
+
+// EnqueueIn inserts one task inside tx, the producer's own transaction, so
+// that the task commits or rolls back with the producer's other writes; the
+// runners are notified only when tx commits (NOTIFY is transactional). A nil
+// tx runs on the pool. With a unique key an unfinished task holds, nothing is
+// inserted and that task's id is returned with Duplicate set.
+func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (tasks.Enqueued, error) {
+	var q querier = s.pool
+	if tx != nil {
+		q = tx
 	}
+	if in.UniqueKey == "" {
+		var id int64
+		err := q.QueryRow(ctx, `
+			INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, deadline)
+			VALUES ($1, $2, $3, $4::jsonb, $5, coalesce($6, now()), $7)
+			RETURNING id`,
+			in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline).Scan(&id)
+		if err != nil {
+			return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q: %w", in.Kind, err)
+		}
+		return tasks.Enqueued{ID: id}, nil
+	}
+	for range uniqueTries {
+		var id int64
+		err := q.QueryRow(ctx, `
+			INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, deadline, unique_key)
+			VALUES ($1, $2, $3, $4::jsonb, $5, coalesce($6, now()), $7, $8)
+			`+onConflictUnique+`
+			RETURNING id`,
+			in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline, in.UniqueKey).Scan(&id)
+		if err == nil {
+			return tasks.Enqueued{ID: id}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q with unique key %q: %w", in.Kind, in.UniqueKey, err)
+		}
+		holders, err := uniqueHolders(ctx, q, []string{in.UniqueKey})
+		if err != nil {
+			return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q with unique key %q: %w", in.Kind, in.UniqueKey, err)
+		}
+		if id, ok := holders[in.UniqueKey]; ok {
+			return tasks.Enqueued{ID: id, Duplicate: true}, nil
+		}
+	}
+	return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q with unique key %q: %w", in.Kind, in.UniqueKey, errHolderInvisible)
+}
+
+// uniqueHolders returns the ids of the unfinished tasks holding keys.
+func uniqueHolders(ctx context.Context, q querier, keys []string) (map[string]int64, error) {
+	rows, err := q.Query(ctx, `
+		SELECT unique_key, id FROM tasks
+		WHERE unique_key = ANY ($1::text[]) AND state IN ('ready', 'running')`, keys)
+	if err != nil {
+		return nil, fmt.Errorf("finding the tasks that hold %d unique keys: %w", len(keys), err)
+	}
+	holders := make(map[string]int64, len(keys))
+	var key string
+	var id int64
+	_, err = pgx.ForEachRow(rows, []any{&key, &id}, func() error {
+		holders[key] = id
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("finding the tasks that hold %d unique keys: %w", len(keys), err)
+	}
+	return holders, nil
+}
+
+// EnqueueBatch inserts many tasks in one transaction and returns how many
+// it inserted (tasks whose unique key an unfinished task holds are not).
+// Tasks without RunAfter get the database's now().
+func (s *Store) EnqueueBatch(ctx context.Context, ins []tasks.Insert) (int64, error) {
+	r, err := s.EnqueueBatchIn(ctx, nil, ins)
+	return r.Inserted, err
+}
+
+// EnqueueBatchIn inserts many tasks inside tx, the producer's own
+// transaction (nil: a transaction of its own). A batch without unique keys
+// goes by COPY, the fastest path, and reports only its count. A batch with
+// any unique key goes by one INSERT … SELECT FROM unnest … ON CONFLICT DO
+// NOTHING (COPY has no ON CONFLICT) and reports every task's id in order,
+// the duplicates marked; a unique key given twice in one batch creates one
+// task, and the second entry is its duplicate.
+func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []tasks.Insert) (tasks.BatchEnqueued, error) {
+	if len(ins) == 0 {
+		return tasks.BatchEnqueued{}, nil
+	}
+	unique := false
+	for _, in := range ins {
+		unique = unique || in.UniqueKey != ""
+	}
+	var res tasks.BatchEnqueued
+	run := func(q querier) error {
+		var err error
+		if unique {
+			res, err = insertUnique(ctx, q, ins)
+		} else {
+			res.Inserted, err = copyTasks(ctx, q, ins)
+		}
+		return err
+	}
+	var err error
+	if tx != nil {
+		err = run(tx)
+	} else {
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return run(tx) })
+	}
+	if err != nil {
+		how := "COPY"
+		if unique {
+			how = "unique keys"
+		}
+		return tasks.BatchEnqueued{}, fmt.Errorf("enqueueing %d tasks (%s): %w", len(ins), how, err)
+	}
+	return res, nil
+}
+
+// copyTasks inserts tasks with COPY: one COPY for those that start now and
+// one for those with a RunAfter.
+func copyTasks(ctx context.Context, q querier, ins []tasks.Insert) (int64, error) {
 	var now, later [][]any
 	for _, in := range ins {
 		row := []any{in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts), in.Deadline}
@@ -42,25 +185,105 @@ func (s *Store) EnqueueBatch(ctx context.Context, ins []tasks.Insert) (int64, er
 	}
 	cols := []string{"kind", "shard", "key", "payload", "max_attempts", "deadline"}
 	var total int64
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if len(now) > 0 {
-			n, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"}, cols, pgx.CopyFromRows(now))
-			if err != nil {
-				return err
-			}
-			total += n
+	if len(now) > 0 {
+		n, err := q.CopyFrom(ctx, pgx.Identifier{"tasks"}, cols, pgx.CopyFromRows(now))
+		if err != nil {
+			return 0, err
 		}
-		if len(later) > 0 {
-			n, err := tx.CopyFrom(ctx, pgx.Identifier{"tasks"}, append(cols, "run_after"), pgx.CopyFromRows(later))
-			if err != nil {
-				return err
-			}
-			total += n
+		total += n
+	}
+	if len(later) > 0 {
+		n, err := q.CopyFrom(ctx, pgx.Identifier{"tasks"}, append(cols, "run_after"), pgx.CopyFromRows(later))
+		if err != nil {
+			return 0, err
 		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("enqueueing %d tasks with COPY: %w", len(ins), err)
+		total += n
 	}
 	return total, nil
+}
+
+// insertUnique inserts a batch with unique keys. The ids are drawn from the
+// table's identity sequence before the insert, so that each input row's id
+// is known whether or not it was inserted (RETURNING cannot name the input
+// row), then the holders of the keys not inserted are looked up. Keys whose
+// holder finished in between are inserted again, in the next round.
+func insertUnique(ctx context.Context, q querier, ins []tasks.Insert) (tasks.BatchEnqueued, error) {
+	res := tasks.BatchEnqueued{Tasks: make([]tasks.Enqueued, len(ins))}
+	todo := make([]int, len(ins)) // indexes of ins still to insert
+	for i := range todo {
+		todo[i] = i
+	}
+	for range uniqueTries {
+		n := len(todo)
+		kinds, keys, payloads := make([]string, n), make([]string, n), make([]string, n)
+		shards, maxAttempts := make([]int32, n), make([]int32, n)
+		runAfters, deadlines := make([]*time.Time, n), make([]*time.Time, n)
+		uniqueKeys := make([]*string, n)
+		for j, i := range todo {
+			in := ins[i]
+			kinds[j], shards[j], keys[j], payloads[j], maxAttempts[j] = in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts)
+			runAfters[j], deadlines[j] = in.RunAfter, in.Deadline
+			if in.UniqueKey != "" {
+				uniqueKeys[j] = &ins[i].UniqueKey
+			}
+		}
+		rows, err := q.Query(ctx, `
+			WITH u AS (
+				SELECT nextval((SELECT pg_get_serial_sequence('tasks', 'id'))::regclass) AS id, x.*
+				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::timestamptz[], $7::timestamptz[], $8::text[])
+					WITH ORDINALITY AS x(kind, shard, key, payload, max_attempts, run_after, deadline, unique_key, n)
+			), ins AS (
+				INSERT INTO tasks (id, kind, shard, key, payload, max_attempts, run_after, deadline, unique_key)
+				OVERRIDING SYSTEM VALUE
+				SELECT id, kind, shard, key, payload::jsonb, max_attempts, coalesce(run_after, now()), deadline, unique_key
+				FROM u ORDER BY n
+				`+onConflictUnique+`
+				RETURNING id
+			)
+			SELECT u.id, ins.id IS NOT NULL FROM u LEFT JOIN ins ON ins.id = u.id ORDER BY u.n`,
+			kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys)
+		if err != nil {
+			return tasks.BatchEnqueued{}, err
+		}
+		var missed []int
+		var missedKeys []string
+		j := 0
+		var id int64
+		var inserted bool
+		_, err = pgx.ForEachRow(rows, []any{&id, &inserted}, func() error {
+			i := todo[j]
+			j++
+			if inserted {
+				res.Tasks[i] = tasks.Enqueued{ID: id}
+				res.Inserted++
+				return nil
+			}
+			missed = append(missed, i)
+			missedKeys = append(missedKeys, ins[i].UniqueKey)
+			return nil
+		})
+		if err != nil {
+			return tasks.BatchEnqueued{}, err
+		}
+		if len(missed) == 0 {
+			return res, nil
+		}
+		holders, err := uniqueHolders(ctx, q, missedKeys)
+		if err != nil {
+			return tasks.BatchEnqueued{}, err
+		}
+		todo = todo[:0]
+		for _, i := range missed {
+			if id, ok := holders[ins[i].UniqueKey]; ok {
+				res.Tasks[i] = tasks.Enqueued{ID: id, Duplicate: true}
+				res.Duplicates++
+			} else {
+				todo = append(todo, i)
+			}
+		}
+		if len(todo) == 0 {
+			return res, nil
+		}
+	}
+	return tasks.BatchEnqueued{}, errHolderInvisible
 }

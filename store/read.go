@@ -13,10 +13,13 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// ErrNotFound is returned by Get for a missing task.
-var ErrNotFound = tasks.ErrTaskGone
+// ErrNotFound is matched (errors.Is) by the error of Get and of every
+// operation on a task id that does not exist (a *tasks.NotFoundError).
+var ErrNotFound = tasks.ErrNotFound
 
-// CountByState returns the number of tasks in each state (all five present).
+// CountByState returns the exact number of tasks in each state (every state
+// present). It reads the whole table: 1.3s at 10 million rows on two cores.
+// The status page uses CountByStateCapped instead.
 func (s *Store) CountByState(ctx context.Context) (map[tasks.State]int64, error) {
 	rows, err := s.pool.Query(ctx, `SELECT state, count(*) FROM tasks GROUP BY state`)
 	if err != nil {
@@ -39,7 +42,7 @@ func (s *Store) CountByState(ctx context.Context) (map[tasks.State]int64, error)
 }
 
 // FinishedRates returns how many tasks per second reached each final state
-// (completed, failed, dead; all three present) over the last window, from
+// (completed, failed, dead, cancelled; all present) over the last window, from
 // the finished_at index: a rate that counts deltas of CountByState would go
 // negative when retention deletes old tasks.
 func (s *Store) FinishedRates(ctx context.Context, window time.Duration) (map[tasks.State]float64, error) {
@@ -50,7 +53,7 @@ func (s *Store) FinishedRates(ctx context.Context, window time.Duration) (map[ta
 	if err != nil {
 		return nil, fmt.Errorf("counting recently finished tasks: %w", err)
 	}
-	rates := map[tasks.State]float64{tasks.Completed: 0, tasks.Failed: 0, tasks.Dead: 0}
+	rates := map[tasks.State]float64{tasks.Completed: 0, tasks.Failed: 0, tasks.Dead: 0, tasks.Cancelled: 0}
 	var state string
 	var n int64
 	_, err = pgx.ForEachRow(rows, []any{&state, &n}, func() error {
@@ -63,28 +66,42 @@ func (s *Store) FinishedRates(ctx context.Context, window time.Duration) (map[ta
 	return rates, nil
 }
 
-// Get returns one task, or ErrNotFound.
+// Get returns one task, or an error matching ErrNotFound.
 func (s *Store) Get(ctx context.Context, id int64) (tasks.Task, error) {
-	var t tasks.Task
-	var state string
-	var claimedBy *string
-	var epoch *int64
-	var result []byte
-	err := s.pool.QueryRow(ctx, `
-		SELECT id, kind, shard, key, payload, state, attempt, max_attempts, run_after, deadline,
-		       claimed_by, claim_epoch, claimed_at, heartbeat_at, errors, result, created_at, finished_at
-		FROM tasks WHERE id = $1`, id).Scan(
-		&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Payload, &state, &t.Attempt, &t.MaxAttempts, &t.RunAfter, &t.Deadline,
-		&claimedBy, &epoch, &t.ClaimedAt, &t.HeartbeatAt, &t.Errors, &result, &t.CreatedAt, &t.FinishedAt)
+	t, err := scanTask(s.pool.QueryRow(ctx, `SELECT `+taskColumns+` FROM tasks t WHERE t.id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return tasks.Task{}, fmt.Errorf("getting task %d: %w", id, ErrNotFound)
+		return tasks.Task{}, fmt.Errorf("getting task %d: %w", id, &tasks.NotFoundError{ID: id})
 	}
 	if err != nil {
 		return tasks.Task{}, fmt.Errorf("getting task %d: %w", id, err)
 	}
+	return t, nil
+}
+
+// taskColumns are the columns of a whole task, as scanTask reads them.
+const taskColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.state, t.attempt, t.max_attempts, t.run_after, t.deadline,
+	t.claimed_by, t.claim_epoch, t.claimed_at, t.heartbeat_at, t.cancel_requested_at, t.unique_key,
+	t.errors, t.result, t.created_at, t.finished_at`
+
+// scanTask reads one row of taskColumns.
+func scanTask(row pgx.Row) (tasks.Task, error) {
+	var t tasks.Task
+	var state string
+	var claimedBy, uniqueKey *string
+	var epoch *int64
+	var result []byte
+	err := row.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Payload, &state, &t.Attempt, &t.MaxAttempts, &t.RunAfter, &t.Deadline,
+		&claimedBy, &epoch, &t.ClaimedAt, &t.HeartbeatAt, &t.CancelRequestedAt, &uniqueKey,
+		&t.Errors, &result, &t.CreatedAt, &t.FinishedAt)
+	if err != nil {
+		return tasks.Task{}, err
+	}
 	t.State = tasks.State(state)
 	if claimedBy != nil {
 		t.ClaimedBy = *claimedBy
+	}
+	if uniqueKey != nil {
+		t.UniqueKey = *uniqueKey
 	}
 	if epoch != nil {
 		t.Epoch = *epoch

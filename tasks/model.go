@@ -21,17 +21,31 @@ import (
 //	ready|running --deadline passed (sweeper)-> failed
 //	running --stale claim (sweeper or owner)--> ready (attempt+1) | dead
 //	running --interrupted (runner lost the shard)--> ready (same attempt)
+//	ready   --cancel (operator)-->              cancelled
+//	running --cancel (operator, then runner)--> cancelled
+//	dead|failed|cancelled --retry (operator)--> ready (attempt+1, fresh budget)
 //
-// Completed, failed and dead are final. A move back to ready after a handler
-// failed or its claim went stale increments attempt. Two moves back to
-// ready spend no attempt: unclaim returns a claim whose handler never
-// started (its shard began to move in between), and interrupt returns an
-// attempt cut short because its runner lost the shard — not the handler's
-// failure, so it is recorded in the history but not counted against
-// max_attempts. The next claim of either is under a newer epoch, so the
-// claim (id, attempt, epoch) is never reused. Every write
+// Completed is final. A move back to ready after a handler failed or its
+// claim went stale increments attempt. Two moves back to ready spend no
+// attempt: unclaim returns a claim whose handler never started (its shard
+// began to move in between), and interrupt returns an attempt cut short
+// because its runner lost the shard — not the handler's failure, so it is
+// recorded in the history but not counted against max_attempts. The next
+// claim of either is under a newer epoch, so the claim (id, attempt, epoch)
+// is never reused. Every write
 // in the store re-checks the state and attempt it expects, so a write that
 // finds the row elsewhere changes nothing.
+//
+// Cancelling a running task is a request (cancel_requested_at): the runner
+// that runs it learns of it from its next heartbeat, cancels the handler's
+// context with ErrCancelled and records the attempt as cancelled, whatever
+// the handler returns. Every other move that would put a task whose cancel
+// was requested back in line (a failure with attempts left, a stale or
+// orphaned claim, an unclaim) cancels it instead. Retry is the only way out
+// of dead, failed and cancelled, and only by an operator: it grants the
+// task as many further attempts as it was enqueued with (max_attempts
+// becomes attempt + that budget), keeps its history and drops a deadline
+// that has passed.
 type State string
 
 // The task states.
@@ -41,15 +55,25 @@ const (
 	Completed State = "completed"
 	Failed    State = "failed"
 	Dead      State = "dead"
+	Cancelled State = "cancelled"
 )
 
 // States lists every state in display order.
-var States = []State{Ready, Running, Completed, Failed, Dead}
+var States = []State{Ready, Running, Completed, Failed, Dead, Cancelled}
 
-// Terminal reports whether no move leaves s.
-func (s State) Terminal() bool { return s == Completed || s == Failed || s == Dead }
+// Terminal reports whether the task is finished: no runner will take it
+// again. Failed, dead and cancelled tasks leave only by an operator's retry.
+func (s State) Terminal() bool {
+	return s == Completed || s == Failed || s == Dead || s == Cancelled
+}
 
-// Valid reports whether s is one of the five states.
+// Retryable reports whether an operator may retry a task in state s.
+func (s State) Retryable() bool { return s == Failed || s == Dead || s == Cancelled }
+
+// Cancellable reports whether an operator may cancel a task in state s.
+func (s State) Cancellable() bool { return s == Ready || s == Running }
+
+// Valid reports whether s is one of the states.
 func (s State) Valid() bool {
 	for _, x := range States {
 		if s == x {
@@ -60,8 +84,11 @@ func (s State) Valid() bool {
 }
 
 var legalMoves = map[State][]State{
-	Ready:   {Running, Failed},
-	Running: {Completed, Ready, Dead, Failed},
+	Ready:     {Running, Failed, Cancelled},
+	Running:   {Completed, Ready, Dead, Failed, Cancelled},
+	Failed:    {Ready},
+	Dead:      {Ready},
+	Cancelled: {Ready},
 }
 
 // CanMove reports whether from -> to is one of the legal moves above.
@@ -90,13 +117,19 @@ type Task struct {
 	// Epoch is the claim's fencing token: the etcd revision at which the
 	// claiming runner acquired the shard. Pass it to downstream systems that
 	// accept a fencing token so a late write from an old owner is refused.
-	Epoch       int64           `json:"claim_epoch,omitempty"`
-	ClaimedAt   *time.Time      `json:"claimed_at,omitempty"`
-	HeartbeatAt *time.Time      `json:"heartbeat_at,omitempty"`
-	Errors      []AttemptError  `json:"errors"`
-	Result      json.RawMessage `json:"result,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
-	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
+	Epoch       int64      `json:"claim_epoch,omitempty"`
+	ClaimedAt   *time.Time `json:"claimed_at,omitempty"`
+	HeartbeatAt *time.Time `json:"heartbeat_at,omitempty"`
+	// CancelRequestedAt is when an operator asked to cancel the task while
+	// it was running; the runner running it cancels the attempt.
+	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
+	// UniqueKey, when set, makes enqueueing idempotent while the task is
+	// unfinished (see NewTask.UniqueKey).
+	UniqueKey  string          `json:"unique_key,omitempty"`
+	Errors     []AttemptError  `json:"errors"`
+	Result     json.RawMessage `json:"result,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	FinishedAt *time.Time      `json:"finished_at,omitempty"`
 }
 
 // Ref names one claimed attempt of a task: every write about it is fenced on

@@ -14,6 +14,8 @@ func TestMoves(t *testing.T) {
 	legal := map[[2]State]bool{
 		{Ready, Running}: true, {Ready, Failed}: true,
 		{Running, Completed}: true, {Running, Ready}: true, {Running, Dead}: true, {Running, Failed}: true,
+		{Ready, Cancelled}: true, {Running, Cancelled}: true,
+		{Failed, Ready}: true, {Dead, Ready}: true, {Cancelled, Ready}: true,
 	}
 	for _, from := range States {
 		for _, to := range States {
@@ -21,8 +23,14 @@ func TestMoves(t *testing.T) {
 				t.Errorf("CanMove(%s, %s) = %v", from, to, got)
 			}
 		}
-		if from.Terminal() != (from == Completed || from == Failed || from == Dead) {
+		if from.Terminal() != (from == Completed || from == Failed || from == Dead || from == Cancelled) {
 			t.Errorf("%s.Terminal() wrong", from)
+		}
+		if from.Retryable() != CanMove(from, Ready) && from != Running {
+			t.Errorf("%s.Retryable() disagrees with the moves", from)
+		}
+		if from.Cancellable() != CanMove(from, Cancelled) {
+			t.Errorf("%s.Cancellable() disagrees with the moves", from)
 		}
 	}
 	if State("paused").Valid() || !Ready.Valid() {
@@ -91,6 +99,8 @@ func TestPrepareRejectsBadInputNamingTheField(t *testing.T) {
 		{"max attempts beyond the limit", NewTask{Kind: "k", MaxAttempts: MaxAttemptsLimit + 1}, 8, "max_attempts"},
 		{"run_after in year 10000", NewTask{Kind: "k", RunAfter: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, 8, "run_after"},
 		{"deadline in year 300000", NewTask{Kind: "k", Deadline: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, 8, "deadline"},
+		{"long unique key", NewTask{Kind: "k", UniqueKey: strings.Repeat("x", 1025)}, 8, "unique_key"},
+		{"NUL in unique key", NewTask{Kind: "k", UniqueKey: "a\x00b"}, 8, "unique_key"},
 	} {
 		_, err := tc.task.Prepare(now, tc.shards, 5)
 		var fe *FieldError

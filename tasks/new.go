@@ -60,6 +60,13 @@ type NewTask struct {
 	RunAfter time.Time `json:"run_after,omitzero"`
 	// Deadline, when set, fails the task if it has not completed by then.
 	Deadline time.Time `json:"deadline,omitzero"`
+	// UniqueKey, when set, makes the enqueue idempotent: while a task with
+	// the same unique key is unfinished (ready or running), enqueueing
+	// another returns that task instead of creating one. Unique keys are
+	// global, across kinds; prefix them with the kind to scope them. Once
+	// the task finished (completed, failed, dead or cancelled) the key is
+	// free again.
+	UniqueKey string `json:"unique_key,omitempty"`
 }
 
 // Insert is a validated task with its shard computed, ready for the store.
@@ -71,6 +78,7 @@ type Insert struct {
 	MaxAttempts int
 	RunAfter    *time.Time
 	Deadline    *time.Time
+	UniqueKey   string // empty: none
 }
 
 // Prepare validates n against now and the shard count and fills defaults.
@@ -89,6 +97,9 @@ func (n NewTask) Prepare(now time.Time, shardCount, defaultMaxAttempts int) (Ins
 		return Insert{}, err
 	}
 	if err := checkText("key", n.Key, MaxKeyLen); err != nil {
+		return Insert{}, err
+	}
+	if err := checkText("unique_key", n.UniqueKey, MaxKeyLen); err != nil {
 		return Insert{}, err
 	}
 	switch {
@@ -110,7 +121,7 @@ func (n NewTask) Prepare(now time.Time, shardCount, defaultMaxAttempts int) (Ins
 			return Insert{}, &FieldError{Field: "payload", Problem: payloadProblem(err)}
 		}
 	}
-	in := Insert{Kind: n.Kind, Key: n.Key, Payload: n.Payload, MaxAttempts: n.MaxAttempts}
+	in := Insert{Kind: n.Kind, Key: n.Key, Payload: n.Payload, MaxAttempts: n.MaxAttempts, UniqueKey: n.UniqueKey}
 	if in.Key == "" {
 		in.Key = randomKey()
 	}

@@ -68,11 +68,14 @@ func (o Outcome) Err() error {
 }
 
 // WriteResult is the outcome of a fenced write for one task. State is the
-// task's state after the write when it applied.
+// task's state after the write when it applied. CancelRequested, when it
+// applied, says that an operator asked to cancel the task: a heartbeat that
+// sees it cancels the attempt.
 type WriteResult struct {
-	Ref     Ref
-	Outcome Outcome
-	State   State
+	Ref             Ref
+	Outcome         Outcome
+	State           State
+	CancelRequested bool
 }
 
 // Completion is a successful attempt to record.

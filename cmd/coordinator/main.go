@@ -65,7 +65,7 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.Secret(&o.databaseURL, "database-url", "DATABASE_URL", "PostgreSQL URL (required, except with --dev)")
 	fs.Int(&o.dbMaxConns, "db-max-conns", "SHARDRUN_DB_MAX_CONNS", store.DefaultMaxConns, fmt.Sprintf("PostgreSQL pool size, %d to %d", store.MinMaxConns, store.MaxMaxConns))
 	fs.String(&o.httpAddr, "http-addr", "SHARDRUN_HTTP_ADDR", coordinator.DefaultHTTPAddr, "address of the API, status page and metrics")
-	fs.Secret(&o.apiToken, "api-token", "SHARDRUN_API_TOKEN", "bearer token for the task API (enqueue and read); required when --http-addr is not loopback")
+	fs.Secret(&o.apiToken, "api-token", "SHARDRUN_API_TOKEN", "bearer token for every task endpoint (enqueue, list, get, cancel, retry); required when --http-addr is not loopback")
 	fs.String(&o.id, "coordinator-id", "SHARDRUN_COORDINATOR_ID", fmt.Sprintf("%s-%d", host, os.Getpid()), "this coordinator's name in the election (default: <hostname>-<pid>)")
 	fs.DynamicDefault("coordinator-id")
 	fs.Duration(&o.electionTTL, "election-ttl", "SHARDRUN_ELECTION_TTL", coordinator.DefaultElectionTTL, "leader session TTL, whole seconds, 1s to 1h: a dead leader is replaced within about this long")
