@@ -160,6 +160,21 @@ func TestAttemptsUsedUpGoDead(t *testing.T) {
 	}
 }
 
+// A handler's permanent failure buries the task at once.
+func TestPermanentFailureGoesDeadAtOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]tasks.Handler{"picky": func(context.Context, *tasks.Task) error {
+		return tasks.Permanent(errors.New("this input can never work"))
+	}})
+	e.store.add(1, "picky", 0, 5)
+	e.own.own(0, 1)
+	e.run()
+	e.until("dead", func() bool { return e.state(1) == tasks.Dead })
+	if got := e.store.get(1); got.Attempt != 1 || len(got.Errors) != 1 {
+		t.Fatalf("task %+v: a permanent failure must not spend the remaining attempts", got)
+	}
+}
+
 func TestHeartbeatsBeatRunningAttempts(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})

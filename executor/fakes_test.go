@@ -195,7 +195,12 @@ func (s *fakeStore) Fail(_ context.Context, owner string, failed []tasks.Failure
 	for i, f := range failed {
 		refs[i] = f.Ref
 	}
-	return s.fenced("fail", owner, refs, func(t *tasks.Task, i int) { s.retryOrBury(t, failed[i].Error) })
+	return s.fenced("fail", owner, refs, func(t *tasks.Task, i int) {
+		if failed[i].Final {
+			t.MaxAttempts = t.Attempt // buried whatever attempts are left
+		}
+		s.retryOrBury(t, failed[i].Error)
+	})
 }
 
 func (s *fakeStore) Interrupt(_ context.Context, owner string, cut []tasks.Interruption) ([]tasks.WriteResult, error) {

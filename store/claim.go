@@ -317,12 +317,13 @@ func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) 
 	refs := make([]tasks.Ref, len(failed))
 	msgs := make([]string, len(failed))
 	delays := make([]int64, len(failed))
+	finals := make([]bool, len(failed))
 	for i, f := range failed {
-		refs[i], msgs[i], delays[i] = f.Ref, StorableText(f.Error), f.RetryAfter.Milliseconds()
+		refs[i], msgs[i], delays[i], finals[i] = f.Ref, StorableText(f.Error), f.RetryAfter.Milliseconds(), f.Final
 	}
 	return s.fencedWrite(ctx, "failing", owner, refs,
-		retryOrBury("now() + c.delay_ms * interval '1 millisecond'", "$1::text", "c.msg"),
-		inputCol{"msg", "text", msgs}, inputCol{"delay_ms", "bigint", delays})
+		retryOrBuryUnless("c.final", "now() + c.delay_ms * interval '1 millisecond'", "$1::text", "c.msg"),
+		inputCol{"msg", "text", msgs}, inputCol{"delay_ms", "bigint", delays}, inputCol{"final", "boolean", finals})
 }
 
 // retryOrBury is the SET list of every statement that ends an attempt in
@@ -332,7 +333,13 @@ func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) 
 // must not run again. The error (an SQL expression, as is runner) is
 // appended to the task's errors under the attempt that failed.
 func retryOrBury(runAfter, runner, errExpr string) string {
-	const again = `t.attempt < t.max_attempts AND t.cancel_requested_at IS NULL`
+	return retryOrBuryUnless("false", runAfter, runner, errExpr)
+}
+
+// retryOrBuryUnless is retryOrBury where final (an SQL boolean) buries the
+// task whatever attempts it has left: a handler's permanent failure.
+func retryOrBuryUnless(final, runAfter, runner, errExpr string) string {
+	again := `t.attempt < t.max_attempts AND t.cancel_requested_at IS NULL AND NOT (` + final + `)`
 	return `
 		state        = CASE WHEN ` + again + ` THEN 'ready'
 		                    WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'dead' END,

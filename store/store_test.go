@@ -658,3 +658,28 @@ func TestSweepsApplyOnlyUnderTheLeaderFence(t *testing.T) {
 		t.Fatalf("current leader's sweep: %d %v", n, err)
 	}
 }
+
+// A final failure buries the task whatever attempts it has left; others
+// retry.
+func TestFinalFailureBuries(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 3, 1)
+	final := enqueue(t, s, insert("k", 3, 5))
+	again := enqueue(t, s, insert("k", 3, 5))
+	got := claim(t, s, "a", 3, 1, 2)
+	var fs []tasks.Failure
+	for _, task := range got {
+		fs = append(fs, tasks.Failure{Ref: task.Ref(), Error: "no", RetryAfter: time.Millisecond, Final: task.ID == final})
+	}
+	if _, err := s.Fail(ctx, "a", fs); err != nil {
+		t.Fatal(err)
+	}
+	if st := get(t, s, final); st.State != tasks.Dead || st.Attempt != 1 {
+		t.Errorf("final failure: %s at attempt %d, want dead at 1", st.State, st.Attempt)
+	}
+	if st := get(t, s, again); st.State != tasks.Ready || st.Attempt != 2 {
+		t.Errorf("ordinary failure: %s at attempt %d, want ready at 2", st.State, st.Attempt)
+	}
+}

@@ -92,9 +92,24 @@ type Interruption struct {
 }
 
 // Failure is a failed attempt to record. RetryAfter is the backoff before the
-// next attempt when attempts are left.
+// next attempt when attempts are left. Final buries the task whatever
+// attempts are left: the handler said no retry can succeed.
 type Failure struct {
 	Ref        Ref
 	Error      string
 	RetryAfter time.Duration
+	Final      bool
+}
+
+// ErrPermanent marks a handler error no retry can fix (a payload that does
+// not decode, input the handler refuses): the task goes dead at once
+// instead of spending its remaining attempts. Wrap it with Permanent.
+var ErrPermanent = errors.New("permanent failure")
+
+// Permanent marks err as a failure no retry can fix.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrPermanent, err)
 }

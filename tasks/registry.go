@@ -3,7 +3,6 @@ package tasks
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -18,7 +17,9 @@ import (
 type Handler func(ctx context.Context, t *Task) error
 
 // ErrPayload wraps payload decoding errors from Typed handlers.
-var ErrPayload = errors.New("decoding payload")
+// A payload error is permanent: the same payload will not decode on the
+// next attempt either.
+var ErrPayload = fmt.Errorf("decoding payload (%w)", ErrPermanent)
 
 // Typed adapts a handler that takes a decoded payload of type P. A payload
 // that does not decode into P fails the attempt with the decode error.
