@@ -98,7 +98,9 @@ func TestPostgresOutageCostsNoWork(t *testing.T) {
 	c.enqueue(coord, 90, "sleep", `{"ms": 1000}`, 5, tasks.Completed)
 	deadline := time.Now().Add(3 * time.Second).UTC().Format(time.RFC3339Nano)
 	c.enqueueWith(coord, 30, "sleep", `{"ms": 1000}`, map[string]any{"deadline": deadline}, tasks.Completed)
-	c.waitFor(10*time.Second, "the tasks running", func() bool { return c.counts()[tasks.Running] >= 100 })
+	// Every one of them running before the outage: a task that starts only
+	// after it is rightly past its deadline.
+	c.waitFor(10*time.Second, "the tasks running", func() bool { return c.counts()[tasks.Running] == 120 })
 	down := time.Now()
 	if err := srv.Restart(context.Background(), 4*time.Second); err != nil {
 		t.Fatal(err)
