@@ -47,6 +47,9 @@ func (c *Coordinator) Handler() http.Handler {
 	// needs it (the cluster view and the status page hold no task data).
 	mux.HandleFunc("POST /api/tasks", httpauth.Require(c.cfg.APIToken, "shardrun-api", c.handleEnqueue))
 	mux.HandleFunc("GET /api/tasks/{id}", httpauth.Require(c.cfg.APIToken, "shardrun-api", c.handleGetTask))
+	mux.HandleFunc("POST /api/schedules", httpauth.Require(c.cfg.APIToken, "shardrun-api", c.handleCreateSchedule))
+	mux.HandleFunc("GET /api/schedules", httpauth.Require(c.cfg.APIToken, "shardrun-api", c.handleListSchedules))
+	mux.HandleFunc("DELETE /api/schedules/{name}", httpauth.Require(c.cfg.APIToken, "shardrun-api", c.handleDeleteSchedule))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{}))
 	return mux
 }
@@ -87,6 +90,12 @@ type ClusterView struct {
 	Rates map[tasks.State]float64 `json:"rates"`
 	// RateWindow is the window of Rates, in seconds.
 	RateWindow float64 `json:"rate_window_seconds"`
+	// Unhandled are the ready tasks of kinds no attached runner handles,
+	// by kind; they wait until a runner that handles them attaches (or
+	// --unhandled-after fails them).
+	Unhandled []store.KindCount `json:"unhandled"`
+	// Schedules with their next run, by name (at most MaxSchedulesListed).
+	Schedules []ScheduleSummary `json:"schedules"`
 }
 
 // rateWindow is the window of ClusterView.Rates: long enough to smooth
@@ -107,10 +116,22 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	if err != nil {
 		return ClusterView{}, err
 	}
+	unhandled, err := c.unhandled.Unhandled(ctx)
+	if err != nil {
+		return ClusterView{}, err
+	}
+	scheds, err := c.schedules.List(ctx, MaxSchedulesListed)
+	if err != nil {
+		return ClusterView{}, err
+	}
 	now := c.clock.Now()
-	v := ClusterView{Prefix: c.cfg.Prefix, ShardCount: c.cfg.ShardCount, Revision: cl.Revision,
+	v := ClusterView{Unhandled: unhandled, Schedules: make([]ScheduleSummary, len(scheds)),
+		Prefix: c.cfg.Prefix, ShardCount: c.cfg.ShardCount, Revision: cl.Revision,
 		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Owners: cl.Owners, Epochs: cl.Epochs, Tasks: counts,
 		Runners: []RunnerView{}, Rates: rates, RateWindow: rateWindow.Seconds()}
+	for i, sc := range scheds {
+		v.Schedules[i] = summarize(sc)
+	}
 	owned := map[string]int{}
 	for _, o := range cl.Owners {
 		owned[o]++
