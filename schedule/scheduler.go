@@ -190,6 +190,9 @@ func (s *Scheduler) pass(ctx context.Context, r *Result) error {
 		if err != nil {
 			return err
 		}
+		if s.termStart.IsZero() {
+			s.termStart = res.Now // the first batch of the term found nothing due
+		}
 		r.Due += res.Schedules
 		r.Enqueued += res.Enqueued
 		r.Skipped += res.Skipped
