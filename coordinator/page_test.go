@@ -16,6 +16,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/runner"
+	"github.com/shardrun/shardrun/schedule"
 )
 
 // chromium finds Debian's chromium. Without it the browser test fails,
@@ -98,6 +99,20 @@ func TestStatusPageInABrowser(t *testing.T) {
 		return owners["runner-1"] == 32 && owners["runner-2"] == 32
 	})
 
+	// A schedule with its next run, and ready tasks of a kind nobody handles.
+	if _, err := c.Schedules().Create(context.Background(), schedule.Definition{Name: "nightly-report", Kind: "noop",
+		Cron: "0 3 * * *", Timezone: "Europe/Berlin"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Pool().Exec(context.Background(), `INSERT INTO tasks (kind, shard, key)
+		SELECT 'mystery', g % 64, g::text FROM generate_series(1, 7) g`); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the cluster view lists the mystery kind", func() bool {
+		v, err := c.Cluster(context.Background())
+		return err == nil && len(v.Unhandled) == 1
+	})
+
 	url := "http://" + c.Addr() + "/"
 	dom := headless(t, browser, "--dump-dom", url)
 	if !strings.Contains(dom, `data-rendered="true"`) {
@@ -119,6 +134,8 @@ func TestStatusPageInABrowser(t *testing.T) {
 		`<span class="badge attached">attached</span>`, `data-state="completed"`, "leader coord",
 		`<tr class="gone" data-runner="runner-4" data-health="left">`, `id="rate" data-completed-per-second=`,
 		"tasks/s completed", "minmax(0px, 1fr)",
+		`<tr data-schedule="nightly-report" data-next-run="`, "0 3 * * * (Europe/Berlin)",
+		`<tr data-unhandled-kind="mystery" data-ready="7">`, "no attached runner handles kind mystery",
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered page lacks %s", want)
