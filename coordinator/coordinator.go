@@ -139,6 +139,10 @@ func (c Config) WithDefaults() Config {
 	c.HTTPAddr = cmp.Or(c.HTTPAddr, DefaultHTTPAddr)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, tasks.DefaultMaxAttempts)
 	c.Sweep = c.Sweep.WithDefaults()
+	c.Retention = c.Retention.WithDefaults()
+	if c.Unhandled.After != 0 {
+		c.Unhandled = c.Unhandled.WithDefaults()
+	}
 	return c
 }
 
@@ -174,6 +178,14 @@ func (c Config) Validate() error {
 	}
 	if err := tasks.ValidateMaxAttempts(c.MaxAttempts); err != nil {
 		return err
+	}
+	if err := c.Retention.Validate(); err != nil {
+		return err
+	}
+	if c.Unhandled.After != 0 {
+		if err := c.Unhandled.Validate(); err != nil {
+			return err
+		}
 	}
 	return c.Sweep.Validate()
 }

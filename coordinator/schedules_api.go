@@ -2,15 +2,13 @@ package coordinator
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/schedule"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -84,43 +82,20 @@ func viewOf(sc store.Schedule) ScheduleView {
 // Schedules returns the schedules client (the Go API of /api/schedules).
 func (c *Coordinator) Schedules() *schedule.Client { return c.schedules }
 
-// authorized checks the bearer token when one is configured, answering
-// 401 itself when it is missing or wrong.
-func (c *Coordinator) authorized(w http.ResponseWriter, r *http.Request) bool {
-	if c.cfg.APIToken == "" {
-		return true
-	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if ok && subtle.ConstantTimeCompare([]byte(got), []byte(c.cfg.APIToken)) == 1 {
-		return true
-	}
-	w.Header().Set("WWW-Authenticate", `Bearer realm="shardrun-api"`)
-	writeJSON(w, http.StatusUnauthorized, apiError{Error: "missing or wrong bearer token"})
-	return false
-}
-
 func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Request) {
-	if !c.authorized(w, r) {
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxScheduleBody))
+	body, err := jsonbody.ReadRequest(w, r, maxScheduleBody)
 	if err != nil {
-		var tooBig *http.MaxBytesError
+		var tooBig *jsonbody.TooLargeError
 		if errors.As(err, &tooBig) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: fmt.Sprintf("request body larger than %d bytes", tooBig.Limit)})
+			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: err.Error()})
 			return
 		}
-		writeJSON(w, http.StatusBadRequest, apiError{Error: "reading request body: " + err.Error()})
+		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error()})
 		return
 	}
 	var req ScheduleRequest
-	dec := json.NewDecoder(strings.NewReader(string(body)))
-	dec.DisallowUnknownFields()
-	if err = dec.Decode(&req); err == nil && dec.More() {
-		err = errors.New("unexpected data after the JSON value")
-	}
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, apiError{Error: "malformed JSON: " + err.Error()})
+	if err := jsonbody.Decode(body, &req); err != nil {
+		badRequest(w, err, false, -1)
 		return
 	}
 	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Key: req.Key, Payload: req.Payload,
@@ -159,7 +134,7 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 		writeJSON(w, http.StatusConflict, apiError{Error: fmt.Sprintf("a schedule named %q exists; delete it first to redefine it", req.Name), Field: "name"})
 		return
 	case err != nil:
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+		c.storeError(w, r, "creating a schedule", err)
 		return
 	}
 	c.schedWake.Notify()
@@ -169,14 +144,11 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 }
 
 func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request) {
-	if !c.authorized(w, r) {
-		return
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	list, err := c.schedules.List(ctx, MaxSchedulesListed)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+		c.storeError(w, r, "listing schedules", err)
 		return
 	}
 	views := make([]ScheduleView, len(list))
@@ -187,16 +159,13 @@ func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request
 }
 
 func (c *Coordinator) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {
-	if !c.authorized(w, r) {
-		return
-	}
 	name := r.PathValue("name")
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	ok, err := c.schedules.Delete(ctx, name)
 	switch {
 	case err != nil:
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: err.Error()})
+		c.storeError(w, r, "deleting a schedule", err)
 	case !ok:
 		writeJSON(w, http.StatusNotFound, apiError{Error: fmt.Sprintf("no schedule named %q", name)})
 	default:

@@ -75,7 +75,9 @@ type RetentionConfig struct {
 	Passes *testsignal.Signal[RetentionResult]
 }
 
-func (c *RetentionConfig) fill() {
+// WithDefaults returns c with its zero settings replaced by the defaults
+// (a zero retention only when KeepCompleted or KeepFailed is not set).
+func (c RetentionConfig) WithDefaults() RetentionConfig {
 	if !c.KeepCompleted {
 		c.RetainCompleted = cmp.Or(c.RetainCompleted, DefaultRetainCompleted)
 	}
@@ -86,10 +88,12 @@ func (c *RetentionConfig) fill() {
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultRetentionBatch)
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
 	c.BatchPause = cmp.Or(c.BatchPause, DefaultBatchPause)
+	return c
 }
 
-// Validate reports the first bad setting, by its flag.
-func (c *RetentionConfig) Validate() error {
+// Validate reports the first bad setting, by its flag. It checks the
+// settings as they are (use WithDefaults first for the defaults).
+func (c RetentionConfig) Validate() error {
 	switch {
 	case c.RetainCompleted < 0:
 		return fmt.Errorf("--retain-completed: must not be negative (0 keeps completed tasks forever), got %s", c.RetainCompleted)
@@ -131,7 +135,7 @@ type Retainer struct {
 
 // NewRetainer validates cfg and fills the defaults.
 func NewRetainer(cfg RetentionConfig) (*Retainer, error) {
-	cfg.fill()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -53,8 +53,20 @@ type ReaperConfig struct {
 	Passes *testsignal.Signal[ReaperResult]
 }
 
-// Validate reports the first bad setting, by its flag.
-func (c *ReaperConfig) Validate() error {
+// WithDefaults returns c with its zero settings replaced by the defaults.
+func (c ReaperConfig) WithDefaults() ReaperConfig {
+	if c.Interval == 0 {
+		c.Interval = min(DefaultReaperInterval, max(c.After/2, time.Millisecond))
+	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultReaperBatch)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
+	c.BatchPause = cmp.Or(c.BatchPause, DefaultBatchPause)
+	return c
+}
+
+// Validate reports the first bad setting, by its flag. It checks the
+// settings as they are (use WithDefaults first for the defaults).
+func (c ReaperConfig) Validate() error {
 	switch {
 	case c.After <= 0:
 		return fmt.Errorf("--unhandled-after: must be positive (or not given), got %s", c.After)
@@ -62,8 +74,6 @@ func (c *ReaperConfig) Validate() error {
 		return fmt.Errorf("reaper Interval: must be positive, got %s", c.Interval)
 	case c.BatchSize < 1:
 		return fmt.Errorf("reaper BatchSize: must be at least 1, got %d", c.BatchSize)
-	case c.Store == nil || c.Kinds == nil:
-		return errors.New("reaper: a store and the runners' kinds are required")
 	}
 	return nil
 }
@@ -97,14 +107,12 @@ type Reaper struct {
 
 // NewReaper validates cfg and fills the defaults.
 func NewReaper(cfg ReaperConfig) (*Reaper, error) {
-	if cfg.Interval == 0 {
-		cfg.Interval = min(DefaultReaperInterval, max(cfg.After/2, time.Millisecond))
-	}
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultReaperBatch)
-	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout)
-	cfg.BatchPause = cmp.Or(cfg.BatchPause, DefaultBatchPause)
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Store == nil || cfg.Kinds == nil {
+		return nil, errors.New("reaper: a store and the runners' kinds are required")
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real()

@@ -205,12 +205,6 @@ func (o *options) validate() error {
 		return err
 	}
 	switch {
-	case o.unhandledAfter < 0:
-		return fmt.Errorf("--unhandled-after: must not be negative (0: unhandled tasks wait forever), got %s", o.unhandledAfter)
-	case o.retentionInterval <= 0:
-		return fmt.Errorf("--retention-interval: must be positive, got %s", o.retentionInterval)
-	case o.retentionBatch < 1:
-		return fmt.Errorf("--retention-batch: must be at least 1, got %d", o.retentionBatch)
 	case o.devRunners < 1 || o.devRunners > maxDevRunners:
 		return fmt.Errorf("--dev-runners: must be 1 to %d (processes on this machine), got %d", maxDevRunners, o.devRunners)
 	case o.devRate < 0 || o.devRate > maxDevRate:
