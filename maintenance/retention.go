@@ -103,8 +103,8 @@ func (c RetentionConfig) Validate() error {
 		return fmt.Errorf("--retention-interval: must be positive, got %s", c.Interval)
 	case c.BatchSize < 1:
 		return fmt.Errorf("--retention-batch: must be at least 1, got %d", c.BatchSize)
-	case c.StatementTimeout <= 0:
-		return fmt.Errorf("retention StatementTimeout: must be positive, got %s", c.StatementTimeout)
+	case c.StatementTimeout < 0:
+		return fmt.Errorf("retention StatementTimeout: must not be negative (0: the default), got %s", c.StatementTimeout)
 	case c.BatchPause < 0:
 		return fmt.Errorf("retention BatchPause: must not be negative, got %s", c.BatchPause)
 	}

@@ -70,10 +70,8 @@ func (c ReaperConfig) Validate() error {
 	switch {
 	case c.After <= 0:
 		return fmt.Errorf("--unhandled-after: must be positive (or not given), got %s", c.After)
-	case c.Interval <= 0:
-		return fmt.Errorf("reaper Interval: must be positive, got %s", c.Interval)
-	case c.BatchSize < 1:
-		return fmt.Errorf("reaper BatchSize: must be at least 1, got %d", c.BatchSize)
+	case c.Interval < 0 || c.BatchSize < 0 || c.StatementTimeout < 0 || c.BatchPause < 0:
+		return fmt.Errorf("reaper settings must not be negative (0: the default), got %+v", c)
 	}
 	return nil
 }
