@@ -356,23 +356,25 @@ func (c *Coordinator) Started() <-chan struct{} { return c.started }
 // Run serves HTTP and takes part in the election until ctx ends; the
 // leader resigns on the way out.
 func (c *Coordinator) Run(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	created, err := shard.EnsureShardCount(cctx, c.cfg.Client, c.cfg.Prefix, c.cfg.ShardCount)
-	cancel()
-	if err != nil {
-		return err
-	}
-	if created {
-		c.log.Info("created cluster", "prefix", c.cfg.Prefix, "shard_count", c.cfg.ShardCount)
-	}
-	cctx, cancel = context.WithTimeout(ctx, 30*time.Second)
-	created, err = c.cfg.Store.EnsureShardCount(cctx, c.cfg.ShardCount)
+	// The database first: a process with the wrong count must not create
+	// the cluster's meta/shard-count in a fresh etcd.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	created, err := c.cfg.Store.EnsureShardCount(cctx, c.cfg.ShardCount)
 	cancel()
 	if err != nil {
 		return err
 	}
 	if created {
 		c.log.Info("recorded the shard count in the database", "shard_count", c.cfg.ShardCount)
+	}
+	cctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+	created, err = shard.EnsureShardCount(cctx, c.cfg.Client, c.cfg.Prefix, c.cfg.ShardCount)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if created {
+		c.log.Info("created cluster", "prefix", c.cfg.Prefix, "shard_count", c.cfg.ShardCount)
 	}
 	ln, err := net.Listen("tcp", c.cfg.HTTPAddr)
 	if err != nil {

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -271,5 +272,26 @@ func TestUnhandledKindsVisibleAndFailed(t *testing.T) {
 	counts, _ := e.store.CountByState(ctx)
 	if counts["failed"] != 20 || counts["ready"] != 10 {
 		t.Fatalf("counts %v, want the 20 unhandled failed and the 10 noop ready", counts)
+	}
+}
+
+// A coordinator configured with another shard count than the database's
+// stops at start, naming the flag, and writes nothing to etcd.
+func TestCoordinatorRefusesAnotherShardCountThanTheDatabases(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if _, err := e.store.EnsureShardCount(context.Background(), 64); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store, HTTPAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Run(context.Background())
+	if !errors.Is(err, store.ErrShardCountMismatch) || !strings.Contains(err.Error(), "--shard-count") || !strings.Contains(err.Error(), "64 shards") {
+		t.Fatalf("coordinator with 16 shards on a 64-shard database: %v", err)
+	}
+	if resp, _ := e.admin.Get(context.Background(), prefix+"meta/shard-count"); len(resp.Kvs) != 0 {
+		t.Fatal("the refused coordinator created the cluster in etcd")
 	}
 }
