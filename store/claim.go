@@ -57,8 +57,8 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.state, t.attemp
 // most limit candidates from each, then the oldest limit of those. Ready
 // tasks of kinds the runner does not handle are never visited, however many
 // there are. The candidates are locked in a second step, by primary key,
-// skipping rows another transaction holds; PostgreSQL re-checks the state
-// on the newest version of each row it locks.
+// skipping rows another transaction holds; PostgreSQL re-checks the
+// state, run_after and deadline on the newest version of each row it locks.
 func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error) {
 	if len(owned) == 0 || len(kinds) == 0 || limit <= 0 {
 		return nil, nil
@@ -80,7 +80,8 @@ func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoc
 		), picked AS (
 			SELECT t.id, ($3::bigint[])[array_position($2::int[], t.shard)] AS epoch
 			FROM tasks t
-			WHERE t.id = ANY (ARRAY(SELECT id FROM candidates)) AND t.state = 'ready'
+			WHERE t.id = ANY (ARRAY(SELECT id FROM candidates)) AND t.state = 'ready' AND t.run_after <= now()
+			  AND (t.deadline IS NULL OR t.deadline > now())
 			  AND t.shard = ANY (ARRAY(SELECT shard FROM fence))
 			FOR UPDATE OF t SKIP LOCKED
 		)
