@@ -58,7 +58,12 @@ type Report struct {
 	Inspect     *inspectResult    `json:"inspect_10m_rows,omitempty"`
 	Enqueue     *enqueueResult    `json:"enqueue_paths,omitempty"`
 	Cost        *cost             `json:"cost,omitempty"`
-	Notes       []string          `json:"notes"`
+	Unclaimable *unclaimable      `json:"unclaimable,omitempty"`
+	Retention   *retentionRun     `json:"retention,omitempty"`
+	Churn       []churn           `json:"churn,omitempty"`
+	// Seconds each section took.
+	SectionSeconds map[string]float64 `json:"section_seconds"`
+	Notes          []string           `json:"notes"`
 }
 
 func main() {
@@ -71,7 +76,11 @@ func main() {
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn (default all)")
+	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
+	flag.IntVar(&maint.steadyRate, "steady-rate", 500, "tasks/s of the steady workload during the retention section")
+	flag.IntVar(&maint.churnTasks, "churn-tasks", 1_000_000, "tasks of each churn run")
+	flag.IntVar(&maint.churnRate, "churn-rate", 8_000, "tasks/s of the churn runs")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -156,16 +165,24 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"inspect", func() error { return e.inspectSection(ctx, rep, trials) }},
 		{"enqueue", func() error { return e.enqueueSection(ctx, rep, trials) }},
 		{"cost", func() error { return e.costSection(ctx, rep) }},
+		{"unclaimable", func() error { return e.unclaimableSection(ctx, rep, trials, n) }},
+		{"retention", func() error { return e.retentionSection(ctx, rep, maint.retentionRows, maint.steadyRate) }},
+		{"churn", func() error { return e.churnSection(ctx, rep, maint.churnTasks, maint.churnRate) }},
 	}
+	rep.SectionSeconds = map[string]float64{}
+	benchStart := time.Now()
 	for _, s := range sections {
 		if !want(s.name) {
 			continue
 		}
 		fmt.Fprintf(e.log, "== %s\n", s.name)
+		began := time.Now()
 		if err := s.fn(); err != nil {
 			return fmt.Errorf("%s: %w", s.name, err)
 		}
+		rep.SectionSeconds[s.name] = time.Since(began).Seconds()
 	}
+	rep.SectionSeconds["total"] = time.Since(benchStart).Seconds()
 	printTable(e.log, rep)
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
@@ -204,7 +221,7 @@ func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int)
 	for _, procs := range tuning.procs {
 		var ratios []float64
 		for trial := range trials {
-			ours, err := e.shardrunBurnDown(ctx, trial, procs, n, cmp.Or(tuning.shardrunWorkers[procs], 512))
+			ours, err := e.shardrunBurnDown(ctx, trial, procs, n, cmp.Or(tuning.shardrunWorkers[procs], 512), 0)
 			if err != nil {
 				return err
 			}
@@ -341,6 +358,21 @@ func printTable(w io.Writer, rep *Report) {
 			fmt.Fprintf(w, "| enqueue: %s | %.0f rows/s (median of %s) |\n", name, en.Median[name], fmtList(en.PerS[name]))
 		}
 	}
+	if u := rep.Unclaimable; u != nil {
+		fmt.Fprintf(w, "| noop throughput, 1 process, %d tasks, with %d ready tasks of a kind nobody handles | %.0f tasks/s with, %.0f without (medians); ratio median **%.2f** |\n",
+			u.Tasks, u.Unhandled, median(u.With), median(u.Without), u.MedianRatio)
+	}
+	if r := rep.Retention; r != nil {
+		fmt.Fprintf(w, "| retention: %d finished rows deleted while %d tasks/s run | %.0f rows/s (%.0fs, %d statements of %d); pickup latency p99 %.1f ms before, %.1f ms during (p50 %.1f, %.1f); claim statement mean %.2f ms before, %.2f ms during |\n",
+			r.Rows, r.SteadyRate, r.DeletePerS, r.DeleteSeconds, r.Statements, r.BatchSize, r.BeforeP99MS, r.DuringP99MS, r.BeforeP50MS, r.DuringP50MS, r.ClaimMeanMSBefore, r.ClaimMeanMSDuring)
+	}
+	for _, c := range rep.Churn {
+		fmt.Fprintf(w, "| tasks table after a churn of %d tasks at %d/s, %s | %d rows, table %.1f MiB, indexes %.1f MiB (ready index %.0f KiB), %d autovacuums |\n",
+			c.Tasks, c.Rate, c.Variant, c.LiveRows, c.TableMiB, c.IndexesMiB, c.ReadyIdxKiB, c.Autovacuums)
+	}
+	if t, ok := rep.SectionSeconds["total"]; ok {
+		fmt.Fprintf(w, "| bench time | %.0f s in all (%s) |\n", t, sectionTimes(rep.SectionSeconds))
+	}
 	if c := rep.Cost; c != nil {
 		fmt.Fprintf(w, "| etcd messages/s per runner at steady state | 256 shards: %.2f, 4,096 shards: %.2f |\n", c.EtcdMsgsPerRunnerPerS["256"], c.EtcdMsgsPerRunnerPerS["4096"])
 		fmt.Fprintf(w, "| RSS per runner | idle %.0f MiB, under load %.0f MiB |\n", c.IdleRSSMiB, c.LoadRSSMiB)
@@ -362,6 +394,23 @@ func fmtList(xs []float64) string {
 	parts := make([]string, len(xs))
 	for i, x := range xs {
 		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// maintOpts are the flags of the maintenance sections.
+type maintOpts struct {
+	retentionRows, steadyRate, churnTasks, churnRate int
+}
+
+var maint maintOpts
+
+func sectionTimes(m map[string]float64) string {
+	var parts []string
+	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn"} {
+		if v, ok := m[name]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
+		}
 	}
 	return strings.Join(parts, ", ")
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
@@ -44,6 +45,10 @@ func (c *Coordinator) Handler() http.Handler {
 	// With a token, every call that reads task data or changes anything
 	// needs it (the cluster view and the status page hold no task data).
 	c.taskRoutes(mux)
+	auth := func(h http.HandlerFunc) http.HandlerFunc { return httpauth.Require(c.cfg.APIToken, "shardrun-api", h) }
+	mux.HandleFunc("POST /api/schedules", auth(c.handleCreateSchedule))
+	mux.HandleFunc("GET /api/schedules", auth(c.handleListSchedules))
+	mux.HandleFunc("DELETE /api/schedules/{name}", auth(c.handleDeleteSchedule))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{}))
 	return mux
 }
@@ -91,6 +96,12 @@ type ClusterView struct {
 	Rates map[tasks.State]float64 `json:"rates"`
 	// RateWindow is the window of Rates, in seconds.
 	RateWindow float64 `json:"rate_window_seconds"`
+	// Unhandled are the ready tasks of kinds no attached runner handles,
+	// by kind; they wait until a runner that handles them attaches (or
+	// --unhandled-after fails them).
+	Unhandled []store.KindCount `json:"unhandled"`
+	// Schedules with their next run, by name (at most MaxSchedulesListed).
+	Schedules []ScheduleSummary `json:"schedules"`
 }
 
 // rateWindow is the window of ClusterView.Rates: long enough to smooth
@@ -111,11 +122,23 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	if err != nil {
 		return ClusterView{}, err
 	}
+	unhandled, err := c.unhandled.Unhandled(ctx)
+	if err != nil {
+		return ClusterView{}, err
+	}
+	scheds, err := c.schedules.List(ctx, MaxSchedulesListed)
+	if err != nil {
+		return ClusterView{}, err
+	}
 	now := c.clock.Now()
-	v := ClusterView{Prefix: c.cfg.Prefix, ShardCount: c.cfg.ShardCount, Revision: cl.Revision,
+	v := ClusterView{Unhandled: unhandled, Schedules: make([]ScheduleSummary, len(scheds)),
+		Prefix: c.cfg.Prefix, ShardCount: c.cfg.ShardCount, Revision: cl.Revision,
 		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Owners: cl.Owners, Epochs: cl.Epochs, Tasks: tc.counts,
 		TasksEstimated: tc.estimated, Attention: tc.attention,
 		Runners: []RunnerView{}, Rates: rates, RateWindow: rateWindow.Seconds()}
+	for i, sc := range scheds {
+		v.Schedules[i] = summarize(sc)
+	}
 	owned := map[string]int{}
 	for _, o := range cl.Owners {
 		owned[o]++

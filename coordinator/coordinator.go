@@ -25,6 +25,9 @@ import (
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/internal/wake"
+	"github.com/shardrun/shardrun/maintenance"
+	"github.com/shardrun/shardrun/schedule"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/sweeper"
@@ -61,6 +64,17 @@ type Config struct {
 	// Sweep configures the sweeper run by the leader (Store, Epoch and
 	// Clock are filled in).
 	Sweep sweeper.Config
+	// Retention configures the leader's deletion of finished tasks (Store,
+	// Epoch, Clock and Metrics are filled in).
+	Retention maintenance.RetentionConfig
+	// Unhandled configures the rule that fails ready tasks of kinds no
+	// attached runner handles; it runs only when After (--unhandled-after)
+	// is set. Store, Epoch, Kinds, Clock and Metrics are filled in.
+	Unhandled maintenance.ReaperConfig
+	// Scheduler configures the leader's enqueueing of schedule ticks
+	// (Store, Epoch, ShardCount, MaxAttempts, Clock, Metrics and Wake are
+	// filled in).
+	Scheduler schedule.SchedulerConfig
 	// HTTPAddr serves the API and status page. Default DefaultHTTPAddr.
 	HTTPAddr string
 	// APIToken, when set, is required as a bearer token on every call that
@@ -101,8 +115,17 @@ type Coordinator struct {
 	addr    string
 	started chan struct{}
 
-	counter *counter
-	elector *elector
+	counter   *counter
+	elector   *elector
+	unhandled *unhandledWatch
+
+	retentionM *maintenance.RetentionMetrics
+	reaperM    *maintenance.ReaperMetrics
+	schedM     *schedule.Metrics
+	schedules  *schedule.Client
+	// schedWake wakes the leader's scheduler when this coordinator
+	// creates a schedule.
+	schedWake wake.Signal
 
 	kindsMu sync.Mutex
 	kinds   map[string]bool
@@ -116,6 +139,10 @@ func (c Config) WithDefaults() Config {
 	c.HTTPAddr = cmp.Or(c.HTTPAddr, DefaultHTTPAddr)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, tasks.DefaultMaxAttempts)
 	c.Sweep = c.Sweep.WithDefaults()
+	c.Retention = c.Retention.WithDefaults()
+	if c.Unhandled.After != 0 {
+		c.Unhandled = c.Unhandled.WithDefaults()
+	}
 	return c
 }
 
@@ -151,6 +178,14 @@ func (c Config) Validate() error {
 	}
 	if err := tasks.ValidateMaxAttempts(c.MaxAttempts); err != nil {
 		return err
+	}
+	if err := c.Retention.Validate(); err != nil {
+		return err
+	}
+	if c.Unhandled.After != 0 {
+		if err := c.Unhandled.Validate(); err != nil {
+			return err
+		}
 	}
 	return c.Sweep.Validate()
 }
@@ -189,7 +224,46 @@ func New(cfg Config) (*Coordinator, error) {
 		isLeader: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
 			Help: "1 while this coordinator is the leader and sweeps."})}
 	c.sweepM = sweeper.NewMetrics(c.reg)
+	if err := c.maintenanceSetup(f); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// maintenanceSetup validates the maintenance settings now, not at the
+// first leadership, and creates what every term shares.
+func (c *Coordinator) maintenanceSetup(f promauto.Factory) error {
+	rc := c.cfg.Retention
+	rc.Store = c.cfg.Store
+	if _, err := maintenance.NewRetainer(rc); err != nil {
+		return err
+	}
+	if c.cfg.Unhandled.After != 0 {
+		uc := c.cfg.Unhandled
+		uc.Store, uc.Kinds = c.cfg.Store, c.handledKinds
+		if _, err := maintenance.NewReaper(uc); err != nil {
+			return err
+		}
+	}
+	schc := c.cfg.Scheduler
+	schc.Store, schc.ShardCount = c.cfg.Store, c.cfg.ShardCount
+	if _, err := schedule.NewScheduler(schc); err != nil {
+		return err
+	}
+	var err error
+	c.schedules, err = schedule.NewClient(c.cfg.Store, schedule.ClientConfig{ShardCount: c.cfg.ShardCount,
+		MaxAttempts: c.cfg.MaxAttempts, Clock: c.clock})
+	if err != nil {
+		return err
+	}
+	c.schedWake = wake.New()
+	c.retentionM = maintenance.NewRetentionMetrics(c.reg)
+	c.reaperM = maintenance.NewReaperMetrics(c.reg)
+	c.schedM = schedule.NewMetrics(c.reg)
+	c.unhandled = &unhandledWatch{store: c.cfg.Store, kinds: c.handledKinds, clock: c.clock, log: c.log.Named("unhandled"),
+		gauge: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_unhandled_tasks",
+			Help: "Ready tasks of kinds no attached runner handles, by kind (refreshed every few seconds)."}, []string{"kind"})}
+	return nil
 }
 
 // IsLeader reports whether this coordinator leads now.
@@ -200,19 +274,77 @@ func (c *Coordinator) Counts(ctx context.Context) (map[tasks.State]int64, error)
 	return c.counter.Counts(ctx)
 }
 
-// lead is the leader's work for one leadership term: the sweeper, until
-// ctx ends (the term ends) or the fence moves to a newer leader.
+// lead is the leader's work for one leadership term: the sweeper and the
+// maintenance loops (retention, schedules, and the unhandled-kind rule
+// when --unhandled-after is set), each fenced by epoch, until ctx ends
+// (the term ends) or one of them finds the fence moved to a newer leader,
+// which ends the others too.
 func (c *Coordinator) lead(ctx context.Context, epoch int64) error {
-	cfg := c.cfg.Sweep
-	cfg.Store, cfg.Epoch, cfg.Clock, cfg.Metrics = c.cfg.Store, epoch, c.clock, c.sweepM
-	if cfg.Logger == nil {
-		cfg.Logger = c.log.Named("sweeper")
-	}
-	sw, err := sweeper.New(cfg)
+	loops, err := c.leaderLoops(epoch)
 	if err != nil {
 		return err
 	}
-	return sw.Run(ctx)
+	lctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for _, run := range loops {
+		wg.Go(func() {
+			if err := run(lctx); err != nil {
+				cancel(err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := context.Cause(lctx); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+// leaderLoops builds the leader's loops for one term.
+func (c *Coordinator) leaderLoops(epoch int64) ([]func(context.Context) error, error) {
+	sc := c.cfg.Sweep
+	sc.Store, sc.Epoch, sc.Clock, sc.Metrics = c.cfg.Store, epoch, c.clock, c.sweepM
+	if sc.Logger == nil {
+		sc.Logger = c.log.Named("sweeper")
+	}
+	sw, err := sweeper.New(sc)
+	if err != nil {
+		return nil, err
+	}
+	rc := c.cfg.Retention
+	rc.Store, rc.Epoch, rc.Clock, rc.Metrics = c.cfg.Store, epoch, c.clock, c.retentionM
+	if rc.Logger == nil {
+		rc.Logger = c.log.Named("retention")
+	}
+	ret, err := maintenance.NewRetainer(rc)
+	if err != nil {
+		return nil, err
+	}
+	schc := c.cfg.Scheduler
+	schc.Store, schc.Epoch, schc.ShardCount, schc.MaxAttempts = c.cfg.Store, epoch, c.cfg.ShardCount, c.cfg.MaxAttempts
+	schc.Clock, schc.Metrics, schc.Wake = c.clock, c.schedM, c.schedWake
+	if schc.Logger == nil {
+		schc.Logger = c.log.Named("scheduler")
+	}
+	sch, err := schedule.NewScheduler(schc)
+	if err != nil {
+		return nil, err
+	}
+	loops := []func(context.Context) error{sw.Run, ret.Run, sch.Run}
+	if c.cfg.Unhandled.After > 0 {
+		uc := c.cfg.Unhandled
+		uc.Store, uc.Epoch, uc.Kinds, uc.Clock, uc.Metrics = c.cfg.Store, epoch, c.handledKinds, c.clock, c.reaperM
+		if uc.Logger == nil {
+			uc.Logger = c.log.Named("unhandled")
+		}
+		rp, err := maintenance.NewReaper(uc)
+		if err != nil {
+			return nil, err
+		}
+		loops = append(loops, rp.Run)
+	}
+	return loops, nil
 }
 
 // Addr is the bound HTTP address (after Started).
@@ -224,8 +356,19 @@ func (c *Coordinator) Started() <-chan struct{} { return c.started }
 // Run serves HTTP and takes part in the election until ctx ends; the
 // leader resigns on the way out.
 func (c *Coordinator) Run(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	created, err := shard.EnsureShardCount(cctx, c.cfg.Client, c.cfg.Prefix, c.cfg.ShardCount)
+	// The database first: a process with the wrong count must not create
+	// the cluster's meta/shard-count in a fresh etcd.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	created, err := c.cfg.Store.EnsureShardCount(cctx, c.cfg.ShardCount)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if created {
+		c.log.Info("recorded the shard count in the database", "shard_count", c.cfg.ShardCount)
+	}
+	cctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+	created, err = shard.EnsureShardCount(cctx, c.cfg.Client, c.cfg.Prefix, c.cfg.ShardCount)
 	cancel()
 	if err != nil {
 		return err
@@ -248,6 +391,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	})
 	wg.Go(func() { c.counter.Run(ctx) })
 	wg.Go(func() { c.roster.Run(ctx) })
+	wg.Go(func() { c.unhandled.Run(ctx) })
 	c.log.Info("coordinator started", "http", c.addr, "prefix", c.cfg.Prefix, "election_ttl", c.cfg.ElectionTTL)
 	close(c.started)
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/runner"
+	"github.com/shardrun/shardrun/schedule"
 )
 
 // chromium finds Debian's chromium. Without it the browser test fails,
@@ -106,9 +107,18 @@ func TestStatusPageInABrowser(t *testing.T) {
 		SELECT (SELECT id FROM d), (SELECT id FROM f)`).Scan(&dead, &failed); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 5*time.Second, "the dead task listed for attention", func() bool {
+	// A schedule with its next run, and ready tasks of a kind nobody handles.
+	if _, err := c.Schedules().Create(context.Background(), schedule.Definition{Name: "nightly-report", Kind: "noop",
+		Cron: "0 3 * * *", Timezone: "Europe/Berlin"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Pool().Exec(context.Background(), `INSERT INTO tasks (kind, shard, key)
+		SELECT 'mystery', g % 64, g::text FROM generate_series(1, 7) g`); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the dead and failed tasks listed for attention, and the mystery kind unhandled", func() bool {
 		v, err := c.Cluster(context.Background())
-		return err == nil && len(v.Attention.Dead) == 1 && len(v.Attention.Failed) == 1
+		return err == nil && len(v.Attention.Dead) == 1 && len(v.Attention.Failed) == 1 && len(v.Unhandled) == 1
 	})
 
 	url := "http://" + c.Addr() + "/"
@@ -134,6 +144,8 @@ func TestStatusPageInABrowser(t *testing.T) {
 		"tasks/s completed", "minmax(0px, 1fr)", `data-state="cancelled"`,
 		fmt.Sprintf(`<tr data-task="%d"><td><a href="/api/tasks/%d">#%d</a></td><td>ghost</td>`, dead, dead, dead),
 		fmt.Sprintf(`<a href="/api/tasks/%d">#%d</a>`, failed, failed),
+		`<tr data-schedule="nightly-report" data-next-run="`, "0 3 * * * (Europe/Berlin)",
+		`<tr data-unhandled-kind="mystery" data-ready="7">`, "no attached runner handles kind mystery",
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered page lacks %s", want)

@@ -102,6 +102,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err := st.Migrate(ctx); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
+	if _, err := st.EnsureShardCount(ctx, cfg.ShardCount); err != nil {
+		return err
+	}
 
 	etcd, err := cli.NewEtcdClient(cfg.EtcdEndpoints)
 	if err != nil {

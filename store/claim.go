@@ -51,20 +51,38 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.state, t.attemp
 // Claim moves up to limit ready tasks of the given kinds, in run_after order,
 // from the shards the runner holds the fence of, to running under that
 // shard's epoch. Shards whose fence is not (owner, epoch) yield nothing.
+//
+// The ready index is keyed by kind first (tasks_ready_idx: kind, run_after,
+// id), and the claim walks one range of it per kind it handles, taking at
+// most limit candidates from each, then the oldest limit of those. Ready
+// tasks of kinds the runner does not handle are never visited, however many
+// there are. The candidates are locked in a second step, by primary key,
+// skipping rows another transaction holds; PostgreSQL re-checks the
+// state, run_after and deadline on the newest version of each row it locks.
 func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error) {
 	if len(owned) == 0 || len(kinds) == 0 || limit <= 0 {
 		return nil, nil
 	}
 	shards, epochs := splitSorted(owned)
 	rows, err := s.pool.Query(ctx, `
-		WITH `+fenceCTE("$1", "SELECT * FROM unnest($2::int[], $3::bigint[])")+`, picked AS (
+		WITH `+fenceCTE("$1", "SELECT * FROM unnest($2::int[], $3::bigint[])")+`, candidates AS (
+			SELECT c.id FROM unnest($4::text[]) AS k(kind)
+			CROSS JOIN LATERAL (
+				SELECT t.id, t.run_after FROM tasks t
+				WHERE t.state = 'ready' AND t.kind = k.kind AND t.run_after <= now()
+				  AND (t.deadline IS NULL OR t.deadline > now())
+				  AND t.shard = ANY (ARRAY(SELECT shard FROM fence))
+				ORDER BY t.run_after, t.id
+				LIMIT $5
+			) c
+			ORDER BY c.run_after, c.id
+			LIMIT $5
+		), picked AS (
 			SELECT t.id, ($3::bigint[])[array_position($2::int[], t.shard)] AS epoch
 			FROM tasks t
-			WHERE t.state = 'ready' AND t.run_after <= now() AND t.kind = ANY($4::text[])
+			WHERE t.id = ANY (ARRAY(SELECT id FROM candidates)) AND t.state = 'ready' AND t.run_after <= now()
 			  AND (t.deadline IS NULL OR t.deadline > now())
 			  AND t.shard = ANY (ARRAY(SELECT shard FROM fence))
-			ORDER BY t.run_after, t.id
-			LIMIT $5
 			FOR UPDATE OF t SKIP LOCKED
 		)
 		UPDATE tasks t SET state = 'running', claimed_by = $1, claim_epoch = p.epoch,

@@ -46,10 +46,11 @@ func (s *Store) CountByState(ctx context.Context) (map[tasks.State]int64, error)
 // the finished_at index: a rate that counts deltas of CountByState would go
 // negative when retention deletes old tasks.
 func (s *Store) FinishedRates(ctx context.Context, window time.Duration) (map[tasks.State]float64, error) {
+	// One range of tasks_finished_idx (state, finished_at) per final state.
 	rows, err := s.pool.Query(ctx, `
-		SELECT state, count(*) FROM tasks
-		WHERE finished_at > now() - $1 * interval '1 millisecond'
-		GROUP BY state`, window.Milliseconds())
+		SELECT f.state, (SELECT count(*) FROM tasks t
+			WHERE t.state = f.state AND t.finished_at > now() - $1 * interval '1 millisecond')
+		FROM unnest(ARRAY['completed', 'failed', 'dead', 'cancelled']) AS f(state)`, window.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("counting recently finished tasks: %w", err)
 	}
@@ -57,7 +58,9 @@ func (s *Store) FinishedRates(ctx context.Context, window time.Duration) (map[ta
 	var state string
 	var n int64
 	_, err = pgx.ForEachRow(rows, []any{&state, &n}, func() error {
-		rates[tasks.State(state)] = float64(n) / window.Seconds()
+		if _, known := rates[tasks.State(state)]; known || n > 0 {
+			rates[tasks.State(state)] = float64(n) / window.Seconds()
+		}
 		return nil
 	})
 	if err != nil {

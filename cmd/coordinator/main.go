@@ -20,6 +20,7 @@ import (
 	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/maintenance"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/sweeper"
@@ -32,14 +33,16 @@ func main() {
 
 // options are the coordinator's flags.
 type options struct {
-	endpoints, prefix, cluster, databaseURL, httpAddr, apiToken, id string
-	shardCount, dbMaxConns, sweepBatch, maxAttempts                 int
-	electionTTL, sweepInterval, staleThreshold, heartbeatInterval   time.Duration
-	retryBase, retryCap                                             time.Duration
-	embedDir, embedAddr, logLevel, logFormat                        string
-	dev                                                             bool
-	devRunners, devRate                                             int
-	runnerBin                                                       string
+	endpoints, prefix, cluster, databaseURL, httpAddr, apiToken, id  string
+	shardCount, dbMaxConns, sweepBatch, maxAttempts                  int
+	electionTTL, sweepInterval, staleThreshold, heartbeatInterval    time.Duration
+	retryBase, retryCap                                              time.Duration
+	retainCompleted, retainFailed, retentionInterval, unhandledAfter time.Duration
+	retentionBatch                                                   int
+	embedDir, embedAddr, logLevel, logFormat                         string
+	dev                                                              bool
+	devRunners, devRate                                              int
+	runnerBin                                                        string
 	// warnings name the secrets given on the command line.
 	warnings []string
 }
@@ -54,7 +57,8 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 		"Usage: coordinator [flags]\n"+
 		"       coordinator --dev          (a whole cluster on this machine: embedded etcd, a throwaway\n"+
 		"                                   PostgreSQL, this coordinator, three runner processes, demo tasks)\n\n"+
-		"Several coordinators may run; one is leader and sweeps stale claims and missed deadlines.\n"+
+		"Several coordinators may run; one is leader: it sweeps stale claims and missed deadlines, deletes\n"+
+		"finished tasks after their retention and enqueues the ticks of schedules.\n"+
 		"SIGTERM/SIGINT shuts down gracefully (the leader resigns); a second signal exits at once.\n\n"+
 		"Secrets (--database-url, --api-token) are best given by file (--database-url-file,\n"+
 		"DATABASE_URL_FILE, …) or by the environment: the command line is readable by every local user.")
@@ -75,6 +79,11 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.Int(&o.sweepBatch, "sweep-batch", "SHARDRUN_SWEEP_BATCH", sweeper.DefaultBatchSize, fmt.Sprintf("rows one sweep statement may change, 1 to %d", sweeper.MaxBatchSize))
 	fs.Duration(&o.retryBase, "retry-base", "SHARDRUN_RETRY_BASE", tasks.DefaultRetryBase, "backoff before a swept task's next attempt (doubles per attempt, with jitter), 1ms to 24h")
 	fs.Duration(&o.retryCap, "retry-cap", "SHARDRUN_RETRY_CAP", tasks.DefaultRetryCap, "longest backoff, --retry-base to 24h")
+	fs.Duration(&o.retainCompleted, "retain-completed", "SHARDRUN_RETAIN_COMPLETED", maintenance.DefaultRetainCompleted, "the leader deletes completed tasks this long after they finished; 0 keeps them forever")
+	fs.Duration(&o.retainFailed, "retain-failed", "SHARDRUN_RETAIN_FAILED", maintenance.DefaultRetainFailed, "the leader deletes failed, dead and cancelled tasks this long after they finished; 0 keeps them forever")
+	fs.Duration(&o.retentionInterval, "retention-interval", "SHARDRUN_RETENTION_INTERVAL", maintenance.DefaultRetentionInterval, "time between retention passes")
+	fs.Int(&o.retentionBatch, "retention-batch", "SHARDRUN_RETENTION_BATCH", maintenance.DefaultRetentionBatch, "rows one retention statement may delete")
+	fs.Duration(&o.unhandledAfter, "unhandled-after", "SHARDRUN_UNHANDLED_AFTER", 0, "fail ready tasks of a kind no attached runner has handled for this long (and due for this long); 0: they wait forever")
 	fs.Int(&o.maxAttempts, "max-attempts", "SHARDRUN_MAX_ATTEMPTS", tasks.DefaultMaxAttempts, fmt.Sprintf("attempts for tasks enqueued without max_attempts, 1 to %d", tasks.MaxAttemptsLimit))
 	fs.String(&o.embedDir, "embed-etcd", "SHARDRUN_EMBED_ETCD", "", "run a single-node etcd inside the coordinator with its data in this directory")
 	fs.String(&o.embedAddr, "embed-etcd-addr", "SHARDRUN_EMBED_ETCD_ADDR", cli.DefaultEtcdAddr, "client address of the embedded etcd")
@@ -149,6 +158,10 @@ func (o *options) config() coordinator.Config {
 		Sweep: sweeper.Config{Interval: o.sweepInterval, StaleThreshold: o.staleThreshold,
 			HeartbeatInterval: o.heartbeatInterval, BatchSize: o.sweepBatch,
 			Backoff: store.Backoff{Base: o.retryBase, Cap: o.retryCap}},
+		Retention: maintenance.RetentionConfig{RetainCompleted: o.retainCompleted, RetainFailed: o.retainFailed,
+			KeepCompleted: o.retainCompleted == 0, KeepFailed: o.retainFailed == 0,
+			Interval: o.retentionInterval, BatchSize: o.retentionBatch},
+		Unhandled: maintenance.ReaperConfig{After: o.unhandledAfter},
 	}
 }
 

@@ -31,7 +31,8 @@ func TestHelpAndBadInput(t *testing.T) {
 		t.Fatalf("--help: %d %s", code, errOut.String())
 	}
 	for _, want := range []string{"--dev", "--embed-etcd", "--election-ttl", "--stale-threshold", "--sweep-interval",
-		"--http-addr", "--api-token", "SHARDRUN_API_TOKEN", "--database-url", "DATABASE_URL", "--shard-count"} {
+		"--http-addr", "--api-token", "SHARDRUN_API_TOKEN", "--database-url", "DATABASE_URL", "--shard-count",
+		"--retain-completed", "SHARDRUN_RETAIN_COMPLETED", "--retain-failed", "--unhandled-after", "SHARDRUN_UNHANDLED_AFTER"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("--help lacks %s", want)
 		}
@@ -46,6 +47,8 @@ func TestHelpAndBadInput(t *testing.T) {
 		{[]string{"--database-url", "postgres://u@h/db", "--etcd-endpoints", "nope"}, "--etcd-endpoints"},
 		{[]string{"--database-url", "postgres://u@h/db", "--sweep-interval", "soon"}, "--sweep-interval"},
 		{[]string{"--dev", "--dev-runners", "0"}, "--dev-runners"},
+		{[]string{"--database-url", "postgres://u@h/db", "--unhandled-after", "-1s"}, "--unhandled-after"},
+		{[]string{"--database-url", "postgres://u@h/db", "--retention-batch", "0"}, "--retention-batch"},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(tc.args, func(k string) string { return env[k] }, &out, &errOut)

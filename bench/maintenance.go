@@ -1,0 +1,357 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/maintenance"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// unclaimable is the noop throughput of one runner process with and
+// without 300,000 ready tasks of a kind nobody handles (issue 14).
+type unclaimable struct {
+	Unhandled   int       `json:"unhandled_ready_tasks"`
+	Tasks       int       `json:"tasks"`
+	Without     []float64 `json:"tasks_per_s_without"`
+	With        []float64 `json:"tasks_per_s_with"`
+	MedianRatio float64   `json:"median_with_over_without"`
+}
+
+func (e *env) unclaimableSection(ctx context.Context, rep *Report, trials, n int) error {
+	const unhandled = 300_000
+	u := &unclaimable{Unhandled: unhandled, Tasks: n}
+	workers := tuning.shardrunWorkers[1]
+	if workers == 0 {
+		workers = 1024
+	}
+	var ratios []float64
+	for trial := range trials {
+		without, err := e.shardrunBurnDown(ctx, 100+trial, 1, n, workers, 0)
+		if err != nil {
+			return err
+		}
+		with, err := e.shardrunBurnDown(ctx, 100+trial, 1, n, workers, unhandled)
+		if err != nil {
+			return err
+		}
+		u.Without, u.With = append(u.Without, without.TasksPerS), append(u.With, with.TasksPerS)
+		ratios = append(ratios, with.TasksPerS/without.TasksPerS)
+		fmt.Fprintf(e.log, "  trial %d: %.0f tasks/s without, %.0f with %d unhandled ready tasks (ratio %.2f)\n",
+			trial+1, without.TasksPerS, with.TasksPerS, unhandled, with.TasksPerS/without.TasksPerS)
+	}
+	u.MedianRatio = median(ratios)
+	rep.Unclaimable = u
+	return nil
+}
+
+// retentionRun is the deletion of a large backlog of finished tasks while
+// tasks run at a steady rate.
+type retentionRun struct {
+	Rows          int     `json:"finished_rows"`
+	LoadSeconds   float64 `json:"insert_s"`
+	DeleteSeconds float64 `json:"delete_s"`
+	DeletePerS    float64 `json:"deleted_rows_per_s"`
+	Statements    int     `json:"statements"`
+	BatchSize     int     `json:"batch_size"`
+	SteadyRate    int     `json:"steady_tasks_per_s"`
+	// Pickup latency: claimed_at - run_after of the steady tasks (database
+	// clock), in milliseconds, before and during the deletion.
+	BeforeP50MS float64 `json:"pickup_p50_ms_before"`
+	BeforeP99MS float64 `json:"pickup_p99_ms_before"`
+	DuringP50MS float64 `json:"pickup_p50_ms_during"`
+	DuringP99MS float64 `json:"pickup_p99_ms_during"`
+	// Claim statement mean time from pg_stat_statements, before and during.
+	ClaimMeanMSBefore float64 `json:"claim_statement_mean_ms_before,omitempty"`
+	ClaimMeanMSDuring float64 `json:"claim_statement_mean_ms_during,omitempty"`
+}
+
+// churn is the tasks table's size after a churn of tasks.
+type churn struct {
+	Variant     string  `json:"variant"`
+	Tasks       int     `json:"tasks"`
+	Rate        int     `json:"tasks_per_s"`
+	Seconds     float64 `json:"seconds"`
+	LiveRows    int64   `json:"rows_left"`
+	TableMiB    float64 `json:"table_mib"`
+	IndexesMiB  float64 `json:"indexes_mib"`
+	ReadyIdxKiB float64 `json:"ready_index_kib"`
+	Autovacuums int64   `json:"autovacuum_runs"`
+	DeadTuples  int64   `json:"dead_tuples_at_end"`
+	PickupP99MS float64 `json:"pickup_p99_ms"`
+	Autovacuum  string  `json:"autovacuum_settings"`
+	RetainFor   string  `json:"retain_completed,omitempty"`
+}
+
+// steady enqueues rate noop tasks per second in ten batches a second until
+// stop is closed, and returns how many it enqueued.
+func steady(ctx context.Context, client *tasks.Client, rate int, limit int, stop <-chan struct{}) (int, error) {
+	per := max(rate/10, 1)
+	batch := make([]tasks.NewTask, per)
+	for i := range batch {
+		batch[i] = tasks.NewTask{Kind: "noop"}
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	sent := 0
+	for limit == 0 || sent < limit {
+		select {
+		case <-stop:
+			return sent, nil
+		case <-ctx.Done():
+			return sent, ctx.Err()
+		case <-tick.C:
+		}
+		k := per
+		if limit > 0 {
+			k = min(k, limit-sent)
+		}
+		if _, err := client.EnqueueBatch(ctx, batch[:k]); err != nil {
+			return sent, err
+		}
+		sent += k
+	}
+	return sent, nil
+}
+
+// pickup returns the p50 and p99 of claimed_at - run_after in ms of the
+// noop tasks enqueued in [from, to) (database clock).
+func pickup(ctx context.Context, st *store.Store, from, to time.Time) (p50, p99 float64, err error) {
+	err = st.Pool().QueryRow(ctx, `
+		SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), 0), coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), 0)
+		FROM (SELECT extract(epoch FROM claimed_at - run_after) * 1000 AS ms FROM tasks
+		      WHERE kind = 'noop' AND created_at >= $1 AND created_at < $2 AND claimed_at IS NOT NULL) x`, from, to).Scan(&p50, &p99)
+	return p50, p99, err
+}
+
+func dbNow(ctx context.Context, st *store.Store) time.Time {
+	var t time.Time
+	_ = st.Pool().QueryRow(ctx, `SELECT now()`).Scan(&t)
+	return t
+}
+
+// claimMean is the mean time of the claim statement so far
+// (pg_stat_statements), with its call count.
+func (e *env) claimMean(ctx context.Context, st *store.Store) (calls int64, totalMS float64) {
+	if !e.statStatements {
+		return 0, 0
+	}
+	// The view lives in the database the extension was created in.
+	conn, err := pgx.Connect(ctx, e.pg.DSN("postgres"))
+	if err != nil {
+		return 0, 0
+	}
+	defer conn.Close(ctx)
+	_ = conn.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0) FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1) AND query LIKE '%candidates AS%'`,
+		st.Pool().Config().ConnConfig.Database).Scan(&calls, &totalMS)
+	return calls, totalMS
+}
+
+func (e *env) retentionSection(ctx context.Context, rep *Report, rows, rate int) error {
+	dsn, err := e.database(ctx, "retention")
+	if err != nil {
+		return err
+	}
+	st, err := store.Open(ctx, dsn, store.Options{MaxConns: 8})
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		return err
+	}
+	res := &retentionRun{Rows: rows, SteadyRate: rate, BatchSize: maintenance.DefaultRetentionBatch}
+	start := time.Now()
+	const chunk = 1_000_000
+	for done := 0; done < rows; done += chunk {
+		k := min(chunk, rows-done)
+		if _, err := st.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key, state, claimed_by, claim_epoch, claimed_at, finished_at, created_at)
+			SELECT 'noop', g % 256, g::text, 'completed', 'r', 1, now() - interval '3 days', now() - interval '2 days' - g * interval '1 millisecond', now() - interval '3 days'
+			FROM generate_series($1::bigint, $2::bigint) g`, done+1, done+k); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.log, "  inserted %d finished rows (%.0fs)\n", done+k, time.Since(start).Seconds())
+	}
+	if _, err := st.Pool().Exec(ctx, `VACUUM ANALYZE tasks`); err != nil {
+		return err
+	}
+	res.LoadSeconds = time.Since(start).Seconds()
+	client, _ := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	c := e.newCluster(fmt.Sprintf("ret-%d", time.Now().UnixNano()), dsn, 256)
+	defer c.stop()
+	if _, err := c.start("runner-1", runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: 256}); err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var prodErr error
+	wg.Go(func() { _, prodErr = steady(ctx, client, rate, 0, stop) })
+	time.Sleep(5 * time.Second) // warm-up of the steady workload: a fixed window, not a wait for a condition
+	beforeFrom := dbNow(ctx, st)
+	c0, t0 := e.claimMean(ctx, st)
+	time.Sleep(20 * time.Second) // the "before" measurement window
+	beforeTo := dbNow(ctx, st)
+	c1, t1 := e.claimMean(ctx, st)
+
+	if ok, err := st.RaiseLeaderFence(ctx, "bench", 1); err != nil || !ok {
+		return fmt.Errorf("fence: %v %v", ok, err)
+	}
+	passes := testsignal.New[maintenance.RetentionResult]()
+	r, err := maintenance.NewRetainer(maintenance.RetentionConfig{Store: st, Epoch: 1, RetainCompleted: 24 * time.Hour,
+		Interval: time.Hour, Logger: hclog.NewNullLogger(), Passes: passes})
+	if err != nil {
+		return err
+	}
+	duringFrom := dbNow(ctx, st)
+	delStart := time.Now()
+	rctx, rcancel := context.WithCancel(ctx)
+	var rwg sync.WaitGroup
+	rwg.Go(func() { _ = r.Run(rctx) })
+	pass, ok := passes.Wait(30*time.Minute, func(maintenance.RetentionResult) bool { return true })
+	rcancel()
+	rwg.Wait()
+	if !ok {
+		return fmt.Errorf("retention pass not done within 30 minutes")
+	}
+	res.DeleteSeconds = time.Since(delStart).Seconds()
+	duringTo := dbNow(ctx, st)
+	c2, t2 := e.claimMean(ctx, st)
+	close(stop)
+	wg.Wait()
+	if prodErr != nil {
+		return prodErr
+	}
+	if pass.Err != nil {
+		return pass.Err
+	}
+	res.Statements = pass.Statements
+	res.DeletePerS = float64(pass.Deleted["completed"]) / res.DeleteSeconds
+	if pass.Deleted["completed"] != int64(rows) {
+		return fmt.Errorf("retention deleted %d of %d rows", pass.Deleted["completed"], rows)
+	}
+	if res.BeforeP50MS, res.BeforeP99MS, err = pickup(ctx, st, beforeFrom, beforeTo); err != nil {
+		return err
+	}
+	if res.DuringP50MS, res.DuringP99MS, err = pickup(ctx, st, duringFrom, duringTo); err != nil {
+		return err
+	}
+	if c1 > c0 && c2 > c1 {
+		res.ClaimMeanMSBefore, res.ClaimMeanMSDuring = (t1-t0)/float64(c1-c0), (t2-t1)/float64(c2-c1)
+	}
+	rep.Retention = res
+	fmt.Fprintf(e.log, "  deleted %d rows in %.1fs (%.0f rows/s, %d statements); pickup p99 %.1f ms before, %.1f ms during\n",
+		rows, res.DeleteSeconds, res.DeletePerS, res.Statements, res.BeforeP99MS, res.DuringP99MS)
+	return nil
+}
+
+// tightAutovacuum is the candidate autovacuum setting for the tasks table
+// that the churn compares with PostgreSQL's defaults (which migration 00005
+// keeps: see docs/architecture.md).
+const tightAutovacuum = `ALTER TABLE tasks SET (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+	autovacuum_vacuum_insert_scale_factor = 0.01, autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_delay = 0)`
+
+func (e *env) churnSection(ctx context.Context, rep *Report, n, rate int) error {
+	variants := []struct {
+		name   string
+		retain time.Duration
+		tight  bool
+	}{
+		{"no retention", 0, false},
+		{"retention, PostgreSQL's default autovacuum", 10 * time.Second, false},
+		{"retention, autovacuum at 1% dead rows, unthrottled", 10 * time.Second, true},
+	}
+	for _, v := range variants {
+		res, err := e.churnOnce(ctx, n, rate, v.name, v.retain, v.tight)
+		if err != nil {
+			return err
+		}
+		rep.Churn = append(rep.Churn, res)
+		fmt.Fprintf(e.log, "  %s: %d rows left, table %.1f MiB, indexes %.1f MiB (ready index %.0f KiB), %d autovacuums, pickup p99 %.1f ms\n",
+			v.name, res.LiveRows, res.TableMiB, res.IndexesMiB, res.ReadyIdxKiB, res.Autovacuums, res.PickupP99MS)
+	}
+	return nil
+}
+
+func (e *env) churnOnce(ctx context.Context, n, rate int, name string, retain time.Duration, tight bool) (churn, error) {
+	res := churn{Variant: name, Tasks: n, Rate: rate, Autovacuum: "PostgreSQL defaults"}
+	dsn, err := e.database(ctx, "churn")
+	if err != nil {
+		return res, err
+	}
+	st, err := store.Open(ctx, dsn, store.Options{MaxConns: 8})
+	if err != nil {
+		return res, err
+	}
+	defer st.Close()
+	if err := st.Migrate(ctx); err != nil {
+		return res, err
+	}
+	if tight {
+		if _, err := st.Pool().Exec(ctx, tightAutovacuum); err != nil {
+			return res, err
+		}
+		res.Autovacuum = "scale factors 0.01 (vacuum, insert), 0.02 (analyze), threshold 1000, cost delay 0"
+	}
+	client, _ := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	c := e.newCluster(fmt.Sprintf("churn-%d", time.Now().UnixNano()), dsn, 256)
+	defer c.stop()
+	if _, err := c.start("runner-1", runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: 512}); err != nil {
+		return res, err
+	}
+	rctx, rcancel := context.WithCancel(ctx)
+	var rwg sync.WaitGroup
+	if retain > 0 {
+		res.RetainFor = retain.String()
+		if ok, err := st.RaiseLeaderFence(ctx, "bench", 1); err != nil || !ok {
+			rcancel()
+			return res, fmt.Errorf("fence: %v %v", ok, err)
+		}
+		r, err := maintenance.NewRetainer(maintenance.RetentionConfig{Store: st, Epoch: 1, RetainCompleted: retain,
+			Interval: time.Second, Logger: hclog.NewNullLogger()})
+		if err != nil {
+			rcancel()
+			return res, err
+		}
+		rwg.Go(func() { _ = r.Run(rctx) })
+	}
+	from := dbNow(ctx, st)
+	start := time.Now()
+	if _, err := steady(ctx, client, rate, n, nil); err != nil {
+		rcancel()
+		return res, err
+	}
+	err = waitUntil(5*time.Minute, func() bool {
+		var pending bool
+		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND kind = 'noop')
+			OR EXISTS (SELECT 1 FROM tasks WHERE state = 'running')`).Scan(&pending)
+		return !pending
+	})
+	res.Seconds = time.Since(start).Seconds()
+	_, res.PickupP99MS, _ = pickup(ctx, st, from, dbNow(ctx, st))
+	if retain > 0 {
+		// Let retention catch up with the last tasks (horizon + a pass).
+		time.Sleep(retain + 2*time.Second)
+	}
+	rcancel()
+	rwg.Wait()
+	if err != nil {
+		return res, err
+	}
+	var table, indexes, ready int64
+	err = st.Pool().QueryRow(ctx, `SELECT pg_table_size('tasks'), pg_indexes_size('tasks'), pg_relation_size('tasks_ready_idx'),
+		(SELECT count(*) FROM tasks), s.autovacuum_count, s.n_dead_tup
+		FROM pg_stat_user_tables s WHERE s.relname = 'tasks'`).Scan(&table, &indexes, &ready, &res.LiveRows, &res.Autovacuums, &res.DeadTuples)
+	if err != nil {
+		return res, err
+	}
+	res.TableMiB, res.IndexesMiB, res.ReadyIdxKiB = float64(table)/(1<<20), float64(indexes)/(1<<20), float64(ready)/1024
+	return res, nil
+}

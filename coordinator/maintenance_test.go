@@ -1,0 +1,297 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/maintenance"
+	"github.com/shardrun/shardrun/schedule"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
+)
+
+// scheduleTicks returns the ticks of the schedule's tasks, oldest first.
+func scheduleTicks(t *testing.T, st *store.Store, name string) []time.Time {
+	t.Helper()
+	rows, err := st.Pool().Query(context.Background(), `SELECT t.schedule_tick FROM tasks t
+		JOIN schedules s ON s.id = t.schedule_id WHERE s.name = $1 ORDER BY t.schedule_tick`, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []time.Time
+	for rows.Next() {
+		var at time.Time
+		_ = rows.Scan(&at)
+		out = append(out, at)
+	}
+	return out
+}
+
+// A schedule ticking every second across a leader kill: no tick is
+// enqueued twice, and the only ticks missing are ticks that came due
+// before the new leader's term began, of which the latest was enqueued.
+func TestScheduleAcrossALeaderKill(t *testing.T) {
+	e := newEnv(t)
+	sig := newSignals()
+	passes := map[string]*testsignal.Signal[schedule.Result]{}
+	withPasses := func(id string) func(*Config) {
+		passes[id] = testsignal.New[schedule.Result]()
+		return func(c *Config) { c.Scheduler.Passes = passes[id] }
+	}
+	a := e.start("coord-a", sig, withPasses("coord-a"))
+	testutil.WaitFor(t, 10*time.Second, "a leads", a.IsLeader)
+	b := e.start("coord-b", sig, withPasses("coord-b"))
+	ctx := context.Background()
+	start := time.Now().Add(time.Second).Truncate(time.Second)
+	if _, err := a.Schedules().Create(ctx, schedule.Definition{Name: "every-second", Kind: "noop",
+		Every: time.Second, Start: start}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "a enqueued 3 ticks", func() bool { return len(scheduleTicks(t, e.store, "every-second")) >= 3 })
+
+	sess := a.elector.session.Load()
+	if _, err := e.admin.Revoke(ctx, sess.Lease()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "b leads", b.IsLeader)
+	// b's first pass fixes its term start; then three more ticks.
+	first, ok := passes["coord-b"].Wait(10*time.Second, func(r schedule.Result) bool { return r.Err == nil })
+	if !ok {
+		t.Fatal("b ran no scheduler pass")
+	}
+	termStart := first.TermStart
+	testutil.WaitFor(t, 10*time.Second, "b enqueued 3 ticks of its term", func() bool {
+		n := 0
+		for _, at := range scheduleTicks(t, e.store, "every-second") {
+			if !at.Before(termStart) {
+				n++
+			}
+		}
+		return n >= 3
+	})
+	checkTicks(t, e.store, start, termStart, passes["coord-b"])
+
+	// No leader at all for 2.5s: a is stopped, b is stopped, and c starts
+	// after a fixed gap (the fault being simulated, not a wait for a
+	// condition). c enqueues the latest tick missed in the gap, once.
+	a.stop()
+	b.stop()
+	time.Sleep(2500 * time.Millisecond)
+	c := e.start("coord-c", sig, withPasses("coord-c"))
+	testutil.WaitFor(t, 10*time.Second, "c leads", c.IsLeader)
+	first, ok = passes["coord-c"].Wait(10*time.Second, func(r schedule.Result) bool { return r.Err == nil })
+	if !ok {
+		t.Fatal("c ran no scheduler pass")
+	}
+	if first.Skipped < 1 || first.Enqueued < 1 {
+		t.Fatalf("c's first pass after a 2.5s gap: %+v; want the missed ticks skipped but the latest enqueued", first)
+	}
+	checkTicks(t, e.store, start, first.TermStart, passes["coord-c"], passes["coord-b"])
+}
+
+// checkTicks checks the schedule's ticks: on the grid, none twice, every
+// tick from termStart on present, the latest before it present, and the
+// missing ones exactly the skipped ones the schedulers counted.
+func checkTicks(t *testing.T, st *store.Store, start, termStart time.Time, passes ...*testsignal.Signal[schedule.Result]) {
+	t.Helper()
+	got := scheduleTicks(t, st, "every-second")
+	present := map[time.Time]bool{}
+	for _, at := range got {
+		if present[at] {
+			t.Fatalf("tick %s enqueued twice", at)
+		}
+		present[at] = true
+		if at.Sub(start)%time.Second != 0 {
+			t.Fatalf("tick %s is not on the schedule's grid", at)
+		}
+	}
+	var missing []time.Time
+	var latestBeforeTerm time.Time
+	for at := got[0]; !at.After(got[len(got)-1]); at = at.Add(time.Second) {
+		if at.Before(termStart) {
+			latestBeforeTerm = at
+		}
+		if !present[at] {
+			missing = append(missing, at)
+			if !at.Before(termStart) {
+				t.Errorf("tick %s came due in b's term (from %s) and was not enqueued", at, termStart)
+			}
+		}
+	}
+	if !present[latestBeforeTerm] {
+		t.Errorf("the latest tick before b's term (%s) was not enqueued", latestBeforeTerm)
+	}
+	var skipped int
+	for _, p := range passes {
+		for _, r := range p.Events() {
+			skipped += r.Skipped
+		}
+	}
+	if skipped != len(missing) {
+		t.Errorf("b counted %d skipped ticks, %d are missing: %v", skipped, len(missing), missing)
+	}
+	t.Logf("%d ticks enqueued, %d missed while no leader ran and skipped (policy: the latest missed once); the term began %s after the last tick before it",
+		len(got), len(missing), termStart.Sub(lastBefore(got, termStart)))
+}
+
+func lastBefore(ticks []time.Time, t time.Time) time.Time {
+	var last time.Time
+	for _, at := range ticks {
+		if at.Before(t) {
+			last = at
+		}
+	}
+	return last
+}
+
+func TestSchedulesAPI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.start("coord", nil, func(c *Config) { c.APIToken = "tok" })
+	base := "http://" + c.Addr() + "/api/schedules"
+	code, body := testutil.HTTP(t, "POST", base, "tok", `{"name": "digest", "kind": "noop", "cron": "0 9 * * 1-5", "timezone": "Europe/Berlin", "payload": {"to": "ops"}}`)
+	if code != 201 || !strings.Contains(body, `"next_run"`) || !strings.Contains(body, "warnings") {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	code, body = testutil.HTTP(t, "POST", base, "tok", `{"name": "tick", "kind": "noop", "every": "90s"}`)
+	if code != 201 {
+		t.Fatalf("create interval: %d %s", code, body)
+	}
+	for _, tc := range []struct {
+		name, token, body string
+		code              int
+		want              string
+	}{
+		{"no token", "", `{"name": "x", "kind": "noop", "every": "1m"}`, 401, "bearer"},
+		{"taken name", "tok", `{"name": "tick", "kind": "noop", "every": "1m"}`, 409, `"field":"name"`},
+		{"bad cron", "tok", `{"name": "x", "kind": "noop", "cron": "99 * * * *"}`, 400, `"field":"cron"`},
+		{"bad zone", "tok", `{"name": "x", "kind": "noop", "cron": "0 9 * * *", "timezone": "Mars/Base"}`, 400, `"field":"timezone"`},
+		{"bad every", "tok", `{"name": "x", "kind": "noop", "every": "often"}`, 400, `"field":"every"`},
+		{"short every", "tok", `{"name": "x", "kind": "noop", "every": "10ms"}`, 400, `"field":"every"`},
+		{"both", "tok", `{"name": "x", "kind": "noop", "every": "1m", "cron": "* * * * *"}`, 400, "not both"},
+		{"bad name", "tok", `{"name": "a b", "kind": "noop", "every": "1m"}`, 400, `"field":"name"`},
+		{"no kind", "tok", `{"name": "x", "every": "1m"}`, 400, `"field":"kind"`},
+		{"unknown field", "tok", `{"name": "x", "kind": "noop", "every": "1m", "jitter": 1}`, 400, "unknown field"},
+	} {
+		code, body := testutil.HTTP(t, "POST", base, tc.token, tc.body)
+		if code != tc.code || !strings.Contains(body, tc.want) {
+			t.Errorf("%s: %d %s, want %d with %q", tc.name, code, body, tc.code, tc.want)
+		}
+	}
+	if code, _ := testutil.HTTP(t, "GET", base, "", ""); code != 401 {
+		t.Errorf("list without token: %d", code)
+	}
+	code, body = testutil.HTTP(t, "GET", base, "tok", "")
+	var list struct{ Schedules []ScheduleView }
+	if err := json.Unmarshal([]byte(body), &list); err != nil || code != 200 || len(list.Schedules) != 2 {
+		t.Fatalf("list: %d %s", code, body)
+	}
+	digest := list.Schedules[0]
+	berlin, _ := time.LoadLocation("Europe/Berlin")
+	if digest.Name != "digest" || digest.Timezone != "Europe/Berlin" || digest.NextRun.In(berlin).Hour() != 9 ||
+		digest.NextRun.In(berlin).Weekday() == time.Saturday || string(digest.Payload) != `{"to":"ops"}` {
+		t.Fatalf("digest: %+v", digest)
+	}
+	if list.Schedules[1].Every != "1m30s" {
+		t.Fatalf("tick: %+v", list.Schedules[1])
+	}
+	if code, body := testutil.HTTP(t, "DELETE", base+"/digest", "tok", ""); code != 200 {
+		t.Fatalf("delete: %d %s", code, body)
+	}
+	if code, _ := testutil.HTTP(t, "DELETE", base+"/digest", "tok", ""); code != 404 {
+		t.Fatalf("delete twice: %d", code)
+	}
+	v, err := c.Cluster(context.Background())
+	if err != nil || len(v.Schedules) != 1 || v.Schedules[0].Name != "tick" || v.Schedules[0].NextRun.IsZero() {
+		t.Fatalf("cluster view schedules: %+v %v", v.Schedules, err)
+	}
+}
+
+// Ready tasks of a kind no attached runner handles show in /api/cluster
+// and as shardrun_unhandled_tasks{kind}; --unhandled-after fails them.
+func TestUnhandledKindsVisibleAndFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	reaped := testsignal.New[maintenance.ReaperResult]()
+	c := e.start("coord", nil, func(c *Config) {
+		c.Unhandled = maintenance.ReaperConfig{After: 2 * time.Second, Interval: 100 * time.Millisecond, Passes: reaped}
+	})
+	ctx := context.Background()
+	// A runner handling noop and sleep is attached; one handling report
+	// is detached.
+	for id, r := range map[string]shard.RunnerInfo{
+		"r1": {ID: "r1", State: shard.StateAttached, Kinds: []string{"noop", "sleep"}},
+		"r2": {ID: "r2", State: shard.StateDetached, Kinds: []string{"report"}},
+	} {
+		lease, err := e.admin.Grant(ctx, 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(r)
+		if _, err := e.admin.Put(ctx, prefix+"runners/"+id, string(b), clientv3.WithLease(lease.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.store.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key, run_after)
+		SELECT (ARRAY['noop', 'report', 'mystery'])[g % 3 + 1], g % 16, g::text, now() - interval '1 hour'
+		FROM generate_series(1, 30) g`); err != nil {
+		t.Fatal(err)
+	}
+	var v ClusterView
+	testutil.Until(t, 10*time.Second, "the cluster view lists the unhandled kinds", func() (bool, string) {
+		var err error
+		v, err = c.Cluster(ctx)
+		return err == nil && len(v.Unhandled) == 2, fmt.Sprintf("%+v %v", v.Unhandled, err)
+	})
+	if v.Unhandled[0].Kind != "mystery" || v.Unhandled[0].Ready != 10 || v.Unhandled[1].Kind != "report" || v.Unhandled[1].Ready != 10 {
+		t.Fatalf("unhandled %+v, want mystery 10 and report 10", v.Unhandled)
+	}
+	_, body := testutil.HTTP(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
+	for _, want := range []string{`shardrun_unhandled_tasks{kind="mystery"} 10`, `shardrun_unhandled_tasks{kind="report"} 10`,
+		`shardrun_retention_deleted_total{state="completed"} 0`, "shardrun_schedule_ticks_skipped_total 0"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(body, `shardrun_unhandled_tasks{kind="noop"}`) {
+		t.Error("a handled kind is listed as unhandled")
+	}
+	// After 2s unhandled, the leader fails them with a clear error.
+	if _, ok := reaped.Wait(15*time.Second, func(r maintenance.ReaperResult) bool { return r.Failed["mystery"] == 10 }); !ok {
+		t.Fatalf("--unhandled-after did not fail the mystery tasks: %+v", reaped.Events())
+	}
+	counts, _ := e.store.CountByState(ctx)
+	if counts["failed"] != 20 || counts["ready"] != 10 {
+		t.Fatalf("counts %v, want the 20 unhandled failed and the 10 noop ready", counts)
+	}
+}
+
+// A coordinator configured with another shard count than the database's
+// stops at start, naming the flag, and writes nothing to etcd.
+func TestCoordinatorRefusesAnotherShardCountThanTheDatabases(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if _, err := e.store.EnsureShardCount(context.Background(), 64); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store, HTTPAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Run(context.Background())
+	if !errors.Is(err, store.ErrShardCountMismatch) || !strings.Contains(err.Error(), "--shard-count") || !strings.Contains(err.Error(), "64 shards") {
+		t.Fatalf("coordinator with 16 shards on a 64-shard database: %v", err)
+	}
+	if resp, _ := e.admin.Get(context.Background(), prefix+"meta/shard-count"); len(resp.Kvs) != 0 {
+		t.Fatal("the refused coordinator created the cluster in etcd")
+	}
+}

@@ -1,0 +1,174 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/jsonbody"
+	"github.com/shardrun/shardrun/schedule"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// Limits of the schedules API.
+const (
+	maxScheduleBody = 1<<20 + 4096
+	// MaxSchedulesListed bounds GET /api/schedules and the cluster view.
+	MaxSchedulesListed = 1000
+)
+
+// ScheduleRequest is the body of POST /api/schedules.
+type ScheduleRequest struct {
+	Name        string          `json:"name"`
+	Kind        string          `json:"kind"`
+	Key         string          `json:"key,omitempty"`
+	Payload     json.RawMessage `json:"payload,omitempty"`
+	MaxAttempts int             `json:"max_attempts,omitempty"`
+	// Every is a Go duration ("90s", "5m", "1h"); or Cron with Timezone.
+	Every    string     `json:"every,omitempty"`
+	Start    *time.Time `json:"start,omitempty"`
+	Cron     string     `json:"cron,omitempty"`
+	Timezone string     `json:"timezone,omitempty"`
+}
+
+// ScheduleSummary is a schedule in GET /api/cluster (no payload).
+type ScheduleSummary struct {
+	Name       string     `json:"name"`
+	Kind       string     `json:"kind"`
+	Every      string     `json:"every,omitempty"`
+	Cron       string     `json:"cron,omitempty"`
+	Timezone   string     `json:"timezone"`
+	NextRun    time.Time  `json:"next_run"`
+	LastRun    *time.Time `json:"last_run,omitempty"`
+	LastTaskID *int64     `json:"last_task_id,omitempty"`
+	// Skipped counts ticks missed while no leader ran and not enqueued.
+	Skipped int64 `json:"skipped"`
+}
+
+// ScheduleView is a schedule in the schedules API.
+type ScheduleView struct {
+	ID int64 `json:"id"`
+	ScheduleSummary
+	Key         string          `json:"key,omitempty"`
+	Payload     json.RawMessage `json:"payload"`
+	MaxAttempts int             `json:"max_attempts,omitempty"`
+	Start       *time.Time      `json:"start,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+}
+
+func summarize(sc store.Schedule) ScheduleSummary {
+	s := ScheduleSummary{Name: sc.Name, Kind: sc.Kind, Cron: sc.Cron, Timezone: sc.Timezone,
+		NextRun: sc.NextTick.UTC(), LastRun: sc.LastTick, LastTaskID: sc.LastTaskID, Skipped: sc.Skipped}
+	if sc.Every > 0 {
+		s.Every = sc.Every.String()
+	}
+	return s
+}
+
+func viewOf(sc store.Schedule) ScheduleView {
+	v := ScheduleView{ID: sc.ID, ScheduleSummary: summarize(sc), Key: sc.Key, Payload: sc.Payload,
+		MaxAttempts: sc.MaxAttempts, CreatedAt: sc.CreatedAt.UTC()}
+	if sc.Every > 0 {
+		start := sc.Start.UTC()
+		v.Start = &start
+	}
+	return v
+}
+
+// Schedules returns the schedules client (the Go API of /api/schedules).
+func (c *Coordinator) Schedules() *schedule.Client { return c.schedules }
+
+func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Request) {
+	body, err := jsonbody.ReadRequest(w, r, maxScheduleBody)
+	if err != nil {
+		var tooBig *jsonbody.TooLargeError
+		if errors.As(err, &tooBig) {
+			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error()})
+		return
+	}
+	var req ScheduleRequest
+	if err := jsonbody.Decode(body, &req); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Key: req.Key, Payload: req.Payload,
+		MaxAttempts: req.MaxAttempts, Cron: req.Cron, Timezone: req.Timezone}
+	if req.Every != "" {
+		d.Every, err = time.ParseDuration(req.Every)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("invalid every: %q is not a duration such as 90s, 5m or 1h", req.Every), Field: "every"})
+			return
+		}
+		if d.Every == 0 {
+			writeJSON(w, http.StatusBadRequest, apiError{Error: "invalid every: must be at least 1s", Field: "every"})
+			return
+		}
+	}
+	if req.Start != nil {
+		if req.Cron != "" {
+			writeJSON(w, http.StatusBadRequest, apiError{Error: "invalid start: only an interval schedule (every) has a start", Field: "start"})
+			return
+		}
+		d.Start = *req.Start
+	}
+	if req.MaxAttempts < 0 {
+		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("invalid max_attempts: must be at least 1, got %d", req.MaxAttempts), Field: "max_attempts"})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	sc, err := c.schedules.Create(ctx, d)
+	var fe *tasks.FieldError
+	switch {
+	case errors.As(err, &fe):
+		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error(), Field: fe.Field})
+		return
+	case errors.Is(err, store.ErrScheduleExists):
+		writeJSON(w, http.StatusConflict, apiError{Error: fmt.Sprintf("a schedule named %q exists; delete it first to redefine it", req.Name), Field: "name"})
+		return
+	case err != nil:
+		c.storeError(w, r, "creating a schedule", err)
+		return
+	}
+	c.schedWake.Notify()
+	resp := map[string]any{"schedule": viewOf(sc)}
+	c.warnUnhandled(ctx, resp, []tasks.Insert{{Kind: sc.Kind}})
+	writeJSON(w, http.StatusCreated, resp)
+}
+
+func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	list, err := c.schedules.List(ctx, MaxSchedulesListed)
+	if err != nil {
+		c.storeError(w, r, "listing schedules", err)
+		return
+	}
+	views := make([]ScheduleView, len(list))
+	for i, sc := range list {
+		views[i] = viewOf(sc)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"schedules": views})
+}
+
+func (c *Coordinator) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	ok, err := c.schedules.Delete(ctx, name)
+	switch {
+	case err != nil:
+		c.storeError(w, r, "deleting a schedule", err)
+	case !ok:
+		writeJSON(w, http.StatusNotFound, apiError{Error: fmt.Sprintf("no schedule named %q", name)})
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"deleted": name})
+	}
+}

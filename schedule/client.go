@@ -1,0 +1,141 @@
+package schedule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// Definition is a schedule as a producer defines it: a name, the task to
+// enqueue at each tick, and when it ticks.
+type Definition struct {
+	// Name identifies the schedule: 1 to 200 letters, digits, '.', '_',
+	// '-' or ':'.
+	Name string
+	// The task of each tick. An empty Key gives each tick's task a random
+	// key (and so a random shard); MaxAttempts 0 is the client's default.
+	Kind        string
+	Key         string
+	Payload     json.RawMessage
+	MaxAttempts int
+	// When it ticks: Every (with an optional Start, default one interval
+	// after the definition) or Cron in Timezone.
+	Every    time.Duration
+	Start    time.Time
+	Cron     string
+	Timezone string
+}
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
+
+// Store is what the client needs from the database (store.Store).
+type Store interface {
+	CreateSchedule(ctx context.Context, sc store.Schedule) (store.Schedule, error)
+	ListSchedules(ctx context.Context, limit int) ([]store.Schedule, error)
+	DeleteSchedule(ctx context.Context, name string) (bool, error)
+}
+
+// ClientConfig configures a Client.
+type ClientConfig struct {
+	// ShardCount is the cluster's; required (it validates the task).
+	ShardCount int
+	// MaxAttempts for ticks' tasks that do not set one. Default 5.
+	MaxAttempts int
+	Clock       clock.Clock
+}
+
+// Client defines, lists and deletes schedules.
+type Client struct {
+	st  Store
+	cfg ClientConfig
+}
+
+// NewClient returns a client over st.
+func NewClient(st Store, cfg ClientConfig) (*Client, error) {
+	if cfg.ShardCount < 1 {
+		return nil, fmt.Errorf("schedule client: shard count must be at least 1, got %d", cfg.ShardCount)
+	}
+	if cfg.MaxAttempts == 0 {
+		cfg.MaxAttempts = tasks.DefaultMaxAttempts
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
+	}
+	return &Client{st: st, cfg: cfg}, nil
+}
+
+// Prepare validates d and returns the row to store, with its first tick:
+// the first tick after now.
+func (c *Client) Prepare(d Definition) (store.Schedule, error) {
+	if !namePattern.MatchString(d.Name) {
+		return store.Schedule{}, &tasks.FieldError{Field: "name", Problem: fmt.Sprintf("must be 1 to 200 letters, digits, '.', '_', '-' or ':', got %q", d.Name)}
+	}
+	now := c.cfg.Clock.Now()
+	// The task of a tick must be valid now, as it will be at every tick.
+	in, err := tasks.NewTask{Kind: d.Kind, Key: d.Key, Payload: d.Payload, MaxAttempts: d.MaxAttempts}.Prepare(now, c.cfg.ShardCount, c.cfg.MaxAttempts)
+	if err != nil {
+		return store.Schedule{}, err
+	}
+	spec := Spec{Every: d.Every, Start: d.Start, Cron: d.Cron, Timezone: d.Timezone}
+	if spec.Timezone == "" {
+		spec.Timezone = "UTC"
+	}
+	if spec.Every > 0 && spec.Start.IsZero() {
+		spec.Start = now.Add(spec.Every).Truncate(time.Millisecond)
+	}
+	timer, err := spec.Compile()
+	if err != nil {
+		field := "cron"
+		if d.Every != 0 || d.Cron == "" {
+			field = "every"
+		}
+		if d.Timezone != "" && d.Cron != "" {
+			if _, zerr := time.LoadLocation(d.Timezone); zerr != nil {
+				field = "timezone"
+			}
+		}
+		return store.Schedule{}, &tasks.FieldError{Field: field, Problem: err.Error()}
+	}
+	first := timer.Next(now.Add(-time.Nanosecond))
+	if first.Equal(Never) {
+		return store.Schedule{}, &tasks.FieldError{Field: "cron", Problem: fmt.Sprintf("%q has no tick in the next five years", d.Cron)}
+	}
+	sc := store.Schedule{Name: d.Name, Kind: d.Kind, Key: d.Key, Payload: in.Payload, MaxAttempts: d.MaxAttempts,
+		Every: spec.Every, Cron: spec.Cron, Timezone: spec.Timezone, Start: spec.Start, NextTick: first}
+	if sc.Start.IsZero() {
+		sc.Start = now
+	}
+	return sc, nil
+}
+
+// Create validates and stores a schedule; store.ErrScheduleExists when
+// the name is taken. Its first tick is the first one after now.
+func (c *Client) Create(ctx context.Context, d Definition) (store.Schedule, error) {
+	sc, err := c.Prepare(d)
+	if err != nil {
+		return store.Schedule{}, err
+	}
+	return c.st.CreateSchedule(ctx, sc)
+}
+
+// List returns up to limit schedules by name.
+func (c *Client) List(ctx context.Context, limit int) ([]store.Schedule, error) {
+	return c.st.ListSchedules(ctx, limit)
+}
+
+// Delete deletes the named schedule and reports whether it existed; the
+// tasks it enqueued stay.
+func (c *Client) Delete(ctx context.Context, name string) (bool, error) {
+	return c.st.DeleteSchedule(ctx, name)
+}
+
+// TimerOf returns the timer of a stored schedule.
+func TimerOf(sc store.Schedule) (Timer, error) {
+	return Spec{Every: sc.Every, Start: sc.Start, Cron: sc.Cron, Timezone: sc.Timezone}.Compile()
+}

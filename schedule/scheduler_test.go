@@ -1,0 +1,199 @@
+package schedule
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type bundle struct {
+	st     *store.Store
+	client *Client
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	st, _ := pgtest.NewStore(t, store.Options{})
+	if ok, err := st.RaiseLeaderFence(context.Background(), "leader", 1); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	c, err := NewClient(st, ClientConfig{ShardCount: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bundle{st: st, client: c}
+}
+
+func newScheduler(t *testing.T, st *store.Store, epoch int64) *Scheduler {
+	t.Helper()
+	s, err := NewScheduler(SchedulerConfig{Store: st, Epoch: epoch, ShardCount: 16, Clock: clock.NewFake()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// ticks returns the schedule's tasks' ticks, oldest first.
+func ticks(t *testing.T, st *store.Store, name string) []time.Time {
+	t.Helper()
+	rows, err := st.Pool().Query(context.Background(), `SELECT t.schedule_tick FROM tasks t
+		JOIN schedules s ON s.id = t.schedule_id WHERE s.name = $1 ORDER BY t.schedule_tick`, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []time.Time
+	for rows.Next() {
+		var at time.Time
+		_ = rows.Scan(&at)
+		out = append(out, at)
+	}
+	return out
+}
+
+// A schedule whose ticks came due before the term began enqueues the
+// latest of them once; a second term (a new leader) enqueues nothing
+// more for those ticks; a deposed leader enqueues nothing.
+func TestSchedulerEnqueuesEachTickOnce(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	sc, err := b.client.Create(ctx, Definition{Name: "nightly", Kind: "noop", Every: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Eleven ticks missed while no leader ran (the newest at creation).
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = next_tick - interval '11 hours',
+		start_at = start_at - interval '11 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	r := newScheduler(t, b.st, 1).runOnce(ctx)
+	if r.Err != nil || r.Enqueued != 1 || r.Skipped != 10 || r.Due != 1 {
+		t.Fatalf("first pass: %+v; want the latest missed tick enqueued and 10 skipped", r)
+	}
+	got := ticks(t, b.st, "nightly")
+	if want := sc.NextTick.Add(-time.Hour); len(got) != 1 || !got[0].Equal(want) {
+		t.Fatalf("ticks %v, want only %s", got, want)
+	}
+	if r.NextIn <= 0 || r.NextIn > time.Hour {
+		t.Fatalf("next tick in %s, want within the hour", r.NextIn)
+	}
+	// A new leader (new epoch, new term) finds nothing due.
+	if ok, _ := b.st.RaiseLeaderFence(ctx, "leader-2", 2); !ok {
+		t.Fatal("fence")
+	}
+	if r := newScheduler(t, b.st, 2).runOnce(ctx); r.Err != nil || r.Enqueued != 0 {
+		t.Fatalf("new leader's pass: %+v", r)
+	}
+	// The deposed leader enqueues nothing, even for a due tick.
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	old := newScheduler(t, b.st, 1)
+	if r := old.runOnce(ctx); !r.NotLeader || r.Enqueued != 0 {
+		t.Fatalf("deposed leader's pass: %+v", r)
+	}
+	if err := old.Run(ctx); !errors.Is(err, store.ErrNotLeader) {
+		t.Fatalf("deposed leader's Run: %v", err)
+	}
+	if n := len(ticks(t, b.st, "nightly")); n != 1 {
+		t.Fatalf("%d tasks after the deposed leader's pass, want 1", n)
+	}
+}
+
+// The unique (schedule, tick) index refuses a second task for a tick even
+// when the schedule's cursor says otherwise (a restored backup, a manual
+// edit): the scheduler counts it and moves on.
+func TestUniqueTickIndexRefusesADuplicate(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.client.Create(ctx, Definition{Name: "dup", Kind: "noop", Every: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key, schedule_id, schedule_tick)
+		SELECT 'noop', 0, 'x', id, next_tick FROM schedules`); err != nil {
+		t.Fatal(err)
+	}
+	r := newScheduler(t, b.st, 1).runOnce(ctx)
+	if r.Err != nil || r.Duplicates != 1 || r.Enqueued != 0 {
+		t.Fatalf("pass over an existing tick: %+v", r)
+	}
+	if n := len(ticks(t, b.st, "dup")); n != 1 {
+		t.Fatalf("%d tasks for one tick", n)
+	}
+}
+
+// Every tick that comes due during the term is enqueued, even when the
+// scheduler looks late: nothing is skipped while a leader runs.
+func TestTicksDueDuringTheTermAreAllEnqueued(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.client.Create(ctx, Definition{Name: "fast", Kind: "noop", Every: time.Second,
+		Payload: []byte(`{"n": 1}`), MaxAttempts: 2}); err != nil {
+		t.Fatal(err)
+	}
+	s := newScheduler(t, b.st, 1)
+	// The term starts now; then three ticks' worth of time pass before the
+	// next pass (simulated by moving the schedule back, term start too).
+	if r := s.runOnce(ctx); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	s.termStart = s.termStart.Add(-10 * time.Second)
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '3.5 seconds',
+		start_at = now() - interval '3.5 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	r := s.runOnce(ctx)
+	if r.Err != nil || r.Enqueued != 4 || r.Skipped != 0 {
+		t.Fatalf("late pass in the term: %+v; want 4 ticks, none skipped", r)
+	}
+	var payload string
+	var maxAttempts int
+	if err := b.st.Pool().QueryRow(ctx, `SELECT payload::text, max_attempts FROM tasks LIMIT 1`).Scan(&payload, &maxAttempts); err != nil {
+		t.Fatal(err)
+	}
+	if payload != `{"n": 1}` || maxAttempts != 2 {
+		t.Fatalf("tick task payload %s, max_attempts %d", payload, maxAttempts)
+	}
+}
+
+func TestClientValidatesAndDeletes(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	for _, d := range []Definition{
+		{Name: "bad name!", Kind: "noop", Every: time.Minute},
+		{Name: "x", Every: time.Minute},
+		{Name: "x", Kind: "noop"},
+		{Name: "x", Kind: "noop", Cron: "61 * * * *"},
+		{Name: "x", Kind: "noop", Cron: "0 9 * * *", Timezone: "Nowhere/Land"},
+		{Name: "x", Kind: "noop", Every: time.Minute, Payload: []byte(`{`)},
+	} {
+		if _, err := b.client.Create(ctx, d); err == nil {
+			t.Errorf("%+v was accepted", d)
+		}
+	}
+	sc, err := b.client.Create(ctx, Definition{Name: "berlin", Kind: "noop", Cron: "0 9 * * *", Timezone: "Europe/Berlin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loc, _ := time.LoadLocation("Europe/Berlin"); sc.NextTick.In(loc).Hour() != 9 {
+		t.Fatalf("first tick %s is not 09:00 in Berlin", sc.NextTick)
+	}
+	if _, err := b.client.Create(ctx, Definition{Name: "berlin", Kind: "noop", Every: time.Minute}); !errors.Is(err, store.ErrScheduleExists) {
+		t.Fatalf("second schedule named berlin: %v", err)
+	}
+	if ok, err := b.client.Delete(ctx, "berlin"); !ok || err != nil {
+		t.Fatalf("delete: %v %v", ok, err)
+	}
+	if ok, _ := b.client.Delete(ctx, "berlin"); ok {
+		t.Fatal("deleted twice")
+	}
+}

@@ -1,0 +1,213 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// finished inserts n tasks in state, finished age ago.
+func finished(t testing.TB, s *store.Store, state string, n int, age time.Duration) {
+	t.Helper()
+	exec(t, s, `INSERT INTO tasks (kind, shard, key, state, finished_at)
+		SELECT 'k', g % 16, g::text, $1, now() - $2 * interval '1 millisecond' FROM generate_series(1, $3) g`,
+		state, age.Milliseconds(), n)
+}
+
+func countState(t testing.TB, s *store.Store, state string) int {
+	t.Helper()
+	var n int
+	if err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM tasks WHERE state = $1`, state).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestDeleteFinishedByStateAgeAndBatch(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	finished(t, s, "completed", 25, 2*time.Hour)
+	finished(t, s, "completed", 5, time.Minute) // younger than the horizon
+	finished(t, s, "dead", 7, 2*time.Hour)      // another state, kept by this rule
+	enqueue(t, s, insert("k", 1, 3))            // unfinished
+
+	var total int64
+	var batches []int64
+	for {
+		n, err := s.DeleteFinished(ctx, leaderEpoch, "completed", time.Hour, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		batches = append(batches, n)
+		total += n
+		if n < 10 {
+			break
+		}
+	}
+	if total != 25 || len(batches) != 3 || batches[0] != 10 || batches[2] != 5 {
+		t.Fatalf("batches %v (total %d), want 10, 10, 5", batches, total)
+	}
+	if got := countState(t, s, "completed"); got != 5 {
+		t.Fatalf("%d completed tasks left, want the 5 younger than the horizon", got)
+	}
+	if got := countState(t, s, "dead"); got != 7 {
+		t.Fatalf("%d dead tasks left, want 7", got)
+	}
+	if got := countState(t, s, "ready"); got != 1 {
+		t.Fatalf("%d ready tasks left, want 1", got)
+	}
+}
+
+func TestDeleteFinishedAppliesOnlyUnderTheLeaderFence(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	finished(t, s, "failed", 3, 2*time.Hour)
+	if ok, err := s.RaiseLeaderFence(ctx, "new-leader", leaderEpoch+1); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if _, err := s.DeleteFinished(ctx, leaderEpoch, "failed", time.Hour, 10); !errors.Is(err, store.ErrNotLeader) {
+		t.Fatalf("deposed leader's delete: %v, want ErrNotLeader", err)
+	}
+	if got := countState(t, s, "failed"); got != 3 {
+		t.Fatalf("a deposed leader deleted rows: %d left", got)
+	}
+	if n, err := s.DeleteFinished(ctx, leaderEpoch+1, "failed", time.Hour, 10); err != nil || n != 3 {
+		t.Fatalf("current leader's delete: %d %v", n, err)
+	}
+}
+
+func TestDeleteFinishedUsesTheStateIndex(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	finished(t, s, "completed", 2000, 2*time.Hour)
+	exec(t, s, "ANALYZE tasks")
+	rows, err := s.Pool().Query(context.Background(), `EXPLAIN SELECT id FROM tasks
+		WHERE state = 'completed' AND finished_at IS NOT NULL AND finished_at < now() - interval '1 hour'
+		ORDER BY finished_at LIMIT 100`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan []string
+	for rows.Next() {
+		var l string
+		_ = rows.Scan(&l)
+		plan = append(plan, l)
+	}
+	if p := strings.Join(plan, "\n"); !strings.Contains(p, "tasks_finished_idx") {
+		t.Fatalf("the retention scan does not walk tasks_finished_idx:\n%s", p)
+	}
+}
+
+func TestShardCountIsRecordedAndEnforced(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	created, err := s.EnsureShardCount(ctx, 16)
+	if err != nil || !created {
+		t.Fatalf("first start: %v %v", created, err)
+	}
+	if created, err := s.EnsureShardCount(ctx, 16); err != nil || created {
+		t.Fatalf("second start with the same count: %v %v", created, err)
+	}
+	_, err = s.EnsureShardCount(ctx, 32)
+	if !errors.Is(err, store.ErrShardCountMismatch) || !strings.Contains(err.Error(), "--shard-count") ||
+		!strings.Contains(err.Error(), "16") {
+		t.Fatalf("start with another count: %v", err)
+	}
+	// Every producer: one insert, COPY, raw SQL.
+	if _, err := s.Enqueue(ctx, insert("k", 16, 3)); err == nil || !strings.Contains(err.Error(), "tasks_shard_in_range") {
+		t.Fatalf("enqueue into shard 16 of 16: %v", err)
+	}
+	if _, err := s.EnqueueBatch(ctx, []tasks.Insert{insert("k", 3, 3), insert("k", 99, 3)}); err == nil {
+		t.Fatal("COPY into shard 99 of 16 was accepted")
+	}
+	if _, err := s.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key) VALUES ('k', 1000, 'x')`); err == nil {
+		t.Fatal("raw insert into shard 1000 of 16 was accepted")
+	}
+	if _, err := s.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key) VALUES ('k', -1, 'x')`); err == nil {
+		t.Fatal("raw insert into shard -1 was accepted")
+	}
+	enqueue(t, s, insert("k", 15, 3))
+}
+
+func TestShardCountRefusedOverExistingTasksOutsideTheRange(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	enqueue(t, s, insert("k", 40, 3))
+	_, err := s.EnsureShardCount(context.Background(), 16)
+	if !errors.Is(err, store.ErrShardCountMismatch) || !strings.Contains(err.Error(), "1 tasks in shards outside [0, 16)") {
+		t.Fatalf("tasks outside the range: %v", err)
+	}
+	if created, err := s.EnsureShardCount(context.Background(), 64); err != nil || !created {
+		t.Fatalf("a count that covers them: %v %v", created, err)
+	}
+}
+
+func TestReadyKindsExceptAndFailUnhandled(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	exec(t, s, `INSERT INTO tasks (kind, shard, key, run_after)
+		SELECT CASE WHEN g <= 30 THEN 'orphan' WHEN g <= 35 THEN 'later' ELSE 'k' END, g % 16, g::text,
+		       CASE WHEN g <= 20 THEN now() - interval '2 hours' ELSE now() END
+		FROM generate_series(1, 50) g`)
+	got, err := s.ReadyKindsExcept(ctx, []string{"k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Kind != "later" || got[0].Ready != 5 || got[1].Kind != "orphan" || got[1].Ready != 30 {
+		t.Fatalf("unhandled kinds %+v, want later 5 and orphan 30", got)
+	}
+	if all, _ := s.ReadyKindsExcept(ctx, nil); len(all) != 3 {
+		t.Fatalf("with no kinds handled: %+v", all)
+	}
+	// Only tasks due for longer than an hour, in batches, under the fence.
+	if _, err := s.FailUnhandled(ctx, leaderEpoch+1, "orphan", time.Hour, 8, "why"); !errors.Is(err, store.ErrNotLeader) {
+		t.Fatalf("under another epoch: %v", err)
+	}
+	var total int64
+	for {
+		n, err := s.FailUnhandled(ctx, leaderEpoch, "orphan", time.Hour, 8, `no attached runner handles kind "orphan"`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += n
+		if n < 8 {
+			break
+		}
+	}
+	if total != 20 {
+		t.Fatalf("failed %d, want the 20 due for over an hour", total)
+	}
+	var errs json.RawMessage
+	if err := s.Pool().QueryRow(ctx, `SELECT errors FROM tasks WHERE state = 'failed' LIMIT 1`).Scan(&errs); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(errs), `no attached runner handles kind`) {
+		t.Fatalf("errors of a failed unhandled task: %s", errs)
+	}
+}
+
+// The status page's rates count one range of the finished index per state.
+func TestFinishedRatesByState(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	finished(t, s, "completed", 20, time.Second)
+	finished(t, s, "dead", 10, time.Second)
+	finished(t, s, "completed", 50, time.Hour)
+	rates, err := s.FinishedRates(context.Background(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rates[tasks.Completed] != 2 || rates[tasks.Dead] != 1 || rates[tasks.Failed] != 0 {
+		t.Fatalf("rates %v, want completed 2/s, dead 1/s, failed 0", rates)
+	}
+}

@@ -1,0 +1,257 @@
+package store
+
+// Schedules: periodic tasks. Each tick is enqueued by the leader in the
+// same transaction that moves the schedule's next_tick past it, under the
+// coordinator fence, so a tick is enqueued exactly once across leader
+// changes: a deposed leader's transaction either committed before the new
+// leader raised the fence (and the new leader sees next_tick moved) or
+// applies nothing.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// ErrScheduleExists is returned by CreateSchedule for a name in use.
+var ErrScheduleExists = errors.New("store: a schedule with this name exists")
+
+// Schedule is one row of the schedules table. Exactly one of Every and
+// Cron is set.
+type Schedule struct {
+	ID          int64
+	Name        string
+	Kind        string
+	Key         string
+	Payload     json.RawMessage
+	MaxAttempts int // 0: the enqueuing client's default
+	Every       time.Duration
+	Cron        string
+	Timezone    string
+	Start       time.Time
+	NextTick    time.Time
+	LastTick    *time.Time
+	LastTaskID  *int64
+	// Skipped counts the ticks the missed-tick policy did not enqueue.
+	Skipped   int64
+	CreatedAt time.Time
+}
+
+const scheduleColumns = `id, name, kind, key, payload, coalesce(max_attempts, 0), coalesce(every_ms, 0), coalesce(cron, ''),
+	timezone, start_at, next_tick, last_tick, last_task_id, skipped, created_at`
+
+func scanSchedule(r pgx.CollectableRow) (Schedule, error) {
+	var sc Schedule
+	var everyMS int64
+	err := r.Scan(&sc.ID, &sc.Name, &sc.Kind, &sc.Key, &sc.Payload, &sc.MaxAttempts, &everyMS, &sc.Cron,
+		&sc.Timezone, &sc.Start, &sc.NextTick, &sc.LastTick, &sc.LastTaskID, &sc.Skipped, &sc.CreatedAt)
+	sc.Every = time.Duration(everyMS) * time.Millisecond
+	return sc, err
+}
+
+// CreateSchedule inserts sc (ID, LastTick, LastTaskID, Skipped and
+// CreatedAt are ignored) and returns the stored row; ErrScheduleExists when
+// the name is taken.
+func (s *Store) CreateSchedule(ctx context.Context, sc Schedule) (Schedule, error) {
+	var every *int64
+	if sc.Every > 0 {
+		ms := sc.Every.Milliseconds()
+		every = &ms
+	}
+	var cron, maxAttempts any
+	if sc.Cron != "" {
+		cron = sc.Cron
+	}
+	if sc.MaxAttempts > 0 {
+		maxAttempts = sc.MaxAttempts
+	}
+	payload := string(sc.Payload)
+	if payload == "" {
+		payload = "{}"
+	}
+	rows, err := s.pool.Query(ctx, `
+		INSERT INTO schedules (name, kind, key, payload, max_attempts, every_ms, cron, timezone, start_at, next_tick)
+		VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10)
+		RETURNING `+scheduleColumns,
+		sc.Name, sc.Kind, sc.Key, payload, maxAttempts, every, cron, sc.Timezone, sc.Start, sc.NextTick)
+	if err == nil {
+		sc, err = pgx.CollectExactlyOneRow(rows, scanSchedule)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return Schedule{}, fmt.Errorf("creating schedule %q: %w", sc.Name, ErrScheduleExists)
+	}
+	if err != nil {
+		return Schedule{}, fmt.Errorf("creating schedule %q: %w", sc.Name, err)
+	}
+	return sc, nil
+}
+
+// ListSchedules returns up to limit schedules by name.
+func (s *Store) ListSchedules(ctx context.Context, limit int) ([]Schedule, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules ORDER BY name LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("listing schedules: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, scanSchedule)
+	if err != nil {
+		return nil, fmt.Errorf("listing schedules: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteSchedule deletes the named schedule and reports whether it
+// existed. Tasks it already enqueued stay.
+func (s *Store) DeleteSchedule(ctx context.Context, name string) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM schedules WHERE name = $1`, name)
+	if err != nil {
+		return false, fmt.Errorf("deleting schedule %q: %w", name, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// Tick is one tick of a schedule to enqueue, with its task.
+type Tick struct {
+	At   time.Time
+	Task tasks.Insert
+}
+
+// TickPlan is what to do with one due schedule: enqueue Ticks (in order),
+// move next_tick to Next, and count Skipped ticks not enqueued.
+type TickPlan struct {
+	Ticks   []Tick
+	Next    time.Time
+	Skipped int64
+}
+
+// TickResult is what one EnqueueTicks batch did.
+type TickResult struct {
+	// Now is the database's time of the batch.
+	Now time.Time
+	// Schedules were due; Enqueued tasks were inserted; Duplicates were
+	// refused by the unique (schedule, tick) index; Skipped were left out
+	// by the plans.
+	Schedules, Enqueued, Duplicates, Skipped int
+	// NextDue is the earliest next tick of any schedule after the batch
+	// (zero when there are no schedules).
+	NextDue time.Time
+}
+
+// EnqueueTicks runs one transaction under the leadership epoch
+// (ErrNotLeader otherwise): it locks up to limit schedules whose next tick
+// is due by the database clock, asks plan what to enqueue for each (given
+// the database's now), inserts those tasks with their (schedule, tick) and
+// moves each schedule's next_tick, all or nothing. The coordinator fence
+// row stays locked FOR SHARE until the commit, so a new leader's fence
+// raise waits for this transaction and sees its result.
+func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
+	plan func(sc Schedule, now time.Time) (TickPlan, error)) (TickResult, error) {
+	var res TickResult
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var fenced bool
+		if err := tx.QueryRow(ctx, `
+			SELECT EXISTS (SELECT 1 FROM coordinator_fence WHERE id = 1 AND epoch = $1 FOR SHARE), now()`,
+			epoch).Scan(&fenced, &res.Now); err != nil {
+			return err
+		}
+		if !fenced {
+			return ErrNotLeader
+		}
+		rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules
+			WHERE next_tick <= now() ORDER BY next_tick LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
+		if err != nil {
+			return err
+		}
+		due, err := pgx.CollectRows(rows, scanSchedule)
+		if err != nil {
+			return err
+		}
+		res.Schedules = len(due)
+		var (
+			schedIDs, nexts       = make([]int64, 0, len(due)), make([]time.Time, 0, len(due))
+			lastTicks             = make([]*time.Time, 0, len(due))
+			skipped               = make([]int64, 0, len(due))
+			tIDs                  []int64
+			tTicks                []time.Time
+			kinds, keys, payloads []string
+			shards, maxAttempts   []int32
+		)
+		for _, sc := range due {
+			p, err := plan(sc, res.Now)
+			if err != nil {
+				return fmt.Errorf("planning the ticks of schedule %q: %w", sc.Name, err)
+			}
+			if !p.Next.After(sc.NextTick) {
+				return fmt.Errorf("planning the ticks of schedule %q: next tick %s does not move past %s", sc.Name, p.Next, sc.NextTick)
+			}
+			var last *time.Time
+			for _, t := range p.Ticks {
+				at := t.At
+				last = &at
+				tIDs, tTicks = append(tIDs, sc.ID), append(tTicks, t.At)
+				kinds, keys, payloads = append(kinds, t.Task.Kind), append(keys, t.Task.Key), append(payloads, string(t.Task.Payload))
+				shards, maxAttempts = append(shards, int32(t.Task.Shard)), append(maxAttempts, int32(t.Task.MaxAttempts))
+			}
+			schedIDs, nexts, lastTicks, skipped = append(schedIDs, sc.ID), append(nexts, p.Next), append(lastTicks, last), append(skipped, p.Skipped)
+			res.Skipped += int(p.Skipped)
+		}
+		if len(due) == 0 {
+			return tx.QueryRow(ctx, `SELECT coalesce(min(next_tick), 'epoch') FROM schedules`).Scan(&res.NextDue)
+		}
+		inserted := map[int64]int64{} // schedule -> newest task id inserted
+		if len(tIDs) > 0 {
+			rows, err := tx.Query(ctx, `
+				INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, schedule_id, schedule_tick)
+				SELECT kind, shard, key, payload::jsonb, max_attempts, tick, sid, tick
+				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[])
+					AS u(kind, shard, key, payload, max_attempts, sid, tick)
+				ON CONFLICT (schedule_id, schedule_tick) WHERE schedule_id IS NOT NULL DO NOTHING
+				RETURNING id, schedule_id`, kinds, shards, keys, payloads, maxAttempts, tIDs, tTicks)
+			if err != nil {
+				return err
+			}
+			var id, sid int64
+			if _, err := pgx.ForEachRow(rows, []any{&id, &sid}, func() error {
+				res.Enqueued++
+				inserted[sid] = max(inserted[sid], id)
+				return nil
+			}); err != nil {
+				return err
+			}
+			res.Duplicates = len(tIDs) - res.Enqueued
+		}
+		lastTask := make([]*int64, len(schedIDs))
+		for i, sid := range schedIDs {
+			if id, ok := inserted[sid]; ok {
+				lastTask[i] = &id
+			}
+		}
+		_, err = tx.Exec(ctx, `
+			UPDATE schedules s SET next_tick = u.next, skipped = s.skipped + u.skipped,
+				last_tick = coalesce(u.last_tick, s.last_tick), last_task_id = coalesce(u.last_task, s.last_task_id)
+			FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], $5::bigint[])
+				AS u(id, next, last_tick, last_task, skipped)
+			WHERE s.id = u.id`, schedIDs, nexts, lastTicks, lastTask, skipped)
+		if err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `SELECT coalesce(min(next_tick), 'epoch') FROM schedules`).Scan(&res.NextDue)
+	})
+	if errors.Is(err, ErrNotLeader) {
+		return TickResult{}, ErrNotLeader
+	}
+	if err != nil {
+		return TickResult{}, fmt.Errorf("enqueueing schedule ticks: %w", err)
+	}
+	if res.NextDue.Equal(time.Unix(0, 0)) {
+		res.NextDue = time.Time{}
+	}
+	return res, nil
+}
