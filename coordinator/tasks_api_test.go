@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -13,28 +11,6 @@ import (
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
-
-// call sends one request with a bearer token and extra headers.
-func call(t *testing.T, method, url, token, body string, headers ...string) (int, string) {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
 
 func decode[T any](t *testing.T, body string) T {
 	t.Helper()
@@ -53,12 +29,12 @@ func TestTaskOperationsAPI(t *testing.T) {
 	ctx := context.Background()
 
 	// Idempotent enqueue: the header, then the same key in the body.
-	code, body := call(t, "POST", base+"/api/tasks", "tok", `{"kind": "mail", "key": "user-1"}`, "Idempotency-Key", "welcome/user-1")
+	code, body := testutil.HTTP(t, "POST", base+"/api/tasks", "tok", `{"kind": "mail", "key": "user-1"}`, "Idempotency-Key", "welcome/user-1")
 	if code != 201 {
 		t.Fatalf("enqueue: %d %s", code, body)
 	}
 	first := decode[struct{ ID int64 }](t, body)
-	code, body = call(t, "POST", base+"/api/tasks", "tok", `{"kind": "mail", "key": "user-1", "unique_key": "welcome/user-1"}`)
+	code, body = testutil.HTTP(t, "POST", base+"/api/tasks", "tok", `{"kind": "mail", "key": "user-1", "unique_key": "welcome/user-1"}`)
 	dup := decode[struct {
 		ID        int64
 		Duplicate bool
@@ -66,18 +42,18 @@ func TestTaskOperationsAPI(t *testing.T) {
 	if code != 200 || !dup.Duplicate || dup.ID != first.ID {
 		t.Fatalf("a second enqueue of the key: %d %s", code, body)
 	}
-	if code, body := call(t, "POST", base+"/api/tasks", "tok", `{"kind": "mail", "unique_key": "a"}`, "Idempotency-Key", "b"); code != 400 || !strings.Contains(body, "differ") {
+	if code, body := testutil.HTTP(t, "POST", base+"/api/tasks", "tok", `{"kind": "mail", "unique_key": "a"}`, "Idempotency-Key", "b"); code != 400 || !strings.Contains(body, "differ") {
 		t.Errorf("header and body keys that differ: %d %s", code, body)
 	}
-	if code, body := call(t, "POST", base+"/api/tasks", "tok", `[{"kind": "mail"}]`, "Idempotency-Key", "b"); code != 400 {
+	if code, body := testutil.HTTP(t, "POST", base+"/api/tasks", "tok", `[{"kind": "mail"}]`, "Idempotency-Key", "b"); code != 400 {
 		t.Errorf("the header on a batch: %d %s", code, body)
 	}
-	code, body = call(t, "POST", base+"/api/tasks", "tok", `[{"kind": "mail", "unique_key": "welcome/user-1"}, {"kind": "mail", "unique_key": "welcome/user-2"}, {"kind": "other"}]`)
+	code, body = testutil.HTTP(t, "POST", base+"/api/tasks", "tok", `[{"kind": "mail", "unique_key": "welcome/user-1"}, {"kind": "mail", "unique_key": "welcome/user-2"}, {"kind": "other"}]`)
 	batch := decode[tasks.BatchEnqueued](t, body)
 	if code != 201 || batch.Inserted != 2 || batch.Duplicates != 1 || len(batch.Tasks) != 3 || batch.Tasks[0].ID != first.ID || !batch.Tasks[0].Duplicate {
 		t.Fatalf("batch with unique keys: %d %s", code, body)
 	}
-	code, body = call(t, "POST", base+"/api/tasks", "tok", `[{"kind": "mail", "unique_key": "welcome/user-1"}]`)
+	code, body = testutil.HTTP(t, "POST", base+"/api/tasks", "tok", `[{"kind": "mail", "unique_key": "welcome/user-1"}]`)
 	if code != 200 || !strings.Contains(body, `"enqueued":0`) {
 		t.Fatalf("a batch of duplicates only: %d %s", code, body)
 	}
@@ -96,66 +72,66 @@ func TestTaskOperationsAPI(t *testing.T) {
 	}
 
 	// Listing, filtered and paged.
-	code, body = call(t, "GET", base+"/api/tasks?kind=mail&limit=1", "tok", "")
+	code, body = testutil.HTTP(t, "GET", base+"/api/tasks?kind=mail&limit=1", "tok", "")
 	page := decode[tasks.Page](t, body)
 	if code != 200 || len(page.Tasks) != 1 || page.Tasks[0].ID != first.ID || page.Next != first.ID {
 		t.Fatalf("first page: %d %s", code, body)
 	}
-	code, body = call(t, "GET", fmt.Sprintf("%s/api/tasks?kind=mail&limit=1&after=%d", base, page.Next), "tok", "")
+	code, body = testutil.HTTP(t, "GET", fmt.Sprintf("%s/api/tasks?kind=mail&limit=1&after=%d", base, page.Next), "tok", "")
 	page = decode[tasks.Page](t, body)
 	if code != 200 || len(page.Tasks) != 1 || page.Tasks[0].UniqueKey != "welcome/user-2" {
 		t.Fatalf("second page: %d %s", code, body)
 	}
-	code, body = call(t, "GET", base+"/api/tasks?state=running&order=desc", "tok", "")
+	code, body = testutil.HTTP(t, "GET", base+"/api/tasks?state=running&order=desc", "tok", "")
 	page = decode[tasks.Page](t, body)
 	if code != 200 || len(page.Tasks) != 1 || page.Tasks[0].ID != other || page.Next != 0 || strings.Contains(body, "payload") {
 		t.Fatalf("running tasks: %d %s", code, body)
 	}
 	for _, q := range []string{"state=paused", "shard=-1", "limit=0", "limit=1001", "order=sideways", "created_before=yesterday", "after=x", "colour=red", "kind=a&kind=b"} {
-		if code, body := call(t, "GET", base+"/api/tasks?"+q, "tok", ""); code != 400 {
+		if code, body := testutil.HTTP(t, "GET", base+"/api/tasks?"+q, "tok", ""); code != 400 {
 			t.Errorf("GET /api/tasks?%s: %d %s, want 400", q, code, body)
 		}
 	}
 
 	// Cancel: ready at once, running by request, finished refused.
-	code, body = call(t, "POST", fmt.Sprintf("%s/api/tasks/%d/cancel", base, first.ID), "tok", "")
+	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/cancel", base, first.ID), "tok", "")
 	if code != 200 || decode[tasks.Task](t, body).State != tasks.Cancelled {
 		t.Fatalf("cancel of a ready task: %d %s", code, body)
 	}
-	code, body = call(t, "POST", fmt.Sprintf("%s/api/tasks/%d/cancel", base, other), "tok", "")
+	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/cancel", base, other), "tok", "")
 	if got := decode[tasks.Task](t, body); code != 202 || got.State != tasks.Running || got.CancelRequestedAt == nil {
 		t.Fatalf("cancel of a running task: %d %s", code, body)
 	}
-	code, body = call(t, "POST", fmt.Sprintf("%s/api/tasks/%d/cancel", base, first.ID), "tok", "")
+	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/cancel", base, first.ID), "tok", "")
 	if code != 409 || decode[conflictError](t, body).State != tasks.Cancelled {
 		t.Fatalf("cancel of a cancelled task: %d %s", code, body)
 	}
-	if code, body := call(t, "POST", base+"/api/tasks/424242/cancel", "tok", ""); code != 404 {
+	if code, body := testutil.HTTP(t, "POST", base+"/api/tasks/424242/cancel", "tok", ""); code != 404 {
 		t.Fatalf("cancel of a missing task: %d %s", code, body)
 	}
 
 	// Retry.
-	code, body = call(t, "POST", fmt.Sprintf("%s/api/tasks/%d/retry", base, first.ID), "tok", "")
+	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/retry", base, first.ID), "tok", "")
 	if got := decode[tasks.Task](t, body); code != 200 || got.State != tasks.Ready || got.Attempt != 2 {
 		t.Fatalf("retry of a cancelled task: %d %s", code, body)
 	}
-	code, body = call(t, "POST", fmt.Sprintf("%s/api/tasks/%d/retry", base, first.ID), "tok", "")
+	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/retry", base, first.ID), "tok", "")
 	if code != 409 || decode[conflictError](t, body).State != tasks.Ready {
 		t.Fatalf("retry of a ready task: %d %s", code, body)
 	}
 
 	// By filter.
-	if code, body := call(t, "POST", base+"/api/tasks/cancel", "tok", ""); code != 400 {
+	if code, body := testutil.HTTP(t, "POST", base+"/api/tasks/cancel", "tok", ""); code != 400 {
 		t.Fatalf("bulk cancel without a filter: %d %s", code, body)
 	}
-	if code, body := call(t, "POST", base+"/api/tasks/cancel?state=dead", "tok", ""); code != 400 {
+	if code, body := testutil.HTTP(t, "POST", base+"/api/tasks/cancel?state=dead", "tok", ""); code != 400 {
 		t.Fatalf("bulk cancel of dead tasks: %d %s", code, body)
 	}
-	code, body = call(t, "POST", base+"/api/tasks/cancel?kind=mail", "tok", "")
+	code, body = testutil.HTTP(t, "POST", base+"/api/tasks/cancel?kind=mail", "tok", "")
 	if res := decode[tasks.BulkResult](t, body); code != 200 || !res.Done || res.Cancelled != 2 {
 		t.Fatalf("bulk cancel: %d %s", code, body)
 	}
-	code, body = call(t, "POST", base+"/api/tasks/retry?kind=mail&state=cancelled", "tok", "")
+	code, body = testutil.HTTP(t, "POST", base+"/api/tasks/retry?kind=mail&state=cancelled", "tok", "")
 	if res := decode[tasks.BulkResult](t, body); code != 200 || !res.Done || res.Retried != 2 {
 		t.Fatalf("bulk retry: %d %s", code, body)
 	}
@@ -167,7 +143,7 @@ func TestTaskOperationsAPI(t *testing.T) {
 		{"POST", "/api/tasks/cancel?kind=mail"}, {"POST", "/api/tasks/retry?kind=mail"},
 	} {
 		for _, token := range []string{"", "wrong"} {
-			if code, body := call(t, ep.method, base+ep.path, token, `{"kind": "mail"}`); code != 401 {
+			if code, body := testutil.HTTP(t, ep.method, base+ep.path, token, `{"kind": "mail"}`); code != 401 {
 				t.Errorf("%s %s with token %q: %d %s, want 401", ep.method, ep.path, token, code, body)
 			}
 		}
@@ -175,7 +151,7 @@ func TestTaskOperationsAPI(t *testing.T) {
 	// The open endpoints carry no task data; the status page's lists of
 	// tasks that need attention (refreshed within a second) ids and kinds.
 	testutil.Until(t, 5*time.Second, "the running task listed for attention", func() (bool, string) {
-		code, body = call(t, "GET", base+"/api/cluster", "", "")
+		code, body = testutil.HTTP(t, "GET", base+"/api/cluster", "", "")
 		if code != 200 {
 			return false, body
 		}

@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -240,20 +239,12 @@ func (r *Retainer) deleteAll(ctx context.Context, res *RetentionResult) error {
 			if n < int64(r.cfg.BatchSize) {
 				break
 			}
-			if !pause(ctx, r.clock, r.cfg.BatchPause) {
+			if !clock.Pause(r.clock, r.cfg.BatchPause, ctx.Done()) {
 				return nil
 			}
 		}
 	}
 	return nil
-}
-
-// pause sleeps a uniform [d/2, d) on c; false when ctx ended first.
-func pause(ctx context.Context, c clock.Clock, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	return clock.Sleep(c, d/2+time.Duration(rand.Int64N(int64(d/2)+1)), ctx.Done())
 }
 
 // RetentionMetrics are the retainer's metrics.

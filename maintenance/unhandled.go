@@ -204,7 +204,7 @@ func (r *Reaper) reap(ctx context.Context, res *ReaperResult) error {
 			if n < int64(r.cfg.BatchSize) {
 				break
 			}
-			if !pause(ctx, r.clock, r.cfg.BatchPause) {
+			if !clock.Pause(r.clock, r.cfg.BatchPause, ctx.Done()) {
 				return nil
 			}
 		}

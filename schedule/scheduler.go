@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -205,7 +204,7 @@ func (s *Scheduler) pass(ctx context.Context, r *Result) error {
 			return nil
 		}
 		// More are due: a jittered pause lets other statements through.
-		if !clock.Sleep(s.clock, time.Duration(rand.Int64N(int64(s.cfg.BatchPause)+1)), ctx.Done()) {
+		if !clock.Pause(s.clock, s.cfg.BatchPause, ctx.Done()) {
 			return ctx.Err()
 		}
 	}

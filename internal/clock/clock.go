@@ -73,3 +73,17 @@ func (b *Backoff) Next() time.Duration {
 
 // Reset starts the next failure's delays from Min again.
 func (b *Backoff) Reset() { b.cur = 0 }
+
+// Pause sleeps a uniform [d/2, d) on c, so that loops pausing between
+// batches do not march in step; it reports false when done closed first.
+func Pause(c Clock, d time.Duration, done <-chan struct{}) bool {
+	if d <= 0 {
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
+	}
+	return Sleep(c, d/2+time.Duration(rand.Int64N(int64(d/2)+1)), done)
+}

@@ -110,11 +110,11 @@ func Client(t testing.TB, endpoints ...string) *clientv3.Client {
 // instead of hanging it.
 var httpClient = &http.Client{Timeout: 5 * time.Second}
 
-// HTTP sends one request with an optional bearer token and body and returns
-// the status and body; a request that gets no answer returns status 0 and
-// the error, so that tests polling a server that is still starting can
-// retry.
-func HTTP(t testing.TB, method, url, token, body string) (int, string) {
+// HTTP sends one request with an optional bearer token, body and header
+// name/value pairs, and returns the status and body; a request that gets no
+// answer returns status 0 and the error, so that tests polling a server
+// that is still starting can retry.
+func HTTP(t testing.TB, method, url, token, body string, headers ...string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
@@ -122,6 +122,9 @@ func HTTP(t testing.TB, method, url, token, body string) (int, string) {
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
 	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
