@@ -1,6 +1,7 @@
 // Package coordinator is the shardrun coordinator as a library: leader
-// election among coordinators, the sweeper run by the leader, and the
-// cluster API and status page. cmd/coordinator wraps it with flags, the
+// election among coordinators; the leader's sweeps, retention, schedule
+// ticks and (with --unhandled-after) unhandled-kind rule; and the cluster
+// API and status page. cmd/coordinator wraps it with flags, the
 // embedded etcd and the --dev all-in-one mode.
 package coordinator
 
@@ -102,8 +103,9 @@ type Leadership struct {
 	At     time.Time
 }
 
-// Coordinator elects a leader among coordinators; the leader sweeps. Every
-// coordinator serves the API and status page.
+// Coordinator elects a leader among coordinators; the leader runs the
+// maintenance (sweeps, retention, schedules, the unhandled-kind rule).
+// Every coordinator serves the API and status page.
 type Coordinator struct {
 	cfg     Config
 	log     hclog.Logger

@@ -24,7 +24,7 @@ const (
 	HealthOK = "ok"
 	// HealthUnresponsive: the key is still there but etcd has not seen a
 	// keep-alive for over half the lease TTL (a healthy runner renews every
-	// third of it): the runner is paused, overloaded or cut off from etcd,
+	// eighth of it): the runner is paused, overloaded or cut off from etcd,
 	// and will lose its shards when the lease runs out.
 	HealthUnresponsive = "unresponsive"
 	// HealthLeft: the key is gone after the runner announced it was
@@ -168,7 +168,7 @@ func (r *roster) Gone(goneFor time.Duration) []RunnerView {
 }
 
 // leaseHealth asks etcd how much time each runner's lease has left. A
-// runner renews every third of its TTL, so less than half left means its
+// runner renews every eighth of its TTL, so less than half left means its
 // keep-alives stopped arriving. Errors leave the runner's health unknown
 // (ok): the page must not cry wolf when only etcd is slow.
 func leaseHealth(ctx context.Context, client *clientv3.Client, v *RunnerView, lease int64) {

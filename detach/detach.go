@@ -6,12 +6,13 @@
 // States and moves (all through transition, under one lock):
 //
 //	attached --Detach(reason)-->                 detached(reason, since)
-//	detached --Detach(reason)-->                 detached(new reason, same since)
+//	detached --Detach(reason)-->                 detached(new reason, same since), recovery window reset
 //	detached --Healthy, first after detach-->    detached, recovery window starts
 //	detached --Unhealthy-->                      detached, recovery window reset
 //	detached --Healthy, window passed-->         attached
 //	detached(manual) --Healthy-->                unchanged: manual is sticky
 //	detached(manual) --Attach-->                 detached, not sticky, window starts
+//	                                             (attached at once when the window is 0)
 //
 // IsDetached is the hot path: one atomic load. Subscribers are told of every
 // transition synchronously, in order, before Detach returns, so the runner
@@ -34,10 +35,13 @@ type Kind int
 
 // The detach reasons.
 const (
-	// StorageError: an etcd call made to acquire, refresh or prove
-	// ownership failed.
+	// StorageError: a store that proves ownership failed in a way that
+	// leaves it unknown. The shard manager no longer uses it: a failed etcd
+	// call to acquire, release or publish is retried, and the lease clock
+	// decides when to detach (docs/architecture.md).
 	StorageError Kind = iota + 1
-	// KeepaliveFailure: consecutive lease keep-alives failed.
+	// KeepaliveFailure: no keep-alive succeeded for the threshold's number
+	// of keep-alive periods (TTL/3 each).
 	KeepaliveFailure
 	// LeaseExpired: the lease deadline (minus the margin) passed without a
 	// newer successful keep-alive, or etcd says the lease is gone.

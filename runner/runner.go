@@ -61,7 +61,8 @@ func New(cfg Config) (*Runner, error) {
 func (r *Runner) Handle(kind string, h tasks.Handler) error { return r.handlers.Register(kind, h) }
 
 // HandleTyped registers a handler that receives the task's payload decoded
-// into P; a payload that does not decode fails the attempt with the error.
+// into P; a payload that does not decode fails the task at once (dead)
+// with the decode error, which wraps tasks.ErrPayload: it is permanent.
 func HandleTyped[P any](r *Runner, kind string, fn func(ctx context.Context, t *tasks.Task, payload P) error) error {
 	return r.Handle(kind, tasks.Typed(fn))
 }

@@ -61,9 +61,10 @@ const (
 	// MaxLeaseTTL: a runner that dies keeps its shards until its lease
 	// expires; beyond an hour nobody is waiting on purpose.
 	MaxLeaseTTL = time.Hour
-	// MaxFailureThreshold: keep-alives go out every TTL/3, so after a
-	// streak of 3 the lease deadline has passed and the runner detaches
-	// anyway; higher values only mean "detach on the deadline alone".
+	// MaxFailureThreshold: the streak counts periods of TTL/3 without a
+	// successful keep-alive, so after 3 the lease deadline has passed and
+	// the runner detaches anyway; higher values only mean "detach on the
+	// deadline alone".
 	MaxFailureThreshold = 100
 	// MaxHandoffTimeout bounds how long a moving shard waits for its
 	// tasks.
@@ -102,8 +103,8 @@ type Config struct {
 	// one, up to an interval, is lost from the budget when the election
 	// starts (docs/architecture.md has the measurement).
 	KeepAliveInterval time.Duration
-	// FailureThreshold consecutive keep-alive rounds without a success
-	// detach. Default 2.
+	// FailureThreshold: detach when no keep-alive succeeded for this many
+	// periods of TTL/3 (detach.LeaseClock). Default 2.
 	FailureThreshold int
 	// HandoffTimeout bounds how long a shard being released waits for its
 	// in-flight work before cancelling it. Default 10s.
@@ -217,7 +218,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--detach-margin: must leave more than one keep-alive interval (%s) before the lease deadline, or no keep-alive can land before the runner detaches: at most %s with --lease-ttl %s, got %s",
 			f.KeepAliveInterval, c.LeaseTTL-f.KeepAliveInterval-time.Millisecond, c.LeaseTTL, c.DetachMargin)
 	case c.FailureThreshold < 1 || c.FailureThreshold > MaxFailureThreshold:
-		return fmt.Errorf("--keepalive-failures: must be 1 to %d (keep-alives go out every lease-ttl/3, so a streak beyond 3 already outlasts the lease), got %d", MaxFailureThreshold, c.FailureThreshold)
+		return fmt.Errorf("--keepalive-failures: must be 1 to %d (the streak counts periods of lease-ttl/3 without a successful keep-alive, so a streak beyond 3 already outlasts the lease), got %d", MaxFailureThreshold, c.FailureThreshold)
 	case c.HandoffTimeout <= 0 || c.HandoffTimeout > MaxHandoffTimeout:
 		return fmt.Errorf("--handoff-timeout: must be positive and at most %s, got %s", MaxHandoffTimeout, c.HandoffTimeout)
 	case f.AcquireBatch < 1:

@@ -29,7 +29,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		KeepaliveFailures: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_lease_keepalive_failures_total",
 			Help: "Lease keep-alive attempts that failed or got no answer in time (each is retried at once)."}),
 		KeepaliveStreak: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_keepalive_failure_streak",
-			Help: "Current run of consecutive keep-alive rounds without a success."}),
+			Help: "Whole periods of TTL/3 since the newest successful keep-alive was sent."}),
 		LeaseDeadline: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_deadline_seconds",
 			Help: "Seconds until the earliest time etcd may expire the runner's lease (from keep-alive send times)."}),
 		ShardsOwned: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_shards_owned",

@@ -206,7 +206,7 @@ func (b *sqlBuilder) stream(f tasks.Filter, after int64, desc bool, n int) (stre
 	// The driving values are hidden from the planner in sub-selects, and
 	// compared as arrays on the index's first column. A value the planner
 	// sees would let it prove a partial index's predicate (state = 'ready'
-	// matches tasks_claim_idx, ordered by run_after) and prefer it, with a
+	// matches tasks_ready_idx, ordered by kind and run_after) and prefer it, with a
 	// sort of every match, when stale statistics call the state rare. And
 	// a column equated to a value drops out of the ORDER BY, after which
 	// the primary key yields the same order; an array comparison on the

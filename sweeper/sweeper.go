@@ -3,8 +3,10 @@
 // applies two rules, in this order, each as conditional statements in
 // bounded batches:
 //
-//  1. Deadline: a ready or running task past its deadline is failed
-//     ("deadline exceeded"). It needs no grace: the database clock decides.
+//  1. Deadline: a ready task past its deadline is failed ("deadline
+//     exceeded") at once, a running one only one stale threshold after it:
+//     its runner ends the handler at the deadline and records the outcome
+//     itself, and the sweep is the backstop for a runner that is gone.
 //  2. Stale: a running task whose last sign of life — its last heartbeat,
 //     or its claim when it never beat — is older than the stale threshold
 //     goes back to ready with attempt+1 after a backoff, or to dead when its
@@ -12,10 +14,13 @@
 //     claim time, so a runner that crashed before its first beat cannot
 //     leave a task stuck forever.
 //
-// Startup grace: the stale rule is skipped until the sweeper has run for
-// one stale threshold after gaining leadership, because a new leader has
-// not seen any heartbeats yet and runners keep working across coordinator
-// restarts.
+// Grace: the stale rule is skipped until the sweeper has run for one stale
+// threshold after gaining leadership (a new leader has not seen any
+// heartbeats yet, and runners keep working across coordinator restarts),
+// while the database has been up for less than one threshold (no heartbeat
+// could be written while it was down), and for one threshold after a pass
+// that failed (the sweeper could not reach the database, so runners
+// probably could not either).
 //
 // A sweep racing a completion is safe: every statement re-checks the state,
 // attempt and horizon it selected on, so exactly one of them changes the

@@ -1,9 +1,10 @@
 // Package tasks is shardrun's vocabulary of work, the leaf every other
 // package builds on: the task and its states with their legal moves, refs
 // and shard epochs, the outcome of a fenced write, the shard of a key, the
-// retry policy, the handler registry and the client that enqueues tasks. It
-// imports nothing of shardrun's; the executor that runs tasks lives in
-// package executor, above the store and the shard manager.
+// retry policy, the handler registry and the client that enqueues tasks. Of
+// shardrun's packages it imports only internal/clock and internal/jsonbody;
+// the executor that runs tasks lives in package executor, above the store
+// and the shard manager.
 package tasks
 
 import (
@@ -19,6 +20,7 @@ import (
 //	running --error, attempts left-->           ready (attempt+1, run_after = backoff)
 //	running --error, none left-->               dead
 //	ready|running --deadline passed (sweeper)-> failed
+//	ready   --kind unhandled past --unhandled-after (leader)--> failed
 //	running --stale claim (sweeper or owner)--> ready (attempt+1) | dead
 //	running --interrupted (runner lost the shard)--> ready (same attempt)
 //	ready   --cancel (operator)-->              cancelled
@@ -41,7 +43,7 @@ import (
 // context with ErrCancelled and records the attempt as cancelled, whatever
 // the handler returns. Every other move that would put a task whose cancel
 // was requested back in line (a failure with attempts left, a stale or
-// orphaned claim, an unclaim) cancels it instead. Retry is the only way out
+// orphaned claim, an unclaim, an interruption) cancels it instead. Retry is the only way out
 // of dead, failed and cancelled, and only by an operator: it grants the
 // task as many further attempts as it was enqueued with (max_attempts
 // becomes attempt + that budget), keeps its history and drops a deadline

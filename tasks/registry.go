@@ -22,7 +22,9 @@ type Handler func(ctx context.Context, t *Task) error
 var ErrPayload = fmt.Errorf("decoding payload (%w)", ErrPermanent)
 
 // Typed adapts a handler that takes a decoded payload of type P. A payload
-// that does not decode into P fails the attempt with the decode error.
+// that does not decode into P fails the task at once with the decode
+// error, which wraps ErrPayload and so ErrPermanent: no retry would decode
+// it either.
 func Typed[P any](fn func(ctx context.Context, t *Task, payload P) error) Handler {
 	return func(ctx context.Context, t *Task) error {
 		var p P

@@ -1,6 +1,6 @@
 // Command coordinator runs a shardrun coordinator: leader election among
-// coordinators, the sweeper (leader only), the cluster API and the status
-// page. --embed-etcd runs a single-node etcd inside it; --dev runs a whole
+// coordinators; the leader's sweeps, retention, schedule ticks and
+// unhandled-kind rule; the cluster API and the status page. --embed-etcd runs a single-node etcd inside it; --dev runs a whole
 // cluster on one machine (what `make demo` does). See --help.
 package main
 
@@ -69,7 +69,7 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.Secret(&o.databaseURL, "database-url", "DATABASE_URL", "PostgreSQL URL (required, except with --dev)")
 	fs.Int(&o.dbMaxConns, "db-max-conns", "SHARDRUN_DB_MAX_CONNS", store.DefaultMaxConns, fmt.Sprintf("PostgreSQL pool size, %d to %d", store.MinMaxConns, store.MaxMaxConns))
 	fs.String(&o.httpAddr, "http-addr", "SHARDRUN_HTTP_ADDR", coordinator.DefaultHTTPAddr, "address of the API, status page and metrics")
-	fs.Secret(&o.apiToken, "api-token", "SHARDRUN_API_TOKEN", "bearer token for every task endpoint (enqueue, list, get, cancel, retry); required when --http-addr is not loopback")
+	fs.Secret(&o.apiToken, "api-token", "SHARDRUN_API_TOKEN", "bearer token for every /api/tasks and /api/schedules endpoint (enqueue, list, get, cancel, retry, schedules); required when --http-addr is not loopback")
 	fs.String(&o.id, "coordinator-id", "SHARDRUN_COORDINATOR_ID", fmt.Sprintf("%s-%d", host, os.Getpid()), "this coordinator's name in the election (default: <hostname>-<pid>)")
 	fs.DynamicDefault("coordinator-id")
 	fs.Duration(&o.electionTTL, "election-ttl", "SHARDRUN_ELECTION_TTL", coordinator.DefaultElectionTTL, "leader session TTL, whole seconds, 1s to 1h: a dead leader is replaced within about this long")

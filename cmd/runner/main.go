@@ -62,7 +62,7 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.Duration(&cfg.LeaseTTL, "lease-ttl", "SHARDRUN_LEASE_TTL", cfg.LeaseTTL, "etcd lease TTL, whole seconds, 1s to 1h")
 	fs.Duration(&cfg.DetachMargin, "detach-margin", "SHARDRUN_DETACH_MARGIN", 0, "detach this long before the lease deadline (default: lease-ttl/3)")
 	fs.DynamicDefault("detach-margin")
-	fs.Int(&cfg.KeepaliveFailures, "keepalive-failures", "SHARDRUN_KEEPALIVE_FAILURES", cfg.KeepaliveFailures, "consecutive failed keep-alives that detach the runner, 1 to 100")
+	fs.Int(&cfg.KeepaliveFailures, "keepalive-failures", "SHARDRUN_KEEPALIVE_FAILURES", cfg.KeepaliveFailures, "detach when no keep-alive succeeded for this many periods of lease-ttl/3, 1 to 100")
 	fs.Duration(&cfg.RecoveryWindow, "recovery-window", "SHARDRUN_RECOVERY_WINDOW", cfg.RecoveryWindow, "continuous health needed before re-attaching, 0 to 1h")
 	fs.Duration(&cfg.HeartbeatInterval, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", cfg.HeartbeatInterval, "interval between heartbeats of running tasks, 10ms to 1h (keep below the coordinator's --stale-threshold)")
 	fs.Duration(&cfg.PollInterval, "poll-interval", "SHARDRUN_POLL_INTERVAL", cfg.PollInterval, "claim poll interval when no notification arrives, 10ms to 1h")

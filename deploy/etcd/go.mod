@@ -1,5 +1,5 @@
 // Builds etcd, etcdctl and etcdutl for the local stand-in of the etcd image
-// docker-compose.yml names (deploy/standins.sh), at the etcd version of the
+// docker-compose.yml names (deploy/standins/build.sh), at the etcd version of the
 // product's go.mod. A module of its own so that etcdctl's and etcdutl's
 // dependencies stay out of the product's go.mod.
 module github.com/shardrun/shardrun/deploy/etcd
