@@ -11,6 +11,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ErrShardCountMismatch is returned by EnsureShardCount when the database
@@ -18,46 +19,70 @@ import (
 var ErrShardCountMismatch = errors.New("store: the database belongs to a cluster with another shard count")
 
 // EnsureShardCount records n as the database's shard count when none is
-// recorded yet and adds the constraint tasks_shard_in_range (shard < n),
-// or checks n against the recorded count (ErrShardCountMismatch, naming
-// --shard-count). Concurrent first starts are serialised by the row lock
-// on shardrun_cluster. Existing tasks outside the range make the first
-// start fail and name how many there are.
+// recorded yet, or checks n against the recorded count
+// (ErrShardCountMismatch, naming --shard-count), and makes sure the
+// constraint tasks_shard_in_range (shard < count) exists and holds.
+//
+// The constraint is added NOT VALID (enforced for new rows at once, a
+// lock held for an instant) and then validated under a lock that lets
+// claims, heartbeats and completions go on: validating in the same step
+// would scan the whole table under an exclusive lock, stalling every
+// heartbeat on a large table. Concurrent first starts are serialised by
+// the row lock on shardrun_cluster; existing tasks outside the range make
+// the start fail.
 func (s *Store) EnsureShardCount(ctx context.Context, n int) (created bool, err error) {
+	have := n
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO shardrun_cluster (id, shard_count) VALUES (1, $1) ON CONFLICT (id) DO NOTHING`, n)
 		if err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
-			var have int
-			if err := tx.QueryRow(ctx, `SELECT shard_count FROM shardrun_cluster WHERE id = 1`).Scan(&have); err != nil {
-				return err
-			}
-			if have != n {
-				return fmt.Errorf("--shard-count: %w: the database's tasks are spread over %d shards (table shardrun_cluster), this process is configured with %d",
-					ErrShardCountMismatch, have, n)
-			}
-			return nil
+		created = tag.RowsAffected() == 1
+		if !created {
+			return tx.QueryRow(ctx, `SELECT shard_count FROM shardrun_cluster WHERE id = 1`).Scan(&have)
 		}
-		created = true
-		var outside int64
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE shard >= $1`, n).Scan(&outside); err != nil {
-			return err
-		}
-		if outside > 0 {
-			return fmt.Errorf("--shard-count: the database holds %d tasks in shards outside [0, %d): %w", outside, n, ErrShardCountMismatch)
-		}
-		// A CHECK constraint cannot read another table, so the count goes
-		// into the constraint itself; n is an int, formatted, not quoted.
-		_, err = tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE tasks ADD CONSTRAINT tasks_shard_in_range CHECK (shard < %d)`, n))
-		return err
+		return nil
 	})
 	if err != nil {
-		if errors.Is(err, ErrShardCountMismatch) {
-			return false, err
-		}
 		return false, fmt.Errorf("recording the shard count %d in the database: %w", n, err)
 	}
+	if have != n {
+		return false, fmt.Errorf("--shard-count: %w: the database's tasks are spread over %d shards (table shardrun_cluster), this process is configured with %d",
+			ErrShardCountMismatch, have, n)
+	}
+	if err := s.ensureShardRange(ctx, n); err != nil {
+		return created, err
+	}
 	return created, nil
+}
+
+// ensureShardRange adds tasks_shard_in_range if it is missing and validates
+// it if it is not yet.
+func (s *Store) ensureShardRange(ctx context.Context, n int) error {
+	var exists, valid bool
+	err := s.pool.QueryRow(ctx, `SELECT count(*) > 0, coalesce(bool_and(convalidated), false) FROM pg_constraint
+		WHERE conrelid = 'tasks'::regclass AND conname = 'tasks_shard_in_range'`).Scan(&exists, &valid)
+	if err != nil {
+		return fmt.Errorf("reading the shard range constraint: %w", err)
+	}
+	if !exists {
+		// A CHECK constraint cannot read another table, so the count goes
+		// into the constraint itself; n is an int, formatted, not quoted.
+		_, err := s.pool.Exec(ctx, fmt.Sprintf(`ALTER TABLE tasks ADD CONSTRAINT tasks_shard_in_range CHECK (shard < %d) NOT VALID`, n))
+		var pgErr *pgconn.PgError
+		if err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "42710") { // added by a concurrent start
+			return fmt.Errorf("adding the shard range constraint (shard < %d): %w", n, err)
+		}
+	}
+	if valid {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `ALTER TABLE tasks VALIDATE CONSTRAINT tasks_shard_in_range`); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23514" {
+			return fmt.Errorf("--shard-count: the database holds tasks in shards outside [0, %d) (SELECT id, shard FROM tasks WHERE shard >= %d): %w", n, n, ErrShardCountMismatch)
+		}
+		return fmt.Errorf("validating the shard range constraint (shard < %d): %w", n, err)
+	}
+	return nil
 }

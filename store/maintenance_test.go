@@ -101,8 +101,8 @@ func TestDeleteFinishedUsesTheStateIndex(t *testing.T) {
 		_ = rows.Scan(&l)
 		plan = append(plan, l)
 	}
-	if p := strings.Join(plan, "\n"); !strings.Contains(p, "tasks_finished_idx") {
-		t.Fatalf("the retention scan does not walk tasks_finished_idx:\n%s", p)
+	if p := strings.Join(plan, "\n"); !strings.Contains(p, "tasks_finished_state_idx") {
+		t.Fatalf("the retention scan does not walk tasks_finished_state_idx:\n%s", p)
 	}
 }
 
@@ -143,11 +143,21 @@ func TestShardCountRefusedOverExistingTasksOutsideTheRange(t *testing.T) {
 	s := setup(t)
 	enqueue(t, s, insert("k", 40, 3))
 	_, err := s.EnsureShardCount(context.Background(), 16)
-	if !errors.Is(err, store.ErrShardCountMismatch) || !strings.Contains(err.Error(), "1 tasks in shards outside [0, 16)") {
+	if !errors.Is(err, store.ErrShardCountMismatch) || !strings.Contains(err.Error(), "tasks in shards outside [0, 16)") {
 		t.Fatalf("tasks outside the range: %v", err)
 	}
-	if created, err := s.EnsureShardCount(context.Background(), 64); err != nil || !created {
-		t.Fatalf("a count that covers them: %v %v", created, err)
+	// New rows outside the range are refused at once, before validation.
+	if _, err := s.Pool().Exec(context.Background(), `INSERT INTO tasks (kind, shard, key) VALUES ('k', 20, 'x')`); err == nil {
+		t.Fatal("a task in shard 20 was inserted under a count of 16")
+	}
+	// Once the stray rows are gone the next start validates the constraint.
+	exec(t, s, `DELETE FROM tasks WHERE shard >= 16`)
+	if created, err := s.EnsureShardCount(context.Background(), 16); err != nil || created {
+		t.Fatalf("the second start: created %v, %v", created, err)
+	}
+	var valid bool
+	if err := s.Pool().QueryRow(context.Background(), `SELECT convalidated FROM pg_constraint WHERE conname = 'tasks_shard_in_range'`).Scan(&valid); err != nil || !valid {
+		t.Fatalf("constraint validated %v, %v", valid, err)
 	}
 }
 

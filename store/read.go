@@ -46,7 +46,7 @@ func (s *Store) CountByState(ctx context.Context) (map[tasks.State]int64, error)
 // the finished_at index: a rate that counts deltas of CountByState would go
 // negative when retention deletes old tasks.
 func (s *Store) FinishedRates(ctx context.Context, window time.Duration) (map[tasks.State]float64, error) {
-	// One range of tasks_finished_idx (state, finished_at) per final state.
+	// One range of tasks_finished_state_idx (state, finished_at) per final state.
 	rows, err := s.pool.Query(ctx, `
 		SELECT f.state, (SELECT count(*) FROM tasks t
 			WHERE t.state = f.state AND t.finished_at > now() - $1 * interval '1 millisecond')

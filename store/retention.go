@@ -11,7 +11,7 @@ import (
 
 // DeleteFinished deletes up to limit tasks in the given final state whose
 // finished_at is older than olderThan (by the database clock), oldest
-// first, and returns how many. It walks tasks_finished_idx (state,
+// first, and returns how many. It walks tasks_finished_state_idx (state,
 // finished_at) from the oldest row of that state, so rows of other states
 // kept longer are never visited. Rows locked by a concurrent statement are
 // skipped for this batch. It applies under the leadership epoch only

@@ -1,24 +1,52 @@
 -- The leader's maintenance (issue 14): what retention, schedules and
 -- claims that ignore unclaimable work need from the schema.
+--
+
+-- Outside a transaction, so that the indexes are built and dropped
+-- CONCURRENTLY: in one transaction the DROP INDEX held an ACCESS EXCLUSIVE
+-- lock on tasks while three indexes were built (10-40 s each at 10 million
+-- rows), blocking every heartbeat for that long, after which the sweeper
+-- would have taken every running claim for stale. Every statement is
+-- idempotent, so a start that died half-way is completed by the next one
+-- (under goose's advisory lock); an index left invalid by a failed
+-- concurrent build is dropped first and rebuilt.
+-- +goose NO TRANSACTION
 
 -- +goose Up
+
+-- +goose StatementBegin
+DO $$
+DECLARE
+    idx text;
+BEGIN
+    FOR idx IN
+        SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+        WHERE NOT i.indisvalid AND c.relname IN
+            ('tasks_ready_idx', 'tasks_finished_state_idx', 'tasks_schedule_tick_idx')
+    LOOP
+        EXECUTE format('DROP INDEX %I', idx);
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
 
 -- Claims walk the ready tasks of one kind at a time (one index range per
 -- kind the runner handles), so ready tasks of kinds nobody handles are
 -- never visited. The old index (run_after, id) made every claim scan them.
-DROP INDEX tasks_claim_idx;
-CREATE INDEX tasks_ready_idx ON tasks (kind, run_after, id) WHERE state = 'ready';
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_ready_idx ON tasks (kind, run_after, id) WHERE state = 'ready';
+DROP INDEX CONCURRENTLY IF EXISTS tasks_claim_idx;
 
 -- Finished tasks by state and age: retention deletes one state's rows
 -- older than its horizon from the oldest, without walking past rows of a
--- state kept longer; the completion rate counts one range per state.
-DROP INDEX tasks_finished_idx;
-CREATE INDEX tasks_finished_idx ON tasks (state, finished_at) WHERE finished_at IS NOT NULL;
+-- state kept longer; the completion rate counts one range per state. It
+-- replaces tasks_finished_idx (finished_at) of an earlier build.
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_finished_state_idx ON tasks (state, finished_at) WHERE finished_at IS NOT NULL;
+DROP INDEX CONCURRENTLY IF EXISTS tasks_finished_idx;
 
 -- Schedules: periodic tasks. next_tick is the next tick not yet enqueued;
 -- the leader enqueues a tick and moves next_tick past it in one
 -- transaction under the coordinator fence.
-CREATE TABLE schedules (
+CREATE TABLE IF NOT EXISTS schedules (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name         text        NOT NULL UNIQUE CHECK (name <> ''),
     kind         text        NOT NULL CHECK (kind <> ''),
@@ -36,18 +64,19 @@ CREATE TABLE schedules (
     created_at   timestamptz NOT NULL DEFAULT now(),
     CHECK ((every_ms IS NULL) <> (cron IS NULL))
 );
-CREATE INDEX schedules_next_tick_idx ON schedules (next_tick);
+CREATE INDEX IF NOT EXISTS schedules_next_tick_idx ON schedules (next_tick);
 
 -- The task of each tick carries the schedule and the tick: at most one task
--- per (schedule, tick) while it exists, whoever inserts it.
-ALTER TABLE tasks ADD COLUMN schedule_id bigint, ADD COLUMN schedule_tick timestamptz;
-CREATE UNIQUE INDEX tasks_schedule_tick_idx ON tasks (schedule_id, schedule_tick)
+-- per (schedule, tick) while it exists, whoever inserts it. Adding nullable
+-- columns without a default rewrites nothing.
+ALTER TABLE tasks ADD COLUMN IF NOT EXISTS schedule_id bigint, ADD COLUMN IF NOT EXISTS schedule_tick timestamptz;
+CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS tasks_schedule_tick_idx ON tasks (schedule_id, schedule_tick)
     WHERE schedule_id IS NOT NULL;
 
 -- The cluster this database belongs to: its shard count, recorded by the
 -- first runner or coordinator that starts (store.EnsureShardCount), which
 -- also adds the CHECK constraint tasks_shard_in_range (shard < count).
-CREATE TABLE shardrun_cluster (
+CREATE TABLE IF NOT EXISTS shardrun_cluster (
     id          integer PRIMARY KEY DEFAULT 1 CHECK (id = 1),
     shard_count integer NOT NULL CHECK (shard_count >= 1),
     created_at  timestamptz NOT NULL DEFAULT now()
@@ -58,12 +87,12 @@ CREATE TABLE shardrun_cluster (
 -- under a steady churn with retention (docs/architecture.md, bench: churn).
 
 -- +goose Down
-DROP TABLE shardrun_cluster;
+DROP TABLE IF EXISTS shardrun_cluster;
 ALTER TABLE tasks DROP CONSTRAINT IF EXISTS tasks_shard_in_range;
-DROP INDEX tasks_schedule_tick_idx;
-ALTER TABLE tasks DROP COLUMN schedule_tick, DROP COLUMN schedule_id;
-DROP TABLE schedules;
-DROP INDEX tasks_finished_idx;
-CREATE INDEX tasks_finished_idx ON tasks (finished_at) WHERE finished_at IS NOT NULL;
-DROP INDEX tasks_ready_idx;
-CREATE INDEX tasks_claim_idx ON tasks (run_after, id) WHERE state = 'ready';
+DROP INDEX CONCURRENTLY IF EXISTS tasks_schedule_tick_idx;
+ALTER TABLE tasks DROP COLUMN IF EXISTS schedule_tick, DROP COLUMN IF EXISTS schedule_id;
+DROP TABLE IF EXISTS schedules;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_finished_idx ON tasks (finished_at) WHERE finished_at IS NOT NULL;
+DROP INDEX CONCURRENTLY IF EXISTS tasks_finished_state_idx;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS tasks_claim_idx ON tasks (run_after, id) WHERE state = 'ready';
+DROP INDEX CONCURRENTLY IF EXISTS tasks_ready_idx;
