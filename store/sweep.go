@@ -38,6 +38,9 @@ func (s *Store) RaiseLeaderFence(ctx context.Context, leader string, epoch int64
 // holds epoch $1; sweeps apply only if it yields a row.
 const leaderFence = `lf AS (SELECT epoch FROM coordinator_fence WHERE id = 1 AND epoch = $1 FOR SHARE)`
 
+// SkipRunning as SweepDeadlines' runningGrace sweeps ready tasks only.
+const SkipRunning time.Duration = -1
+
 // SweepDeadlines fails up to limit unfinished tasks whose deadline passed
 // and returns how many, under the leadership epoch (ErrNotLeader if it is
 // not the fence's): ready tasks at once, running ones only runningGrace
@@ -46,15 +49,22 @@ const leaderFence = `lf AS (SELECT epoch FROM coordinator_fence WHERE id = 1 AND
 // runner that is gone, and the grace lets the success of a handler that
 // returned before its deadline land even when its write was delayed (a
 // database outage). Rows locked by a concurrent write are skipped for this
-// pass; the statement re-checks state and deadline on every row.
+// pass; the statement re-checks state and deadline on every row. A
+// negative runningGrace (SkipRunning) leaves running tasks alone: the
+// sweeper's outage grace, when their runners' writes may still be on the
+// way.
 func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, runningGrace time.Duration, limit int) (int64, error) {
 	var fenced bool
 	var n int64
+	graceMS := runningGrace.Milliseconds()
+	if runningGrace < 0 {
+		graceMS = -1 // SkipRunning would round to 0 ms
+	}
 	err := s.pool.QueryRow(ctx, `
 		WITH `+leaderFence+`, due AS (
 			SELECT id FROM tasks
 			WHERE deadline < now() AND state IN ('ready', 'running') AND EXISTS (SELECT 1 FROM lf)
-			  AND (state = 'ready' OR deadline < now() - $3 * interval '1 millisecond')
+			  AND (state = 'ready' OR ($3 >= 0 AND deadline < now() - $3 * interval '1 millisecond'))
 			ORDER BY deadline
 			LIMIT $2
 			FOR UPDATE SKIP LOCKED
@@ -63,10 +73,10 @@ func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, runningGrace ti
 				errors = t.errors || jsonb_build_array(jsonb_build_object(
 					'attempt', t.attempt, 'at', now(), 'runner', t.claimed_by, 'error', 'deadline exceeded'))
 			WHERE t.id = ANY (ARRAY(SELECT id FROM due)) AND t.state IN ('ready', 'running') AND t.deadline < now()
-			  AND (t.state = 'ready' OR t.deadline < now() - $3 * interval '1 millisecond')
+			  AND (t.state = 'ready' OR ($3 >= 0 AND t.deadline < now() - $3 * interval '1 millisecond'))
 			RETURNING 1
 		)
-		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM upd)`, epoch, limit, runningGrace.Milliseconds()).Scan(&fenced, &n)
+		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM upd)`, epoch, limit, graceMS).Scan(&fenced, &n)
 	if err != nil {
 		return 0, fmt.Errorf("sweeping deadlines: %w", err)
 	}

@@ -14,13 +14,15 @@
 //     claim time, so a runner that crashed before its first beat cannot
 //     leave a task stuck forever.
 //
-// Grace: the stale rule is skipped until the sweeper has run for one stale
-// threshold after gaining leadership (a new leader has not seen any
-// heartbeats yet, and runners keep working across coordinator restarts),
-// while the database has been up for less than one threshold (no heartbeat
-// could be written while it was down), and for one threshold after a pass
-// that failed (the sweeper could not reach the database, so runners
-// probably could not either).
+// Grace: the stale rule, and the deadline rule for running tasks, are
+// skipped until the sweeper has run for one stale threshold after gaining
+// leadership (a new leader has not seen any heartbeats yet, and runners
+// keep working across coordinator restarts), while the database has been
+// up for less than one threshold (no heartbeat could be written while it
+// was down), and for one threshold after a pass that failed or had a
+// statement slower than the runners' heartbeat interval (the sweeper could
+// not reach the database in time, so runners probably could not either:
+// their heartbeats and outcomes may still be on the way).
 //
 // A sweep racing a completion is safe: every statement re-checks the state,
 // attempt and horizon it selected on, so exactly one of them changes the
@@ -161,12 +163,14 @@ type Sweeper struct {
 	m     *Metrics
 	// graceUntil: no stale rule before it. It starts one threshold after
 	// leadership began, and moves to one threshold after the first pass
-	// that succeeds after failed ones: while the sweeper could not reach
-	// the database, runners probably could not either, and their
-	// heartbeats must not be judged by a clock that kept running.
+	// that succeeds after a failed or slow one: while the sweeper could
+	// not reach the database in time, runners probably could not either,
+	// and their heartbeats must not be judged by a clock that kept running.
 	graceUntil time.Time
 	graceWhy   string
-	failing    bool
+	// degraded says why the last pass found the database unreachable or
+	// slow; "" when it was fine.
+	degraded string
 }
 
 // New fills the defaults and validates cfg.
@@ -230,7 +234,7 @@ func (s *Sweeper) Pass(ctx context.Context) Result {
 		r.NotLeader = true
 		s.log.Warn("the coordinator fence holds a newer leader; stopping", "epoch", s.cfg.Epoch)
 	case r.Err != nil && ctx.Err() == nil:
-		s.failing = true
+		s.degraded = "the sweeper could not reach the database"
 		s.m.Errors.Inc()
 		s.log.Error("sweep pass failed", "error", r.Err, "duration", r.Duration)
 	case r.Err == nil:
@@ -252,27 +256,40 @@ func (s *Sweeper) Pass(ctx context.Context) Result {
 
 func (s *Sweeper) sweep(ctx context.Context, r *Result) error {
 	limit := s.cfg.BatchSize
+	runningGrace := s.cfg.StaleThreshold
+	if why := s.grace(ctx, r); why != "" {
+		r.InGrace, r.Grace = true, why
+		// A running task's outcome may be in flight as long as its
+		// heartbeats may be: only ready tasks fail their deadline now.
+		runningGrace = store.SkipRunning
+	}
 	for {
-		n, err := s.cfg.Store.SweepDeadlines(ctx, s.cfg.Epoch, s.cfg.StaleThreshold, limit)
+		start := s.clock.Now()
+		n, err := s.cfg.Store.SweepDeadlines(ctx, s.cfg.Epoch, runningGrace, limit)
 		r.Statements++
 		if err != nil {
 			return err
 		}
+		s.timed(start)
 		r.DeadlineFailed += n
 		if n < int64(limit) {
 			break
 		}
 	}
-	if why := s.grace(ctx, r); why != "" {
-		r.InGrace, r.Grace = true, why
+	if !r.InGrace && s.degraded != "" {
+		r.InGrace, r.Grace = true, s.degraded
+	}
+	if r.InGrace {
 		return nil
 	}
 	for {
+		start := s.clock.Now()
 		requeued, dead, err := s.cfg.Store.SweepStale(ctx, s.cfg.Epoch, s.cfg.StaleThreshold, limit, s.cfg.Backoff)
 		r.Statements++
 		if err != nil {
 			return err
 		}
+		s.timed(start)
 		r.Requeued += requeued
 		r.Dead += dead
 		if requeued+dead < int64(limit) {
@@ -281,15 +298,26 @@ func (s *Sweeper) sweep(ctx context.Context, r *Result) error {
 	}
 }
 
-// grace says why the stale rule must wait now, or "" when it may run.
+// timed notes a statement that took longer than the runners' heartbeat
+// interval: the database is slow enough that heartbeats may be late, so
+// the next pass starts a grace period.
+func (s *Sweeper) timed(start time.Time) {
+	if d := s.clock.Now().Sub(start); d > s.cfg.HeartbeatInterval {
+		s.degraded = fmt.Sprintf("a sweep statement took %s, longer than the heartbeat interval", d.Round(time.Millisecond))
+		s.log.Warn("the database is slow; stale claims are judged again after a grace period", "statement", d, "heartbeat_interval", s.cfg.HeartbeatInterval)
+	}
+}
+
+// grace says why running tasks must not be judged now, or "" when they
+// may be.
 func (s *Sweeper) grace(ctx context.Context, r *Result) string {
 	now := s.clock.Now()
-	if s.failing {
-		// The first pass that succeeds after failed ones: the database
-		// was unreachable, so heartbeats could not be written either.
-		s.failing = false
-		s.graceUntil, s.graceWhy = now.Add(s.cfg.StaleThreshold), "the sweeper could not reach the database until "+now.UTC().Format(time.RFC3339)
-		s.log.Info("database reachable again; stale claims are judged again after a grace period", "grace_until", s.graceUntil)
+	if s.degraded != "" {
+		// The first pass after a failed or slow one: heartbeats could not
+		// be written in time either.
+		s.graceUntil, s.graceWhy = now.Add(s.cfg.StaleThreshold), s.degraded+" until "+now.UTC().Format(time.RFC3339)
+		s.degraded = ""
+		s.log.Info("running tasks are judged again after a grace period", "why", s.graceWhy, "grace_until", s.graceUntil)
 	}
 	if now.Before(s.graceUntil) {
 		return s.graceWhy

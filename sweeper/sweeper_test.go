@@ -190,11 +190,15 @@ func TestStaleRuleWaitsAfterOutages(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	s := f.sweeper()
-	task := f.running(1, 3)[0]
+	ts := f.running(2, 3)
+	task, late := ts[0], ts[1]
 	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes'`)
+	// Its runner's outcome may still be on the way after the outage: the
+	// deadline rule leaves running tasks alone during the grace too.
+	f.exec(`UPDATE tasks SET deadline = now() - interval '5 minutes' WHERE id = $1`, late.ID)
 	f.clock.Advance(time.Hour)
 	f.uptime.Store(int64(10 * time.Second))
-	if r := s.Pass(context.Background()); !r.InGrace || r.Requeued != 0 || !strings.Contains(r.Grace, "database restarted") {
+	if r := s.Pass(context.Background()); !r.InGrace || r.Requeued != 0 || r.DeadlineFailed != 0 || !strings.Contains(r.Grace, "database restarted") {
 		t.Fatalf("swept right after a database restart: %+v", r)
 	}
 	f.uptime.Store(int64(time.Hour))
@@ -203,12 +207,53 @@ func TestStaleRuleWaitsAfterOutages(t *testing.T) {
 		t.Fatal("a pass on a closed pool succeeded")
 	}
 	s.cfg.Store = uptimeStore{f.reopen(), f}
-	if r := s.Pass(context.Background()); !r.InGrace || !strings.Contains(r.Grace, "could not reach the database") {
+	if r := s.Pass(context.Background()); !r.InGrace || r.DeadlineFailed != 0 || !strings.Contains(r.Grace, "could not reach the database") {
 		t.Fatalf("first pass after the sweeper's outage: %+v", r)
 	}
 	f.clock.Advance(30 * time.Second)
-	if r := s.Pass(context.Background()); r.InGrace || r.Requeued != 1 {
+	if r := s.Pass(context.Background()); r.InGrace || r.Requeued != 1 || r.DeadlineFailed != 1 {
 		t.Fatalf("a threshold after the outage: %+v", r)
+	}
+	if got := f.state(task.ID); got.State != tasks.Ready {
+		t.Fatalf("task %+v", got)
+	}
+}
+
+// slowStore makes every statement take longer than the heartbeat interval
+// on the fake clock while slow is set.
+type slowStore struct {
+	uptimeStore
+	slow *atomic.Bool
+}
+
+func (s slowStore) SweepDeadlines(ctx context.Context, epoch int64, grace time.Duration, limit int) (int64, error) {
+	if s.slow.Load() {
+		s.f.clock.Advance(6 * time.Second)
+	}
+	return s.Store.SweepDeadlines(ctx, epoch, grace, limit)
+}
+
+// A statement slower than the runners' heartbeat interval means their
+// heartbeats may be late too: running tasks wait a grace period.
+func TestStaleRuleWaitsAfterASlowStatement(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var slow atomic.Bool
+	s := f.sweeper(func(c *Config) { c.Store = slowStore{uptimeStore{f.store, f}, &slow} })
+	task := f.running(1, 3)[0]
+	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes'`)
+	f.clock.Advance(time.Hour)
+	slow.Store(true)
+	if r := s.Pass(context.Background()); !r.InGrace || r.Requeued != 0 || !strings.Contains(r.Grace, "longer than the heartbeat interval") {
+		t.Fatalf("the pass with a slow statement: %+v", r)
+	}
+	slow.Store(false)
+	if r := s.Pass(context.Background()); !r.InGrace || r.Requeued != 0 {
+		t.Fatalf("the pass after a slow one: %+v", r)
+	}
+	f.clock.Advance(30 * time.Second)
+	if r := s.Pass(context.Background()); r.InGrace || r.Requeued != 1 {
+		t.Fatalf("a threshold after the slow pass: %+v", r)
 	}
 	if got := f.state(task.ID); got.State != tasks.Ready {
 		t.Fatalf("task %+v", got)
