@@ -4,8 +4,11 @@ package store
 // unclaim, orphan requeue), each fenced by the shard's epoch.
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"reflect"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -124,6 +127,16 @@ type inputCol struct {
 	values        any
 }
 
+// permuted returns a copy of the slice values with out[i] = values[order[i]].
+func permuted(values any, order []int) any {
+	in := reflect.ValueOf(values)
+	out := reflect.MakeSlice(in.Type(), len(order), len(order))
+	for i, o := range order {
+		out.Index(i).Set(in.Index(o))
+	}
+	return out.Interface()
+}
+
 // fencedWrite is the common shape of heartbeat, complete and fail: an input
 // table of refs (plus extra columns), the caller's fence rows locked FOR
 // SHARE, and an UPDATE that applies only to rows still running under exactly
@@ -133,18 +146,27 @@ func (s *Store) fencedWrite(ctx context.Context, what, owner string, refs []task
 	if len(refs) == 0 {
 		return nil, nil
 	}
+	// The rows are sent, and so locked, in id order: the heartbeats and the
+	// outcome writes of one runner touch the same rows concurrently, and
+	// two statements locking them in different orders would deadlock.
+	order := make([]int, len(refs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(refs[a].ID, refs[b].ID) })
 	ids := make([]int64, len(refs))
 	shards := make([]int32, len(refs))
 	attempts := make([]int32, len(refs))
 	epochs := make([]int64, len(refs))
-	for i, r := range refs {
+	for i, o := range order {
+		r := refs[o]
 		ids[i], shards[i], attempts[i], epochs[i] = r.ID, int32(r.Shard), int32(r.Attempt), r.Epoch
 	}
 	args := []any{owner, ids, shards, attempts, epochs}
 	arrays := "$2::bigint[], $3::int[], $4::int[], $5::bigint[]"
 	names := "id, shard, attempt, epoch"
 	for _, col := range extra {
-		args = append(args, col.values)
+		args = append(args, permuted(col.values, order))
 		arrays += fmt.Sprintf(", $%d::%s[]", len(args), col.sqlType)
 		names += ", " + col.name
 	}

@@ -683,3 +683,44 @@ func TestFinalFailureBuries(t *testing.T) {
 		t.Errorf("ordinary failure: %s at attempt %d, want ready at 2", st.State, st.Attempt)
 	}
 }
+
+// A batch is written in id order whatever order the caller gives it in
+// (concurrent heartbeats and writes then lock rows in one order); every
+// task still gets its own error text and its own result slot.
+func TestFailBatchInAnyOrderKeepsEachTasksColumns(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 2, 1)
+	for i := range 5 {
+		in := insert("k", 2, 3)
+		in.Key = fmt.Sprint("order-", i)
+		enqueue(t, s, in)
+	}
+	claimed := claim(t, s, "a", 2, 1, 5)
+	if len(claimed) != 5 {
+		t.Fatalf("claimed %d", len(claimed))
+	}
+	var failed []tasks.Failure
+	for i := len(claimed) - 1; i >= 0; i-- { // descending ids
+		c := claimed[i]
+		failed = append(failed, tasks.Failure{Ref: c.Ref(), Error: fmt.Sprint("error of ", c.ID), Final: i%2 == 0})
+	}
+	rs, err := s.Fail(ctx, "a", failed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rs {
+		want := tasks.Ready
+		if failed[i].Final {
+			want = tasks.Dead
+		}
+		if r.Ref != failed[i].Ref || r.State != want {
+			t.Fatalf("result %d: %+v, want ref %+v state %s", i, r, failed[i].Ref, want)
+		}
+		got := get(t, s, r.Ref.ID)
+		if got.State != want || got.Errors[len(got.Errors)-1].Error != fmt.Sprint("error of ", got.ID) {
+			t.Fatalf("task %d: state %s errors %+v", got.ID, got.State, got.Errors)
+		}
+	}
+}
