@@ -73,12 +73,17 @@ type Manager struct {
 	// unansweredSent records when an acquiring Txn that got no answer was
 	// sent, per shard: if it committed, the shard is adopted from the watch,
 	// and its ownership began no earlier than that.
-	unansweredSent  map[int]time.Time
-	knownMembers    map[string]bool
-	settleUntil     time.Time
-	retry           clock.Backoff
-	retryAt         time.Time
-	storageFailedAt time.Time
+	unansweredSent map[int]time.Time
+	knownMembers   map[string]bool
+	settleUntil    time.Time
+	// retryAt: when to re-read the shard keys while assigned shards stay
+	// held elsewhere (scheduleRetry).
+	retry   clock.Backoff
+	retryAt time.Time
+	// storageRetryAt: no etcd write (publish, acquire, release) before it,
+	// after one failed; storageRetry spaces the failures out.
+	storageRetry   clock.Backoff
+	storageRetryAt time.Time
 }
 
 // New validates cfg and returns a manager; it does not touch etcd.
@@ -103,10 +108,14 @@ func New(cfg Config) (*Manager, error) {
 		metrics: cfg.Metrics,
 		view:    newView(cfg.ShardCount),
 		retry:   clock.Backoff{Min: 200 * time.Millisecond, Max: 5 * time.Second},
-		ledger:  newLedger(cfg.RunnerID, cfg.Clock, cfg.Logger, cfg.Metrics, cfg.Events),
+		// Short enough to re-acquire within a lease TTL, long enough not
+		// to add load to an etcd that is electing a leader.
+		storageRetry: clock.Backoff{Min: 200 * time.Millisecond, Max: 2 * time.Second},
+		ledger:       newLedger(cfg.RunnerID, cfg.Clock, cfg.Logger, cfg.Metrics, cfg.Events),
 	}
 	m.keeper = &keeper{client: cfg.Client, cfg: cfg, machine: cfg.Detach, clock: cfg.Clock, log: cfg.Logger,
 		metrics: cfg.Metrics, newLease: m.ledger.kick.Notify}
+	m.ledger.detached = m.machine.IsDetached
 	m.machine.Subscribe(m.onDetachEvent)
 	return m, nil
 }
@@ -286,6 +295,10 @@ func (m *Manager) nextWake(drainBy time.Time) time.Duration {
 	if !m.retryAt.IsZero() && m.retryAt.Before(wake) {
 		wake = m.retryAt
 	}
+	storageBlocked := now.Before(m.storageRetryAt)
+	if storageBlocked && m.storageRetryAt.Before(wake) {
+		wake = m.storageRetryAt
+	}
 	if m.settleUntil.After(now) && m.settleUntil.Before(wake) {
 		wake = m.settleUntil
 	}
@@ -301,6 +314,11 @@ func (m *Manager) nextWake(drainBy time.Time) time.Duration {
 		case cancelled:
 			at = t.since.Add(cancelGrace)
 		default:
+			continue
+		}
+		if storageBlocked && !at.After(now) {
+			// Due already, so only a release failed on etcd holds it:
+			// retry with that backoff rather than spin.
 			continue
 		}
 		if at.Before(wake) {
@@ -381,8 +399,12 @@ func (m *Manager) Unfenced() []tasks.ShardEpoch {
 func (m *Manager) Fenced(terms []tasks.ShardEpoch) { m.ledger.markFenced(terms) }
 
 // Hold pins the fenced terms for one claim (executor). It holds nothing
-// while detached or once the lease clock has passed its detach point.
-func (m *Manager) Hold() *Hold { return m.ledger.hold(m.mayWork) }
+// while detached or once the lease clock has passed its detach point, and
+// no term whose key was created under an earlier lease.
+func (m *Manager) Hold() *Hold {
+	_, gen := m.keeper.lease()
+	return m.ledger.hold(m.mayWork, gen)
+}
 
 // FenceLost reports that a write for shard at epoch was refused because the
 // shard's fence moved on: the shard was taken over. Its work is cancelled

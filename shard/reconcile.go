@@ -103,6 +103,9 @@ func (m *Manager) releaseStep(ctx context.Context, p plan) {
 		}
 	}
 	m.ledger.mu.Unlock()
+	if p.now.Before(m.storageRetryAt) {
+		return // etcd failed a moment ago: the keys wait for the retry
+	}
 	if len(ready) > 0 {
 		m.release(ctx, ready)
 	}
@@ -126,7 +129,7 @@ func (m *Manager) releaseStep(ctx context.Context, p plan) {
 // stay held elsewhere.
 func (m *Manager) acquireStep(ctx context.Context, p plan) {
 	me := m.cfg.RunnerID
-	lease, _ := m.keeper.lease()
+	lease, gen := m.keeper.lease()
 	var free []int
 	pending := 0
 	for _, s := range p.mine {
@@ -139,13 +142,13 @@ func (m *Manager) acquireStep(ctx context.Context, p plan) {
 			free = append(free, s)
 		case e.owner == me && e.lease == int64(lease):
 			// Ours already: an acquisition whose answer was lost.
-			m.ledger.adopt(s, e.createRev, m.unansweredSent[s])
+			m.ledger.adopt(s, e.createRev, m.unansweredSent[s], gen)
 			delete(m.unansweredSent, s)
 		default:
 			pending++
 		}
 	}
-	if len(free) > 0 {
+	if len(free) > 0 && !p.now.Before(m.storageRetryAt) {
 		pending += m.acquire(ctx, free)
 	}
 	m.scheduleRetry(ctx, p.now, pending)
@@ -196,7 +199,10 @@ func (m *Manager) scheduleRetry(ctx context.Context, now time.Time, pending int)
 		cctx, cancel := m.opContext(ctx)
 		snap, err := m.client.Get(cctx, m.keys.prefix, clientv3.WithPrefix())
 		cancel()
-		if err == nil {
+		if err != nil {
+			m.storageError(fmt.Errorf("re-reading the shard keys: %w", err))
+		} else {
+			m.storageOK()
 			m.view.load(m.keys, snap.Kvs, snap.Header.Revision)
 		}
 		m.log.Debug("assigned shards still held elsewhere", "shards", pending)
@@ -211,7 +217,7 @@ func (m *Manager) publish(ctx context.Context, state string) bool {
 	if m.published == state && m.publishedGen == gen {
 		return true
 	}
-	if !m.storageFailedAt.IsZero() && m.clock.Now().Sub(m.storageFailedAt) < 200*time.Millisecond {
+	if m.clock.Now().Before(m.storageRetryAt) {
 		return false
 	}
 	cctx, cancel := m.opContext(ctx)
@@ -221,7 +227,7 @@ func (m *Manager) publish(ctx context.Context, state string) bool {
 		m.storageError(fmt.Errorf("publishing runner state %s: %w", state, err))
 		return false
 	}
-	m.storageFailedAt = time.Time{}
+	m.storageOK()
 	m.log.Info("published runner state", "state", state)
 	m.published, m.publishedGen = state, gen
 	return true
@@ -235,10 +241,16 @@ func (m *Manager) publish(ctx context.Context, state string) bool {
 // publish is retried. Whether the runner may work is the lease clock's to
 // say (the keeper), and it detaches when the lease can no longer be proven.
 func (m *Manager) storageError(err error) {
-	m.storageFailedAt = m.clock.Now()
-	m.retryAt = m.storageFailedAt.Add(200 * time.Millisecond)
+	wait := m.storageRetry.Next()
+	m.storageRetryAt = m.clock.Now().Add(wait)
 	m.metrics.EtcdErrors.Inc()
-	m.log.Warn("etcd call failed; retrying", "error", err)
+	m.log.Warn("etcd call failed; retrying", "error", err, "retry_in", wait)
+}
+
+// storageOK ends the storage backoff after a call that succeeded.
+func (m *Manager) storageOK() {
+	m.storageRetryAt = time.Time{}
+	m.storageRetry.Reset()
 }
 
 // acquire creates the keys of free shards in batched Txns: each shard is a
@@ -246,7 +258,7 @@ func (m *Manager) storageError(err error) {
 // it", so one taken key does not fail the batch. It returns how many shards
 // turned out to be held by someone else.
 func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
-	lease, _ := m.keeper.lease()
+	lease, gen := m.keeper.lease()
 	for len(shards) > 0 {
 		n := min(len(shards), m.cfg.AcquireBatch)
 		batch := shards[:n]
@@ -277,13 +289,14 @@ func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
 			m.storageError(fmt.Errorf("acquiring %d shards: %w", n, err))
 			return held
 		}
+		m.storageOK()
 		rev := resp.Header.Revision
 		for i, r := range resp.Responses {
 			s := batch[i]
 			tr := r.GetResponseTxn()
 			if tr.Succeeded {
 				m.view.shards[s] = shardEntry{owner: m.cfg.RunnerID, createRev: rev, modRev: rev, lease: int64(lease)}
-				m.ledger.adopt(s, rev, sent)
+				m.ledger.adopt(s, rev, sent, gen)
 				continue
 			}
 			held++
@@ -319,6 +332,7 @@ func (m *Manager) release(ctx context.Context, terms []*term) {
 			m.storageError(fmt.Errorf("releasing %d shards: %w", n, err))
 			return
 		}
+		m.storageOK()
 		rev := resp.Header.Revision
 		m.ledger.mu.Lock()
 		for i, r := range resp.Responses {

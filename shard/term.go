@@ -31,8 +31,9 @@ import (
 //	          delete found another term's key)
 //
 // Invariants:
-//   - Claims are made only on fenced terms (Hold); claimed work begins only
-//     on held terms that are fenced or releasing, never once cancelled.
+//   - Claims are made only on fenced terms of the current lease (Hold);
+//     claimed work begins only on held terms that are fenced or releasing,
+//     never once cancelled. A term adopted while detached starts cancelled.
 //   - The key is deleted only from releasing with no work in flight, or
 //     from cancelled once its work returned or the cancel grace passed.
 //   - The term's context is cancelled, with a cause wrapping
@@ -87,6 +88,10 @@ type term struct {
 	// since is when the term entered its state: the handoff timeout counts
 	// from releasing, the cancel grace from cancelled.
 	since time.Time
+	// gen is the generation of the runner lease the key was created
+	// under: a term of an earlier lease is never held, even before the
+	// watch shows its key gone with that lease.
+	gen int
 }
 
 func (t *term) ref() tasks.ShardEpoch { return tasks.ShardEpoch{Shard: t.shard, Epoch: t.epoch} }
@@ -107,6 +112,10 @@ type ledger struct {
 	// wakes the Run loop when a term needs its attention.
 	changes wake.Signal
 	kick    wake.Signal
+
+	// detached reports whether the runner is detached; a term adopted
+	// then starts cancelled. Nil: attached.
+	detached func() bool
 
 	mu       sync.Mutex
 	terms    map[int]*term
@@ -150,16 +159,26 @@ func (l *ledger) move(t *term, to termState, now time.Time, why string) bool {
 	return true
 }
 
-// adopt starts a term for a key this runner created at epoch; sent is when
-// the creating Txn was sent (ownership began no earlier).
-func (l *ledger) adopt(shard int, epoch int64, sent time.Time) {
+// adopt starts a term for a key this runner created at epoch under the
+// lease of generation gen; sent is when the creating Txn was sent
+// (ownership began no earlier). A term adopted while the runner is
+// detached — the Txn was sent attached, its answer came after the detach —
+// is cancelled at once, so that its key is released and it never works:
+// the detach's cancelAll has already run.
+func (l *ledger) adopt(shard int, epoch int64, sent time.Time, gen int) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	now := l.clock.Now()
+	t := &term{shard: shard, epoch: epoch, state: acquired, ctx: ctx, cancel: cancel, since: now, gen: gen}
 	l.mu.Lock()
-	l.terms[shard] = &term{shard: shard, epoch: epoch, state: acquired, ctx: ctx, cancel: cancel, since: now}
-	l.mu.Unlock()
+	l.terms[shard] = t
 	l.metrics.Acquisitions.Inc()
 	l.events.Emit(Event{Kind: Acquired, Runner: l.runner, Shard: shard, Epoch: epoch, At: now, Sent: sent})
+	// Checked under l.mu: the machine marks itself detached before its
+	// cancelAll takes l.mu, so either this sees it or cancelAll sees t.
+	if l.detached != nil && l.detached() {
+		l.move(t, cancelled, now, "acquired while detached")
+	}
+	l.mu.Unlock()
 	l.changes.Notify()
 }
 
@@ -222,8 +241,8 @@ func (l *ledger) cancelAll(now time.Time, why string) int {
 	return n
 }
 
-// hold pins the fenced terms for one claim.
-func (l *ledger) hold(may func() bool) *Hold {
+// hold pins the fenced terms of the lease of generation gen for one claim.
+func (l *ledger) hold(may func() bool, gen int) *Hold {
 	h := &Hold{l: l, may: may, held: map[int]*term{}}
 	if !may() {
 		return h
@@ -231,7 +250,7 @@ func (l *ledger) hold(may func() bool) *Hold {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, t := range l.terms {
-		if t.state == fenced {
+		if t.state == fenced && t.gen == gen {
 			t.inflight++
 			h.held[t.shard] = t
 		}
