@@ -594,3 +594,32 @@ func counterValue(c prometheus.Counter) float64 {
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+// An outcome the database refuses to store (not for being unavailable) is
+// not retried forever: the batch is split, the others land, and the refused
+// one is counted and left running for the sweeper to requeue.
+func TestRefusedOutcomeDoesNotHoldBackItsBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop}, func(c *Config) { c.FlushDelay = time.Second })
+	for id := int64(1); id <= 6; id++ {
+		e.store.add(id, "noop", 0, 3)
+	}
+	e.store.refuse = map[int64]bool{3: true}
+	e.own.own(0, 5)
+	e.run()
+	e.until("the five others completed", func() bool {
+		for _, id := range []int64{1, 2, 4, 5, 6} {
+			if e.state(id) != tasks.Completed {
+				return false
+			}
+		}
+		return true
+	})
+	e.until("the refusal counted", func() bool { return counterValue(e.exec.cfg.Metrics.WriteRefused) == 1 })
+	if got := e.state(3); got != tasks.Running {
+		t.Fatalf("the refused task is %s, want still running (the sweeper's to requeue)", got)
+	}
+	if n := e.store.count("complete"); n < 2 {
+		t.Fatalf("%d completion statements: the batch was not split", n)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -25,6 +26,9 @@ type fakeStore struct {
 	// completing, when set, runs before a completion, outside the lock,
 	// with the statement's context.
 	completing func(ctx context.Context) error
+	// refuse: a completion batch holding one of these tasks is refused
+	// with errRefused.
+	refuse map[int64]bool
 }
 
 type fence struct {
@@ -32,7 +36,10 @@ type fence struct {
 	owner string
 }
 
-var errDown = errors.New("database unreachable")
+var errDown = &store.Error{Class: store.ErrUnavailable, Err: errors.New("database unreachable")}
+
+// errRefused is the database refusing a value: retrying cannot help.
+var errRefused = &store.Error{Class: store.ErrInvalidInput, Code: "22P02", Err: errors.New("invalid input syntax for type json")}
 
 func newFakeStore() *fakeStore {
 	return &fakeStore{tasks: map[int64]*tasks.Task{}, fences: map[int]fence{}, failures: map[string]int{}, calls: map[string]int{}}
@@ -186,6 +193,12 @@ func (s *fakeStore) Complete(ctx context.Context, owner string, done []tasks.Com
 	refs := make([]tasks.Ref, len(done))
 	for i, d := range done {
 		refs[i] = d.Ref
+		if s.refuse[d.Ref.ID] {
+			s.mu.Lock()
+			s.calls["complete"]++
+			s.mu.Unlock()
+			return nil, fmt.Errorf("completing: %w", errRefused)
+		}
 	}
 	return s.fenced("complete", owner, refs, func(t *tasks.Task, i int) { t.State, t.Result = tasks.Completed, done[i].Result })
 }

@@ -14,6 +14,7 @@ type Metrics struct {
 	FenceRejections prometheus.Counter
 	Stuck           prometheus.Gauge
 	StuckTotal      prometheus.Counter
+	WriteRefused    prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not
@@ -35,5 +36,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Handlers still running longer than the handoff timeout after their context ended."}),
 		StuckTotal: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_handlers_stuck_total",
 			Help: "Handlers that ignored their cancellation for longer than the handoff timeout."}),
+		WriteRefused: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_outcome_writes_refused_total",
+			Help: "Task outcomes the database refused to store (not for being unavailable); the task is retried once its claim goes stale."}),
 	}
 }

@@ -3,11 +3,13 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -101,33 +103,50 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 			fItems = append(fItems, r)
 		}
 	}
-	if len(completions) > 0 {
-		w.account(cItems, w.write(ctx, "completing", func(c context.Context) ([]tasks.WriteResult, error) {
-			return w.store.Complete(c, w.owner, completions)
-		}))
-	}
-	if len(failures) > 0 {
-		w.account(fItems, w.write(ctx, "failing", func(c context.Context) ([]tasks.WriteResult, error) {
-			return w.store.Fail(c, w.owner, failures)
-		}))
-	}
-	if len(interruptions) > 0 {
-		w.account(iItems, w.write(ctx, "interrupting", func(c context.Context) ([]tasks.WriteResult, error) {
-			return w.store.Interrupt(c, w.owner, interruptions)
-		}))
-	}
+	writeEach(ctx, w, "completing", cItems, completions, w.store.Complete)
+	writeEach(ctx, w, "failing", fItems, failures, w.store.Fail)
+	writeEach(ctx, w, "interrupting", iItems, interruptions, w.store.Interrupt)
 	w.writeCancelled(ctx, cancelled)
 	for _, r := range batch {
 		r.done()
 	}
 }
 
-// write retries a batch write while the database is unreachable: the
+// writeEach writes one kind of outcome for items (ins[i] is items[i]'s)
+// and accounts for the results. A batch the database refuses for a reason
+// other than its unavailability (a value it will not store) is split and
+// written one by one, so that one bad outcome cannot hold back the others
+// forever; the one it still refuses is logged, counted and left running:
+// its claim goes stale once done stops its heartbeats, and the sweeper
+// requeues it with its next attempt.
+func writeEach[T any](ctx context.Context, w *writer, what string, items []result, ins []T,
+	write func(context.Context, string, []T) ([]tasks.WriteResult, error)) {
+	if len(ins) == 0 {
+		return
+	}
+	res, err := w.write(ctx, what, func(c context.Context) ([]tasks.WriteResult, error) { return write(c, w.owner, ins) })
+	switch {
+	case err == nil:
+		w.account(items, res)
+	case len(ins) == 1:
+		w.m.WriteRefused.Inc()
+		w.log.Error("the database refused a task outcome; the task is retried once its claim goes stale",
+			"what", what, "task", items[0].task.ID, "attempt", items[0].task.Attempt, "error", err)
+	default:
+		for i := range ins {
+			writeEach(ctx, w, what, items[i:i+1], ins[i:i+1], write)
+		}
+	}
+}
+
+// write retries a batch write while the database is unavailable: the
 // outcomes stay valid as long as the fence does, since the write is fenced.
-// Statements run under WithoutCancel(ctx): an outcome being written when
-// shutdown begins must land. Once ctx has ended, retries stop shutdownFlush
-// later.
-func (w *writer) write(ctx context.Context, what string, write func(context.Context) ([]tasks.WriteResult, error)) []tasks.WriteResult {
+// Any other error is returned at once (store.Classify): retrying a value
+// the database refuses would stop every later outcome. Statements run
+// under WithoutCancel(ctx): an outcome being written when shutdown begins
+// must land. Once ctx has ended, retries stop shutdownFlush later, with
+// nil results and no error.
+func (w *writer) write(ctx context.Context, what string, write func(context.Context) ([]tasks.WriteResult, error)) ([]tasks.WriteResult, error) {
 	backoff := dbRetry
 	var giveUpAt time.Time
 	for {
@@ -139,7 +158,10 @@ func (w *writer) write(ctx context.Context, what string, write func(context.Cont
 		res, err := write(cctx)
 		cancel()
 		if err == nil {
-			return res
+			return res, nil
+		}
+		if err := store.Classify(err); !errors.Is(err, store.ErrUnavailable) {
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		now := w.clock.Now()
 		if ctx.Err() != nil && giveUpAt.IsZero() {
@@ -147,7 +169,7 @@ func (w *writer) write(ctx context.Context, what string, write func(context.Cont
 		}
 		if !giveUpAt.IsZero() && !now.Before(giveUpAt) {
 			w.log.Error("giving up writing task outcomes at shutdown", "what", what, "error", err)
-			return nil
+			return nil, nil
 		}
 		wait := backoff.Next()
 		if !giveUpAt.IsZero() {
@@ -198,8 +220,5 @@ func (w *writer) writeCancelled(ctx context.Context, items []result) {
 			cs[i].Error = r.err.Error()
 		}
 	}
-	res := w.write(ctx, "recording cancelled", func(c context.Context) ([]tasks.WriteResult, error) {
-		return w.store.CancelAttempts(c, w.owner, cs)
-	})
-	w.account(items, res)
+	writeEach(ctx, w, "recording cancelled", items, cs, w.store.CancelAttempts)
 }
