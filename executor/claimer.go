@@ -35,6 +35,10 @@ type claimer struct {
 	// round is when the last claim round completed (unix nanoseconds on
 	// the executor's clock), for Stalled.
 	round atomic.Int64
+	// unsure: a claim statement failed without a clear answer, so it may
+	// have committed claims nobody runs. The next round gives them back
+	// first (recover). Owned by Run.
+	unsure bool
 }
 
 func newClaimer(cfg Config, p *pool) *claimer {
@@ -125,6 +129,12 @@ func (c *claimer) once(ctx context.Context) (n, limit int, err error) {
 		held[t.Shard] = true
 	}
 	c.held.Store(&held)
+	if c.unsure {
+		if err := c.recover(ctx, terms); err != nil {
+			return 0, 0, err
+		}
+		c.unsure = false
+	}
 	limit = min(c.pool.free(), claimBatch)
 	if len(terms) == 0 || limit <= 0 {
 		return 0, limit, nil
@@ -135,6 +145,7 @@ func (c *claimer) once(ctx context.Context) (n, limit int, err error) {
 	claimed, err := c.store.Claim(cctx, c.owner, terms, c.kinds, limit)
 	cancel()
 	if err != nil {
+		c.unsure = true
 		return 0, limit, fmt.Errorf("claiming tasks: %w", err)
 	}
 	c.m.Claimed.Add(float64(len(claimed)))
@@ -188,6 +199,40 @@ func (c *claimer) fence(ctx context.Context) error {
 	if requeued+dead > 0 {
 		c.log.Info("requeued tasks orphaned by earlier owners", "shards", len(raised), "requeued", requeued, "dead", dead)
 	}
+	return nil
+}
+
+// recover gives back the claims of the held terms that this runner holds
+// in the database but is not running: those of a claim statement that
+// committed although its answer was lost. Left alone they would go stale
+// and be requeued with their attempt spent; no handler ever saw them.
+func (c *claimer) recover(ctx context.Context, terms []tasks.ShardEpoch) error {
+	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	defer cancel()
+	claimed, err := c.store.Claimed(cctx, c.owner, terms)
+	if err != nil {
+		return fmt.Errorf("listing claims after a failed claim: %w", err)
+	}
+	// Unclaim applies only to a claim still running under that attempt,
+	// so an outcome written since the listing is left alone.
+	mine := make(map[tasks.Ref]bool)
+	for _, r := range c.pool.refs() {
+		mine[r] = true
+	}
+	var lost []tasks.Ref
+	for _, r := range claimed {
+		if !mine[r] {
+			lost = append(lost, r)
+		}
+	}
+	if len(lost) == 0 {
+		return nil
+	}
+	res, err := c.store.Unclaim(cctx, c.owner, lost)
+	if err != nil {
+		return fmt.Errorf("giving back %d claims of a failed claim: %w", len(lost), err)
+	}
+	c.log.Info("gave back the claims of a claim statement whose answer was lost", "tasks", len(res))
 	return nil
 }
 

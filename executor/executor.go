@@ -41,6 +41,7 @@ type Store interface {
 	RaiseFences(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, error)
 	RequeueOrphans(ctx context.Context, owner string, terms []tasks.ShardEpoch) (requeued, dead int64, err error)
 	Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error)
+	Claimed(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error)
 	Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)
 	Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)
 	Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error)

@@ -623,3 +623,33 @@ func TestRefusedOutcomeDoesNotHoldBackItsBatch(t *testing.T) {
 		t.Fatalf("%d completion statements: the batch was not split", n)
 	}
 }
+
+// A claim statement that committed but whose answer was lost leaves claims
+// nobody runs: the next round gives them back with their attempt unspent,
+// and they run under the same attempt.
+func TestClaimsOfALostAnswerAreGivenBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
+	for id := int64(1); id <= 3; id++ {
+		e.store.add(id, "noop", 0, 1)
+	}
+	e.store.claimAnswersLost = 1
+	e.own.own(0, 5)
+	e.run()
+	e.until("all three completed", func() bool {
+		for id := int64(1); id <= 3; id++ {
+			if e.state(id) != tasks.Completed {
+				return false
+			}
+		}
+		return true
+	})
+	for id := int64(1); id <= 3; id++ {
+		if got := e.store.get(id); got.Attempt != 1 {
+			t.Errorf("task %d completed on attempt %d, want 1: the lost claim spent an attempt", id, got.Attempt)
+		}
+	}
+	if e.store.count("claimed") == 0 || e.store.count("unclaim") == 0 {
+		t.Fatalf("claims listed %d times, given back %d times", e.store.count("claimed"), e.store.count("unclaim"))
+	}
+}

@@ -29,6 +29,9 @@ type fakeStore struct {
 	// refuse: a completion batch holding one of these tasks is refused
 	// with errRefused.
 	refuse map[int64]bool
+	// claimAnswersLost: that many claims commit, then fail as if the
+	// connection dropped before the answer.
+	claimAnswersLost int
 }
 
 type fence struct {
@@ -144,6 +147,25 @@ func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEp
 				t.State, t.ClaimedBy, t.Epoch = tasks.Running, owner, term.Epoch
 				out = append(out, *t)
 			}
+		}
+	}
+	if s.claimAnswersLost > 0 {
+		s.claimAnswersLost--
+		return nil, fmt.Errorf("claim: the answer was lost: %w", errDown)
+	}
+	return out, nil
+}
+
+func (s *fakeStore) Claimed(_ context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.enter("claimed"); err != nil {
+		return nil, err
+	}
+	var out []tasks.Ref
+	for _, t := range s.tasks {
+		if t.State == tasks.Running && t.ClaimedBy == owner && slices.Contains(terms, tasks.ShardEpoch{Shard: t.Shard, Epoch: t.Epoch}) {
+			out = append(out, t.Ref())
 		}
 	}
 	return out, nil

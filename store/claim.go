@@ -271,6 +271,36 @@ func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) (
 	return s.fencedWrite(ctx, "heartbeating", owner, refs, `heartbeat_at = now()`)
 }
 
+// Claimed lists the running tasks claimed by owner under the given terms.
+// After a claim statement whose answer was lost (it may have committed),
+// the runner gives back those it is not running, with Unclaim, instead of
+// leaving them to go stale and spend an attempt.
+func (s *Store) Claimed(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error) {
+	if len(terms) == 0 {
+		return nil, nil
+	}
+	shards := make([]int32, len(terms))
+	epochs := make([]int64, len(terms))
+	for i, t := range terms {
+		shards[i], epochs[i] = int32(t.Shard), t.Epoch
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT t.id, t.shard, t.attempt, t.claim_epoch FROM tasks t
+		JOIN unnest($2::int[], $3::bigint[]) AS o(shard, epoch) ON t.shard = o.shard AND t.claim_epoch = o.epoch
+		WHERE t.state = 'running' AND t.claimed_by = $1`, owner, shards, epochs)
+	if err != nil {
+		return nil, fmt.Errorf("listing the claims of %d shards: %w", len(terms), err)
+	}
+	refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Ref, error) {
+		var ref tasks.Ref
+		return ref, r.Scan(&ref.ID, &ref.Shard, &ref.Attempt, &ref.Epoch)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the claims of %d shards: %w", len(terms), err)
+	}
+	return refs, nil
+}
+
 // Unclaim gives back claims whose handler never started (the shard began
 // to move between the claim and the start): running -> ready with the same
 // attempt, since no attempt was made; or to cancelled when an operator asked

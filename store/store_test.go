@@ -724,3 +724,32 @@ func TestFailBatchInAnyOrderKeepsEachTasksColumns(t *testing.T) {
 		}
 	}
 }
+
+// Claimed lists exactly the owner's running claims under the given terms.
+func TestClaimedListsTheOwnersClaimsUnderItsTerms(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 4, 1)
+	raise(t, s, "b", 5, 1)
+	for i, shard := range []int{4, 4, 5} {
+		in := insert("k", shard, 3)
+		in.Key = fmt.Sprint("claimed-", i)
+		enqueue(t, s, in)
+	}
+	mine := claim(t, s, "a", 4, 1, 10)
+	claim(t, s, "b", 5, 1, 10)
+	if len(mine) != 2 {
+		t.Fatalf("claimed %d on shard 4", len(mine))
+	}
+	got, err := s.Claimed(ctx, "a", []tasks.ShardEpoch{{Shard: 4, Epoch: 1}, {Shard: 5, Epoch: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Shard != 4 || got[1].Shard != 4 {
+		t.Fatalf("claims of a: %+v", got)
+	}
+	if got, err := s.Claimed(ctx, "a", []tasks.ShardEpoch{{Shard: 4, Epoch: 2}}); err != nil || len(got) != 0 {
+		t.Fatalf("under another epoch: %+v %v", got, err)
+	}
+}
