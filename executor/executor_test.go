@@ -653,3 +653,28 @@ func TestClaimsOfALostAnswerAreGivenBack(t *testing.T) {
 		t.Fatalf("claims listed %d times, given back %d times", e.store.count("claimed"), e.store.count("unclaim"))
 	}
 }
+
+// A handler still running at the task's deadline ends the task failed, as
+// the sweeper's deadline rule would, without spending its other attempts:
+// no attempt may start after the deadline.
+func TestHandlerPastTheDeadlineEndsTheTaskFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]tasks.Handler{"wait": func(ctx context.Context, _ *tasks.Task) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}})
+	e.store.add(1, "wait", 0, 3)
+	deadline := time.Now().Add(50 * time.Millisecond) // the handler's context runs on the real clock
+	e.store.mu.Lock()
+	e.store.tasks[1].Deadline = &deadline
+	e.store.mu.Unlock()
+	e.own.own(0, 5)
+	e.run()
+	e.until("the task failed", func() bool { return e.state(1) == tasks.Failed })
+	if got := e.store.get(1); got.Attempt != 1 || len(got.Errors) != 1 {
+		t.Fatalf("attempt %d, errors %+v: want one failed attempt", got.Attempt, got.Errors)
+	}
+	if n := counterValue(e.exec.cfg.Metrics.Finished.WithLabelValues("wait", "failed")); n != 1 {
+		t.Fatalf("finished{outcome=failed} = %v", n)
+	}
+}

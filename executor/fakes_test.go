@@ -231,6 +231,11 @@ func (s *fakeStore) Fail(_ context.Context, owner string, failed []tasks.Failure
 		refs[i] = f.Ref
 	}
 	return s.fenced("fail", owner, refs, func(t *tasks.Task, i int) {
+		if failed[i].Expired && t.CancelRequestedAt == nil {
+			t.State = tasks.Failed
+			t.Errors = append(t.Errors, tasks.AttemptError{Attempt: t.Attempt, Error: failed[i].Error})
+			return
+		}
 		if failed[i].Final {
 			t.MaxAttempts = t.Attempt // buried whatever attempts are left
 		}

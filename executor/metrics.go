@@ -25,7 +25,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Claimed: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_tasks_claimed_total",
 			Help: "Tasks claimed by this runner."}),
 		Finished: f.NewCounterVec(prometheus.CounterOpts{Name: "shardrun_tasks_finished_total",
-			Help: "Attempts whose outcome was recorded, by kind and outcome (completed, retried, dead, interrupted, cancelled)."}, []string{"kind", "outcome"}),
+			Help: "Attempts whose outcome was recorded, by kind and outcome (completed, retried, dead, failed, interrupted, cancelled)."}, []string{"kind", "outcome"}),
 		Duration: f.NewHistogram(prometheus.HistogramOpts{Name: "shardrun_task_duration_seconds",
 			Help: "Handler run time of recorded attempts.", Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10)}),
 		InFlight: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_tasks_in_flight",

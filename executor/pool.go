@@ -36,6 +36,9 @@ type result struct {
 	// the handler's context (cause tasks.ErrCancelled); the attempt is
 	// recorded as cancelled whatever the handler returned.
 	cancelled bool
+	// expired: the handler failed after the task's deadline passed; the
+	// task ends failed, as the sweeper's deadline rule would end it.
+	expired bool
 }
 
 // attempt is one claimed task from the start of its handler until its
@@ -127,7 +130,8 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 			// The success came after the task's deadline: the deadline wins.
 			err = fmt.Errorf("deadline exceeded: the handler returned after the task's deadline %s", t.Deadline.UTC().Format(time.RFC3339Nano))
 		}
-		r := result{task: task, err: err, elapsed: p.clock.Now().Sub(start)}
+		r := result{task: task, err: err, elapsed: p.clock.Now().Sub(start),
+			expired: err != nil && errors.Is(handlerCtx.Err(), context.DeadlineExceeded)}
 		if cause := context.Cause(ctx); err != nil && errors.Is(cause, tasks.ErrOwnershipLost) {
 			r.interrupted = cause
 		}

@@ -99,7 +99,7 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 			iItems = append(iItems, r)
 		default:
 			failures = append(failures, tasks.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.Attempt, nil),
-				Final: errors.Is(r.err, tasks.ErrPermanent)})
+				Final: errors.Is(r.err, tasks.ErrPermanent), Expired: r.expired})
 			fItems = append(fItems, r)
 		}
 	}

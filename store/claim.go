@@ -382,18 +382,21 @@ func (s *Store) Complete(ctx context.Context, owner string, done []tasks.Complet
 
 // Fail records failed attempts, in one statement: each task goes back to
 // ready with attempt+1 after its RetryAfter, or to dead when its attempts are
-// used up. The error text is appended to the task's errors.
+// used up (or the failure is Final), or to failed when its deadline passed
+// (Expired). The error text is appended to the task's errors.
 func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) ([]tasks.WriteResult, error) {
 	refs := make([]tasks.Ref, len(failed))
 	msgs := make([]string, len(failed))
 	delays := make([]int64, len(failed))
 	finals := make([]bool, len(failed))
+	expired := make([]bool, len(failed))
 	for i, f := range failed {
-		refs[i], msgs[i], delays[i], finals[i] = f.Ref, StorableText(f.Error), f.RetryAfter.Milliseconds(), f.Final
+		refs[i], msgs[i], delays[i], finals[i], expired[i] = f.Ref, StorableText(f.Error), f.RetryAfter.Milliseconds(), f.Final, f.Expired
 	}
 	return s.fencedWrite(ctx, "failing", owner, refs,
-		retryOrBuryUnless("c.final", "now() + c.delay_ms * interval '1 millisecond'", "$1::text", "c.msg"),
-		inputCol{"msg", "text", msgs}, inputCol{"delay_ms", "bigint", delays}, inputCol{"final", "boolean", finals})
+		retryOrBuryUnless("c.final", "c.expired", "now() + c.delay_ms * interval '1 millisecond'", "$1::text", "c.msg"),
+		inputCol{"msg", "text", msgs}, inputCol{"delay_ms", "bigint", delays}, inputCol{"final", "boolean", finals},
+		inputCol{"expired", "boolean", expired})
 }
 
 // retryOrBury is the SET list of every statement that ends an attempt in
@@ -403,16 +406,18 @@ func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) 
 // must not run again. The error (an SQL expression, as is runner) is
 // appended to the task's errors under the attempt that failed.
 func retryOrBury(runAfter, runner, errExpr string) string {
-	return retryOrBuryUnless("false", runAfter, runner, errExpr)
+	return retryOrBuryUnless("false", "false", runAfter, runner, errExpr)
 }
 
 // retryOrBuryUnless is retryOrBury where final (an SQL boolean) buries the
-// task whatever attempts it has left: a handler's permanent failure.
-func retryOrBuryUnless(final, runAfter, runner, errExpr string) string {
-	again := `t.attempt < t.max_attempts AND t.cancel_requested_at IS NULL AND NOT (` + final + `)`
+// task whatever attempts it has left (a handler's permanent failure), and
+// expired ends it failed (its deadline passed).
+func retryOrBuryUnless(final, expired, runAfter, runner, errExpr string) string {
+	again := `t.attempt < t.max_attempts AND t.cancel_requested_at IS NULL AND NOT (` + final + `) AND NOT (` + expired + `)`
 	return `
 		state        = CASE WHEN ` + again + ` THEN 'ready'
-		                    WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'dead' END,
+		                    WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+		                    WHEN ` + expired + ` THEN 'failed' ELSE 'dead' END,
 		attempt      = CASE WHEN ` + again + ` THEN t.attempt + 1 ELSE t.attempt END,
 		run_after    = CASE WHEN ` + again + ` THEN ` + runAfter + ` ELSE t.run_after END,
 		finished_at  = CASE WHEN ` + again + ` THEN NULL ELSE now() END,

@@ -753,3 +753,31 @@ func TestClaimedListsTheOwnersClaimsUnderItsTerms(t *testing.T) {
 		t.Fatalf("under another epoch: %+v %v", got, err)
 	}
 }
+
+// An expired failure ends the task failed whatever attempts it has left;
+// a final one ends it dead.
+func TestFailExpiredEndsFailedAndFinalEndsDead(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 6, 1)
+	for i := range 2 {
+		in := insert("k", 6, 5)
+		in.Key = fmt.Sprint("expired-", i)
+		enqueue(t, s, in)
+	}
+	c := claim(t, s, "a", 6, 1, 2)
+	rs, err := s.Fail(ctx, "a", []tasks.Failure{
+		{Ref: c[0].Ref(), Error: "deadline exceeded", Expired: true},
+		{Ref: c[1].Ref(), Error: "bad payload", Final: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rs[0].State != tasks.Failed || rs[1].State != tasks.Dead {
+		t.Fatalf("states %s and %s, want failed and dead", rs[0].State, rs[1].State)
+	}
+	if got := get(t, s, c[0].ID); got.FinishedAt == nil || got.Attempt != 1 {
+		t.Fatalf("expired task: %+v", got)
+	}
+}

@@ -92,13 +92,16 @@ type Interruption struct {
 }
 
 // Failure is a failed attempt to record. RetryAfter is the backoff before the
-// next attempt when attempts are left. Final buries the task whatever
-// attempts are left: the handler said no retry can succeed.
+// next attempt when attempts are left. Final buries the task (dead) whatever
+// attempts are left: the handler said no retry can succeed. Expired ends it
+// failed, as the sweeper's deadline rule does: the task's deadline passed,
+// so no attempt may follow.
 type Failure struct {
 	Ref        Ref
 	Error      string
 	RetryAfter time.Duration
 	Final      bool
+	Expired    bool
 }
 
 // ErrPermanent marks a handler error no retry can fix (a payload that does
