@@ -197,12 +197,17 @@ func httpStatus(url string) int {
 }
 
 func waitUntil(timeout time.Duration, cond func() bool) error {
+	return waitEvery(timeout, 5*time.Millisecond, cond)
+}
+
+// waitEvery is waitUntil checking cond every interval.
+func waitEvery(timeout, interval time.Duration, cond func() bool) error {
 	start := time.Now()
 	for !cond() {
 		if time.Since(start) > timeout {
 			return fmt.Errorf("not within %s", timeout)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(interval)
 	}
 	return nil
 }

@@ -67,6 +67,9 @@ type Report struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == riverChildFlag {
+		os.Exit(riverChild(os.Args[2:]))
+	}
 	out := flag.String("out", "results/latest.json", "where to write the JSON report")
 	trials := flag.Int("trials", 3, "trials of each throughput measurement")
 	faultTrials := flag.Int("fault-trials", 5, "trials of each failover, handoff and detach measurement")
@@ -211,12 +214,13 @@ type tune struct {
 var tuning tune
 
 func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int) error {
-	rs := riverSettings{MaxWorkers: tuning.riverWorkers, FetchCooldown: "2ms", FetchPollInterval: "20ms", PoolConns: 16}
+	rs := riverBase(tuning.riverWorkers)
 	rep.Settings["shardrun"] = map[string]any{"max_workers_by_processes": tuning.shardrunWorkers, "db_max_conns": 8, "shard_count": 256}
 	rep.Settings["river"] = rs
 	rep.Notes = append(rep.Notes,
 		"worker counts, chosen by measurement on this machine: one process - shardrun --max-workers 256/512/1024 gave 37.4k/45.9k/50.3k tasks/s, River MaxWorkers 500/1000/2000 gave 27.8k/29.8k/28.9k jobs/s (100,000-task trials); three processes - shardrun 256/512/1024 per runner gave 31.8-32.1k/34.8-36.5k/22.0-33.0k, River 333/1000/2000 per client gave 22.0-25.0k/25.5-30.7k/25.4-29.1k (200,000-task trials); so shardrun runs 1024 workers alone and 512 per runner for three, River 1000 per client. River's FetchCooldown 2ms and FetchPollInterval 20ms are those of River's own benchmark (cmd/river/riverbench)",
-		"River runs in the bench process (one client per process it stands for, each with its own pool); shardrun runners are separate processes of bin/runner; both share the machine's 2 cores with PostgreSQL",
+		"River runs in child processes of the bench binary (one River client each, with its own pool of 16 connections; the jobs are inserted by the bench process beforehand); shardrun runners are separate processes of bin/runner; both share the machine's 2 cores with PostgreSQL and the bench process",
+		"CPU seconds per 10,000 tasks: the worker processes' user+system CPU over their whole life (start-up and graceful stop included), exact from wait4; PostgreSQL's is the postmaster's and all its children's CPU from just before the workers start to the end of the burn-down, sampled from /proc every 100ms (processes born and gone between two samples are missed); the bench's completion poll (every 20ms) is in the PostgreSQL figure for both systems; shardrun's etcd runs embedded in the bench process and is not counted",
 		"throughput is timed from the first claim (attempt) to the last completion (finalisation), from the database's own timestamps")
 	for _, procs := range tuning.procs {
 		var ratios []float64
@@ -237,6 +241,13 @@ func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int)
 		rep.Ratios = append(rep.Ratios, ratio{Processes: procs, PerTrial: ratios, Median: median(ratios)})
 	}
 	return nil
+}
+
+// riverBase is River's settings with maxWorkers: FetchCooldown and
+// FetchPollInterval those of River's own benchmark (cmd/river/riverbench),
+// 16 connections per client.
+func riverBase(maxWorkers int) riverSettings {
+	return riverSettings{MaxWorkers: maxWorkers, FetchCooldown: "2ms", FetchPollInterval: "20ms", PoolConns: 16}
 }
 
 func median(xs []float64) float64 {
@@ -314,6 +325,8 @@ func printTable(w io.Writer, rep *Report) {
 			r.Processes, rep.Throughput[0].Tasks, median(ours), median(theirs), r.Median, fmtList(r.PerTrial))
 		fmt.Fprintf(w, "| enqueue (COPY), %d process(es) trials | shardrun %.0f rows/s, River %.0f rows/s (medians) |\n",
 			r.Processes, median(enqOurs), median(enqTheirs))
+		fmt.Fprintf(w, "| CPU seconds per 10,000 tasks (workers + PostgreSQL), %d process(es) | shardrun %s, River %s (medians) |\n",
+			r.Processes, cpuCell(rep.Throughput, "shardrun", r.Processes), cpuCell(rep.Throughput, "river", r.Processes))
 	}
 	for _, l := range rep.Failover {
 		fmt.Fprintf(w, "| kill -9, lease TTL %s: %s | p50 %.2fs, max %.2fs over %d trials |\n", l.LeaseTTL, l.What, l.P50, l.Max, len(l.Trials))
@@ -381,6 +394,18 @@ func printTable(w io.Writer, rep *Report) {
 		}
 		fmt.Fprintf(w, "| PostgreSQL transactions per completed task | shardrun %.4f, River %.4f |\n", c.XactsPerTask["shardrun"], c.XactsPerTask["river"])
 	}
+}
+
+// cpuCell is "workers + postgres = total" CPU seconds per 10,000 tasks,
+// medians over a system's trials at a process count.
+func cpuCell(runs []burnDown, system string, procs int) string {
+	var w, p, t []float64
+	for _, r := range runs {
+		if r.System == system && r.Processes == procs {
+			w, p, t = append(w, r.CPUWorkersPer10k), append(p, r.CPUPostgresPer10k), append(t, r.CPUTotalPer10k)
+		}
+	}
+	return fmt.Sprintf("%.2f + %.2f = %.2f", median(w), median(p), median(t))
 }
 
 func fmtRows(n int) string {

@@ -31,7 +31,26 @@ type burnDown struct {
 	PeakRSSMiB   float64 `json:"peak_rss_mib_per_process,omitempty"`
 	// Unhandled ready tasks of a kind nobody handles, present throughout.
 	Unhandled int `json:"unhandled_ready_tasks,omitempty"`
+	// CPU seconds per 10,000 tasks of the worker processes (their whole
+	// life) and of the PostgreSQL server (from just before the workers
+	// started to the end of the burn-down): see pgCPU for the method.
+	CPUWorkersPer10k  float64 `json:"cpu_s_per_10k_tasks_workers"`
+	CPUPostgresPer10k float64 `json:"cpu_s_per_10k_tasks_postgres"`
+	CPUTotalPer10k    float64 `json:"cpu_s_per_10k_tasks_total"`
 }
+
+// setCPU records the CPU seconds spent on the trial's n tasks.
+func (r *burnDown) setCPU(workers, postgres float64, n int) {
+	per := 10_000 / float64(n)
+	r.CPUWorkersPer10k, r.CPUPostgresPer10k = workers*per, postgres*per
+	r.CPUTotalPer10k = r.CPUWorkersPer10k + r.CPUPostgresPer10k
+}
+
+// burnDownPoll is how often the bench asks whether a burn-down is done.
+// Not faster: the polls are PostgreSQL CPU in the measurement (the same
+// for both systems), and the timing comes from the database's timestamps,
+// not from when a poll noticed the end.
+const burnDownPoll = 20 * time.Millisecond
 
 const insertBatch = 10_000
 
@@ -122,18 +141,26 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 		return r, err
 	}
 
+	postmaster, err := e.postmasterPID(ctx)
+	if err != nil {
+		return r, err
+	}
+	pgc := startPGCPU(postmaster)
 	c := e.newCluster(fmt.Sprintf("tp-%d-%d-%d", processes, trial, time.Now().UnixNano()), dsn, 256)
 	defer c.stop()
 	var peak sampler
+	var rps []*runnerProc
 	for i := range processes {
 		rp, err := c.start(fmt.Sprintf("runner-%d", i+1), runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: maxWorkers})
 		if err != nil {
+			pgc.stop()
 			return r, err
 		}
 		peak.watch(rp)
+		rps = append(rps, rp)
 	}
 	polls := 0
-	err = waitUntil(10*time.Minute, func() bool {
+	err = waitEvery(10*time.Minute, burnDownPoll, func() bool {
 		var pending bool
 		polls++
 		// Index-driven whatever else is ready (the ready index is keyed by kind).
@@ -142,10 +169,17 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 		return !pending
 	})
 	peak.stop()
+	// While the runners are still connected: their backends exit with them.
+	pgSeconds := pgc.stop()
 	if err != nil {
 		return r, fmt.Errorf("burn-down: %w", err)
 	}
 	c.stop()
+	var workerSeconds float64
+	for _, rp := range rps {
+		workerSeconds += processCPU(rp.cmd.ProcessState)
+	}
+	r.setCPU(workerSeconds, pgSeconds, n)
 	after, err := e.counters(ctx, st.Pool())
 	if err != nil {
 		return r, err
@@ -236,24 +270,17 @@ type riverSettings struct {
 	PoolConns         int32  `json:"pool_max_conns"`
 }
 
-// riverBurnDown does the same with River: InsertManyFast (COPY) in batches,
-// then clients (each with its own pool, as separate processes would have)
-// burn the jobs down; timed from the first attempt to the last finalisation.
+// riverBurnDown does the same with River: InsertManyFast (COPY) in batches
+// from the bench process, then clients River child processes (riverProc,
+// each with its own pool) burn the jobs down; timed from the first attempt
+// to the last finalisation.
 func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs riverSettings) (burnDown, error) {
 	r := burnDown{System: "river", Processes: clients, Tasks: n}
 	dsn, err := e.database(ctx, fmt.Sprintf("river_tp_%d_%d", clients, trial))
 	if err != nil {
 		return r, err
 	}
-	open := func() (*pgxpool.Pool, error) {
-		cfg, err := pgxpool.ParseConfig(dsn)
-		if err != nil {
-			return nil, err
-		}
-		cfg.MaxConns = rs.PoolConns
-		return pgxpool.NewWithConfig(ctx, cfg)
-	}
-	pool, err := open()
+	pool, err := riverPool(ctx, dsn, rs.PoolConns)
 	if err != nil {
 		return r, err
 	}
@@ -265,18 +292,7 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
 		return r, err
 	}
-	cooldown, _ := time.ParseDuration(rs.FetchCooldown)
-	poll, _ := time.ParseDuration(rs.FetchPollInterval)
-	newClient := func(p *pgxpool.Pool) (*river.Client[pgxTx], error) {
-		workers := river.NewWorkers()
-		river.AddWorker(workers, &NoopWorker{})
-		return river.NewClient(riverpgxv5.New(p), &river.Config{
-			FetchCooldown: cooldown, FetchPollInterval: poll,
-			Queues:  map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: rs.MaxWorkers}},
-			Workers: workers, Logger: discardLogger(),
-		})
-	}
-	inserter, err := newClient(pool)
+	inserter, err := newRiverClient(pool, rs, false)
 	if err != nil {
 		return r, err
 	}
@@ -295,41 +311,49 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 	if err != nil {
 		return r, err
 	}
-	var running []*river.Client[pgxTx]
-	var pools []*pgxpool.Pool
+	postmaster, err := e.postmasterPID(ctx)
+	if err != nil {
+		return r, err
+	}
+	pgc := startPGCPU(postmaster)
+	var procs []*riverProc
+	stopAll := func() (float64, error) {
+		var sum float64
+		var firstErr error
+		for _, p := range procs {
+			cpu, err := p.stop()
+			sum += cpu
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+		procs = nil
+		return sum, firstErr
+	}
+	defer stopAll()
 	for range clients {
-		p, err := open()
+		p, err := startRiverProc(dsn, rs)
 		if err != nil {
+			pgc.stop()
 			return r, err
 		}
-		defer p.Close()
-		pools = append(pools, p)
-		cl, err := newClient(p)
-		if err != nil {
-			return r, err
-		}
-		if err := cl.Start(ctx); err != nil {
-			return r, err
-		}
-		running = append(running, cl)
+		procs = append(procs, p)
 	}
 	polls := 0
-	err = waitUntil(10*time.Minute, func() bool {
+	err = waitEvery(10*time.Minute, burnDownPoll, func() bool {
 		var pending bool
 		polls++
 		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable'))`).Scan(&pending)
 		return !pending
 	})
-	for _, cl := range running {
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_ = cl.Stop(sctx)
-		cancel()
-	}
-	for _, p := range pools {
-		p.Close()
-	}
+	// While the children are still connected: their backends exit with them.
+	pgSeconds := pgc.stop()
+	workerSeconds, stopErr := stopAll()
 	if err != nil {
 		return r, fmt.Errorf("river burn-down: %w", err)
+	}
+	if stopErr != nil {
+		return r, stopErr
 	}
 	after, err := e.counters(ctx, pool)
 	if err != nil {
@@ -345,6 +369,7 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 	}
 	r.Seconds, r.TasksPerS = span, float64(n)/span
 	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
+	r.setCPU(workerSeconds, pgSeconds, n)
 	return r, nil
 }
 
