@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,6 +62,7 @@ type Report struct {
 	Unclaimable *unclaimable      `json:"unclaimable,omitempty"`
 	Retention   *retentionRun     `json:"retention,omitempty"`
 	Churn       []churn           `json:"churn,omitempty"`
+	Steady      []steadyRun       `json:"steady_state,omitempty"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
 	Notes          []string           `json:"notes"`
@@ -79,11 +81,14 @@ func main() {
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady (default all)")
 	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
 	flag.IntVar(&maint.steadyRate, "steady-rate", 500, "tasks/s of the steady workload during the retention section")
 	flag.IntVar(&maint.churnTasks, "churn-tasks", 1_000_000, "tasks of each churn run")
 	flag.IntVar(&maint.churnRate, "churn-rate", 8_000, "tasks/s of the churn runs")
+	flag.IntVar(&steadyFlags.procs, "steady-procs", 3, "worker processes of each system in the steady section")
+	flag.IntVar(&steadyFlags.seconds, "steady-seconds", 10, "measured window of each steady run, seconds (after a 2s warm-up)")
+	flag.StringVar(&steadyFlags.rates, "steady-rates", "1000,5000,10000", "target enqueue rates (tasks/s) of the steady section")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -171,6 +176,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"unclaimable", func() error { return e.unclaimableSection(ctx, rep, trials, n) }},
 		{"retention", func() error { return e.retentionSection(ctx, rep, maint.retentionRows, maint.steadyRate) }},
 		{"churn", func() error { return e.churnSection(ctx, rep, maint.churnTasks, maint.churnRate) }},
+		{"steady", func() error { return e.steadySection(ctx, rep) }},
 	}
 	rep.SectionSeconds = map[string]float64{}
 	benchStart := time.Now()
@@ -328,6 +334,7 @@ func printTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "| CPU seconds per 10,000 tasks (workers + PostgreSQL), %d process(es) | shardrun %s, River %s (medians) |\n",
 			r.Processes, cpuCell(rep.Throughput, "shardrun", r.Processes), cpuCell(rep.Throughput, "river", r.Processes))
 	}
+	printSteady(w, rep.Steady)
 	for _, l := range rep.Failover {
 		fmt.Fprintf(w, "| kill -9, lease TTL %s: %s | p50 %.2fs, max %.2fs over %d trials |\n", l.LeaseTTL, l.What, l.P50, l.Max, len(l.Trials))
 	}
@@ -408,6 +415,15 @@ func cpuCell(runs []burnDown, system string, procs int) string {
 	return fmt.Sprintf("%.2f + %.2f = %.2f", median(w), median(p), median(t))
 }
 
+// fmtThousands writes n with thousands separators: 10000 as 10,000.
+func fmtThousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
 func fmtRows(n int) string {
 	if n >= 1_000_000 {
 		return fmt.Sprintf("%dM", n/1_000_000)
@@ -432,7 +448,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn"} {
+	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn", "steady"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}
