@@ -58,8 +58,8 @@ const (
 	steadyWarmup    = 2 * time.Second
 	steadyWorkers   = 128
 	steadyBatchTick = 10 * time.Millisecond
-	// steadyProducers single-row inserts may be in flight at once: enough
-	// for 10,000/s at a few ms per insert.
+	// steadyProducers insert statements may be in flight at once: enough
+	// for 10,000/s single-row inserts at a few ms per commit.
 	steadyProducers = 32
 	steadyDrain     = 10 * time.Second
 )
@@ -90,7 +90,7 @@ func (e *env) steadySection(ctx context.Context, rep *Report) error {
 		"shardrun": map[string]any{"max_workers": steadyWorkers, "db_max_conns": 8, "shard_count": 256, "poll_interval": "1s (default)"},
 		"river":    rs}
 	rep.Notes = append(rep.Notes,
-		"steady state: the workers start first (shardrun: until all 256 shards are owned and balanced; River: until each client started), then producers in the bench process enqueue at the target rate - batched: rate/100 tasks every 10ms (shardrun EnqueueBatch, River InsertMany); single: one task per statement from 32 goroutines paced to the rate (shardrun Enqueue, River Insert) - for a 2s warm-up and the window; latency is enqueue-to-start from the database's clock (shardrun claimed_at - created_at, River attempted_at - created_at, created_at being the inserting transaction's now() in both) of the tasks created in the window",
+		"steady state: the workers start first (shardrun: until all 256 shards are owned and balanced; River: until each client started), then producers in the bench process enqueue at the target rate - batched: a statement of rate/100 tasks every 10ms (shardrun EnqueueBatch, River InsertMany); single: one task per statement, 1/rate apart (shardrun Enqueue, River Insert); open loop, each statement due on its schedule with up to 32 in flight, so a slow commit does not lower the rate unless all 32 are busy - for a 2s warm-up and the window; latency is enqueue-to-start from the database's clock (shardrun claimed_at - created_at, River attempted_at - created_at, created_at being the inserting transaction's now() in both, so the insert's own commit time is part of it) of the tasks created in the window",
 		"steady state: 128 workers per process for both (a noop task holds a worker for well under a millisecond, so even 10,000/s over 3 processes needs a few dozen at most; more would only differ in River's fetch sizes); River's FetchCooldown 2ms and FetchPollInterval 20ms as in the throughput runs, notifications at River's default (LISTEN/NOTIFY: the inserting client notifies at most once per FetchCooldown), so a River job waits for a notification-triggered fetch or at worst the 20ms poll; shardrun's runners are woken by NOTIFY too, with their default 1s poll as the fallback",
 		"steady state: achieved tasks/s counts the window's tasks completed by the window's end; a target the producers could not meet shows as an achieved enqueue rate below it")
 	for _, rate := range rates {
