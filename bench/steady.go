@@ -243,11 +243,10 @@ func (e *env) steadyRiver(ctx context.Context, procs int, rs riverSettings) (*st
 // window's tasks from the database.
 func (e *env) steadyOnce(ctx context.Context, sys *steadySystem, rate int, mode string, window time.Duration) (steadyRun, error) {
 	run := steadyRun{Mode: mode, Rate: rate}
-	pctx, pcancel := context.WithCancel(ctx)
-	defer pcancel()
+	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var prodErr error
-	wg.Go(func() { prodErr = produce(pctx, mode, rate, sys.one, sys.many) })
+	wg.Go(func() { prodErr = produce(ctx, stop, mode, rate, sys.one, sys.many) })
 	time.Sleep(steadyWarmup) // a fixed warm-up window, not a wait for a condition
 	from, err := dbTime(ctx, sys.pool)
 	if err != nil {
@@ -258,7 +257,7 @@ func (e *env) steadyOnce(ctx context.Context, sys *steadySystem, rate int, mode 
 	if err != nil {
 		return run, err
 	}
-	pcancel()
+	close(stop)
 	wg.Wait()
 	if prodErr != nil {
 		return run, fmt.Errorf("producer: %w", prodErr)
@@ -283,13 +282,17 @@ func (e *env) steadyOnce(ctx context.Context, sys *steadySystem, rate int, mode 
 	return run, nil
 }
 
-// produce enqueues rate tasks per second until ctx ends: batched, rate/100
+// produce enqueues rate tasks per second until stop is closed: batched, rate/100
 // tasks every 10ms; single, one task per statement. Open loop: the i-th
 // statement is due at start + i*interval whenever the ones before it
 // finish, and up to steadyProducers statements are in flight, so a commit
 // slower than the interval does not lower the rate unless all producers
 // are busy (then the achieved enqueue rate shows it).
-func produce(ctx context.Context, mode string, rate int, one func(context.Context) error, many func(context.Context, int) error) error {
+//
+// Closing stop ends it once the statements in flight are done: cancelling
+// them instead would let one that began before the window's end (its
+// created_at inside the window) commit after the tasks were counted.
+func produce(ctx context.Context, stop <-chan struct{}, mode string, rate int, one func(context.Context) error, many func(context.Context, int) error) error {
 	var insert func(context.Context) error
 	var interval time.Duration
 	switch mode {
@@ -308,27 +311,28 @@ func produce(ctx context.Context, mode string, rate int, one func(context.Contex
 	errs := make([]error, steadyProducers)
 	for g := range steadyProducers {
 		wg.Go(func() {
-			for ctx.Err() == nil {
+			for {
 				due := start.Add(time.Duration(next.Add(1)-1) * interval)
 				if d := time.Until(due); d > 0 {
 					select {
-					case <-ctx.Done():
+					case <-stop:
 						return
 					case <-time.After(d):
 					}
 				}
+				select {
+				case <-stop:
+					return
+				default:
+				}
 				if err := insert(ctx); err != nil {
-					if ctx.Err() == nil {
-						errs[g] = err
-					}
+					errs[g] = err
 					return
 				}
 			}
 		})
 	}
 	wg.Wait()
-	// Errors of inserts that stopping cancelled are not kept: those tasks
-	// are after the window.
 	return errors.Join(errs...)
 }
 
