@@ -61,6 +61,7 @@ type Report struct {
 	Unclaimable *unclaimable      `json:"unclaimable,omitempty"`
 	Retention   *retentionRun     `json:"retention,omitempty"`
 	Churn       []churn           `json:"churn,omitempty"`
+	Notify      *notifyResult     `json:"notify_trigger_cost,omitempty"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
 	Notes          []string           `json:"notes"`
@@ -76,11 +77,12 @@ func main() {
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,notify (default all)")
 	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
 	flag.IntVar(&maint.steadyRate, "steady-rate", 500, "tasks/s of the steady workload during the retention section")
 	flag.IntVar(&maint.churnTasks, "churn-tasks", 1_000_000, "tasks of each churn run")
 	flag.IntVar(&maint.churnRate, "churn-rate", 8_000, "tasks/s of the churn runs")
+	flag.IntVar(&notifySeconds, "notify-seconds", notifySeconds, "seconds of each notify run (one per variant and producer count)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -168,6 +170,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"unclaimable", func() error { return e.unclaimableSection(ctx, rep, trials, n) }},
 		{"retention", func() error { return e.retentionSection(ctx, rep, maint.retentionRows, maint.steadyRate) }},
 		{"churn", func() error { return e.churnSection(ctx, rep, maint.churnTasks, maint.churnRate) }},
+		{"notify", func() error { return e.notifySection(ctx, rep) }},
 	}
 	rep.SectionSeconds = map[string]float64{}
 	benchStart := time.Now()
@@ -370,6 +373,9 @@ func printTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "| tasks table after a churn of %d tasks at %d/s, %s | %d rows, table %.1f MiB, indexes %.1f MiB (ready index %.0f KiB), %d autovacuums |\n",
 			c.Tasks, c.Rate, c.Variant, c.LiveRows, c.TableMiB, c.IndexesMiB, c.ReadyIdxKiB, c.Autovacuums)
 	}
+	if n := rep.Notify; n != nil {
+		printNotify(w, n)
+	}
 	if t, ok := rep.SectionSeconds["total"]; ok {
 		fmt.Fprintf(w, "| bench time | %.0f s in all (%s) |\n", t, sectionTimes(rep.SectionSeconds))
 	}
@@ -407,7 +413,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn"} {
+	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn", "notify"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}
