@@ -62,6 +62,7 @@ type Report struct {
 	Retention   *retentionRun     `json:"retention,omitempty"`
 	Churn       []churn           `json:"churn,omitempty"`
 	Notify      *notifyResult     `json:"notify_trigger_cost,omitempty"`
+	Scale       *scaleResult      `json:"scale,omitempty"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
 	Notes          []string           `json:"notes"`
@@ -77,12 +78,16 @@ func main() {
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,notify (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,notify,scale (default all)")
 	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
 	flag.IntVar(&maint.steadyRate, "steady-rate", 500, "tasks/s of the steady workload during the retention section")
 	flag.IntVar(&maint.churnTasks, "churn-tasks", 1_000_000, "tasks of each churn run")
 	flag.IntVar(&maint.churnRate, "churn-rate", 8_000, "tasks/s of the churn runs")
 	flag.IntVar(&notifySeconds, "notify-seconds", notifySeconds, "seconds of each notify run (one per variant and producer count)")
+	flag.IntVar(&scaleFlags.runners, "scale-runners", scaleFlags.runners, "runners started at once in the scale section (one more joins)")
+	flag.IntVar(&scaleFlags.shards, "scale-shards", scaleFlags.shards, "shards of the scale section's cluster")
+	flag.IntVar(&scaleFlags.tasks, "scale-tasks", scaleFlags.tasks, "noop tasks of the scale section's burn-down")
+	flag.IntVar(&scaleFlags.maxWorkers, "scale-max-workers", scaleFlags.maxWorkers, "--max-workers of each runner in the scale section")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -171,6 +176,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"retention", func() error { return e.retentionSection(ctx, rep, maint.retentionRows, maint.steadyRate) }},
 		{"churn", func() error { return e.churnSection(ctx, rep, maint.churnTasks, maint.churnRate) }},
 		{"notify", func() error { return e.notifySection(ctx, rep) }},
+		{"scale", func() error { return e.scaleSection(ctx, rep) }},
 	}
 	rep.SectionSeconds = map[string]float64{}
 	benchStart := time.Now()
@@ -376,6 +382,9 @@ func printTable(w io.Writer, rep *Report) {
 	if n := rep.Notify; n != nil {
 		printNotify(w, n)
 	}
+	if sc := rep.Scale; sc != nil {
+		printScale(w, sc)
+	}
 	if t, ok := rep.SectionSeconds["total"]; ok {
 		fmt.Fprintf(w, "| bench time | %.0f s in all (%s) |\n", t, sectionTimes(rep.SectionSeconds))
 	}
@@ -413,7 +422,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn", "notify"} {
+	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn", "notify", "scale"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}
