@@ -61,7 +61,9 @@ type scalePhase struct {
 	Releases     int `json:"shard_releases"`
 	// RunnerKeyWrites are writes of runners/<id> (state publications).
 	RunnerKeyWrites int `json:"runner_key_writes"`
-	// EtcdMessages is the gRPC messages etcd received, whoever sent them.
+	// EtcdMessages is the gRPC messages etcd received, whoever sent them,
+	// from the change to the end of the stability check (so including a
+	// second of keep-alives).
 	EtcdMessages float64 `json:"etcd_messages_received"`
 	// ChangesAfter: shard key events in the scaleStableFor after
 	// convergence (0 expected).
