@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -40,6 +41,9 @@ type runnerProc struct {
 type runnerOpts struct {
 	leaseTTL   time.Duration
 	maxWorkers int
+	// dbMaxConns is --db-max-conns when maxWorkers is set; 0 means 8. Many
+	// runners on one server need fewer each (max_connections is 300).
+	dbMaxConns int
 	proxy      bool
 }
 
@@ -49,7 +53,18 @@ func (e *env) newCluster(name, dsn string, shards int) *cluster {
 
 func (c *cluster) prefix() string { return "/shardrun/" + c.name + "/" }
 
+// start starts a runner and waits until it is ready.
 func (c *cluster) start(id string, o runnerOpts) (*runnerProc, error) {
+	r, err := c.spawn(id, o)
+	if err != nil {
+		return nil, err
+	}
+	return r, r.waitReady()
+}
+
+// spawn starts a runner without waiting for it, so that many can start at
+// once; waitReady then waits for each.
+func (c *cluster) spawn(id string, o runnerOpts) (*runnerProc, error) {
 	endpoint := c.env.etcd.Endpoints()[0]
 	r := &runnerProc{id: id, logs: &linewriter.Buffer{}, done: make(chan error, 1)}
 	if o.proxy {
@@ -69,7 +84,7 @@ func (c *cluster) start(id string, o runnerOpts) (*runnerProc, error) {
 		"--database-url", c.dsn, "--runner-id", id, "--admin-addr", r.admin, "--log-format", "json",
 		"--lease-ttl", o.leaseTTL.String(), "--recovery-window", "1s", "--handoff-timeout", "2s"}
 	if o.maxWorkers > 0 {
-		args = append(args, "--max-workers", strconv.Itoa(o.maxWorkers), "--db-max-conns", "8")
+		args = append(args, "--max-workers", strconv.Itoa(o.maxWorkers), "--db-max-conns", strconv.Itoa(cmp.Or(o.dbMaxConns, 8)))
 	}
 	r.cmd = exec.Command(c.env.runnerBin, args...)
 	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs
@@ -79,10 +94,15 @@ func (c *cluster) start(id string, o runnerOpts) (*runnerProc, error) {
 	}
 	go func() { r.done <- r.cmd.Wait() }()
 	c.runners = append(c.runners, r)
-	if err := waitUntil(60*time.Second, func() bool { return httpStatus("http://"+r.admin+"/readyz") == 200 }); err != nil {
-		return nil, fmt.Errorf("runner %s not ready: %w\n%s", id, err, linewriter.Tail(r.logs.String(), 20))
-	}
 	return r, nil
+}
+
+// waitReady waits until the runner's /readyz answers 200.
+func (r *runnerProc) waitReady() error {
+	if err := waitUntil(60*time.Second, func() bool { return httpStatus("http://"+r.admin+"/readyz") == 200 }); err != nil {
+		return fmt.Errorf("runner %s not ready: %w\n%s", r.id, err, linewriter.Tail(r.logs.String(), 20))
+	}
+	return nil
 }
 
 // stop terminates every runner still running (SIGTERM, then SIGKILL).

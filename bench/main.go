@@ -63,6 +63,8 @@ type Report struct {
 	Retention   *retentionRun     `json:"retention,omitempty"`
 	Churn       []churn           `json:"churn,omitempty"`
 	Steady      []steadyRun       `json:"steady_state,omitempty"`
+	Notify      *notifyResult     `json:"notify_trigger_cost,omitempty"`
+	Scale       *scaleResult      `json:"scale,omitempty"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
 	Notes          []string           `json:"notes"`
@@ -81,7 +83,7 @@ func main() {
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
 	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
 	flag.IntVar(&maint.steadyRate, "steady-rate", 500, "tasks/s of the steady workload during the retention section")
 	flag.IntVar(&maint.churnTasks, "churn-tasks", 1_000_000, "tasks of each churn run")
@@ -89,6 +91,11 @@ func main() {
 	flag.IntVar(&steadyFlags.procs, "steady-procs", 3, "worker processes of each system in the steady section")
 	flag.IntVar(&steadyFlags.seconds, "steady-seconds", 10, "measured window of each steady run, seconds (after a 2s warm-up)")
 	flag.StringVar(&steadyFlags.rates, "steady-rates", "1000,5000,10000", "target enqueue rates (tasks/s) of the steady section")
+	flag.IntVar(&notifySeconds, "notify-seconds", notifySeconds, "seconds of each notify run (one per variant and producer count)")
+	flag.IntVar(&scaleFlags.runners, "scale-runners", scaleFlags.runners, "runners started at once in the scale section (one more joins)")
+	flag.IntVar(&scaleFlags.shards, "scale-shards", scaleFlags.shards, "shards of the scale section's cluster")
+	flag.IntVar(&scaleFlags.tasks, "scale-tasks", scaleFlags.tasks, "noop tasks of the scale section's burn-down")
+	flag.IntVar(&scaleFlags.maxWorkers, "scale-max-workers", scaleFlags.maxWorkers, "--max-workers of each runner in the scale section")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -177,6 +184,8 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"retention", func() error { return e.retentionSection(ctx, rep, maint.retentionRows, maint.steadyRate) }},
 		{"churn", func() error { return e.churnSection(ctx, rep, maint.churnTasks, maint.churnRate) }},
 		{"steady", func() error { return e.steadySection(ctx, rep) }},
+		{"notify", func() error { return e.notifySection(ctx, rep) }},
+		{"scale", func() error { return e.scaleSection(ctx, rep) }},
 	}
 	rep.SectionSeconds = map[string]float64{}
 	benchStart := time.Now()
@@ -390,6 +399,12 @@ func printTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "| tasks table after a churn of %d tasks at %d/s, %s | %d rows, table %.1f MiB, indexes %.1f MiB (ready index %.0f KiB), %d autovacuums |\n",
 			c.Tasks, c.Rate, c.Variant, c.LiveRows, c.TableMiB, c.IndexesMiB, c.ReadyIdxKiB, c.Autovacuums)
 	}
+	if n := rep.Notify; n != nil {
+		printNotify(w, n)
+	}
+	if sc := rep.Scale; sc != nil {
+		printScale(w, sc)
+	}
 	if t, ok := rep.SectionSeconds["total"]; ok {
 		fmt.Fprintf(w, "| bench time | %.0f s in all (%s) |\n", t, sectionTimes(rep.SectionSeconds))
 	}
@@ -448,7 +463,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn", "steady"} {
+	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}

@@ -125,17 +125,9 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 			return r, err
 		}
 	}
-	batch := make([]tasks.NewTask, insertBatch)
-	for i := range batch {
-		batch[i] = tasks.NewTask{Kind: "noop"}
+	if r.EnqueuePerS, err = enqueueNoops(ctx, client, n); err != nil {
+		return r, err
 	}
-	start := time.Now()
-	for done := 0; done < n; done += insertBatch {
-		if _, err := client.EnqueueBatch(ctx, batch[:min(insertBatch, n-done)]); err != nil {
-			return r, err
-		}
-	}
-	r.EnqueuePerS = float64(n) / time.Since(start).Seconds()
 	before, err := e.counters(ctx, st.Pool())
 	if err != nil {
 		return r, err
@@ -159,20 +151,12 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 		peak.watch(rp)
 		rps = append(rps, rp)
 	}
-	polls := 0
-	err = waitEvery(10*time.Minute, burnDownPoll, func() bool {
-		var pending bool
-		polls++
-		// Index-driven whatever else is ready (the ready index is keyed by kind).
-		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND kind = 'noop')
-			OR EXISTS (SELECT 1 FROM tasks WHERE state = 'running')`).Scan(&pending)
-		return !pending
-	})
+	polls, err := waitBurnedDown(ctx, st)
 	peak.stop()
 	// While the runners are still connected: their backends exit with them.
 	pgSeconds := pgc.stop()
 	if err != nil {
-		return r, fmt.Errorf("burn-down: %w", err)
+		return r, err
 	}
 	c.stop()
 	var workerSeconds float64
@@ -184,14 +168,60 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 	if err != nil {
 		return r, err
 	}
-	var span float64
-	if err := st.Pool().QueryRow(ctx, `SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM tasks`).Scan(&span); err != nil {
+	span, err := burnDownSpan(ctx, st, "noop")
+	if err != nil {
 		return r, err
 	}
 	r.Seconds, r.TasksPerS = span, float64(n)/span
 	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
 	r.PeakRSSMiB = peak.max() / (1 << 20)
 	return r, nil
+}
+
+// enqueueNoops inserts n noop tasks by COPY in batches of insertBatch, each
+// batch its own transaction, and returns the rows per second.
+func enqueueNoops(ctx context.Context, client *tasks.Client, n int) (float64, error) {
+	batch := make([]tasks.NewTask, insertBatch)
+	for i := range batch {
+		batch[i] = tasks.NewTask{Kind: "noop"}
+	}
+	start := time.Now()
+	for done := 0; done < n; done += insertBatch {
+		if _, err := client.EnqueueBatch(ctx, batch[:min(insertBatch, n-done)]); err != nil {
+			return 0, fmt.Errorf("enqueueing noop tasks: %w", err)
+		}
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// waitBurnedDown polls until no noop task is ready and none is running,
+// and returns how many polls it took (each one autocommit statement, which
+// perTask subtracts).
+func waitBurnedDown(ctx context.Context, st *store.Store) (int, error) {
+	polls := 0
+	err := waitEvery(10*time.Minute, burnDownPoll, func() bool {
+		var pending bool
+		polls++
+		// Index-driven whatever else is ready (the ready index is keyed by kind).
+		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND kind = 'noop')
+			OR EXISTS (SELECT 1 FROM tasks WHERE state = 'running')`).Scan(&pending)
+		return !pending
+	})
+	if err != nil {
+		return polls, fmt.Errorf("burn-down: %w", err)
+	}
+	return polls, nil
+}
+
+// burnDownSpan is the seconds from the first claim to the last completion
+// of the tasks of kind, from the database's own timestamps, so that neither
+// the runners' start nor the bench's polling interval counts.
+func burnDownSpan(ctx context.Context, st *store.Store, kind string) (float64, error) {
+	var span float64
+	if err := st.Pool().QueryRow(ctx, `SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM tasks WHERE kind = $1`, kind).Scan(&span); err != nil {
+		return 0, fmt.Errorf("reading the burn-down span: %w", err)
+	}
+	return span, nil
 }
 
 // sampler records the largest RSS of the runners while it runs.
