@@ -82,6 +82,7 @@ func main() {
 	maxWorkers := flag.String("max-workers", "1=1024,3=512", "shardrun runners' --max-workers per process count in the throughput runs")
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
+	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
 	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
 	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
@@ -99,7 +100,7 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	tuning = tune{shardrunWorkers: map[int]int{}, riverWorkers: *riverWorkers}
+	tuning = tune{shardrunWorkers: map[int]int{}, riverWorkers: *riverWorkers, withRiver: *withRiver}
 	for _, kv := range strings.Split(*maxWorkers, ",") {
 		var p, w int
 		if _, err := fmt.Sscanf(kv, "%d=%d", &p, &w); err == nil {
@@ -224,6 +225,9 @@ type tune struct {
 	shardrunWorkers map[int]int // per process count
 	riverWorkers    int
 	procs           []int
+	// withRiver: false runs shardrun's trials alone (-river=false), for
+	// comparing changes to shardrun quickly.
+	withRiver bool
 }
 
 var tuning tune
@@ -244,6 +248,12 @@ func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int)
 			if err != nil {
 				return err
 			}
+			if !tuning.withRiver {
+				rep.Throughput = append(rep.Throughput, ours)
+				fmt.Fprintf(e.log, "  %d process(es), trial %d: shardrun %.0f tasks/s, CPU s per 10k tasks %.2f (runners %.2f, PostgreSQL %.2f), statements per task %.4f\n",
+					procs, trial+1, ours.TasksPerS, ours.CPUTotalPer10k, ours.CPUWorkersPer10k, ours.CPUPostgresPer10k, ours.StmtsPerTask)
+				continue
+			}
 			theirs, err := e.riverBurnDown(ctx, trial, procs, n, rs)
 			if err != nil {
 				return err
@@ -253,7 +263,9 @@ func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int)
 			fmt.Fprintf(e.log, "  %d process(es), trial %d: shardrun %.0f tasks/s, river %.0f jobs/s, ratio %.2f (enqueue %.0f vs %.0f rows/s)\n",
 				procs, trial+1, ours.TasksPerS, theirs.TasksPerS, ours.TasksPerS/theirs.TasksPerS, ours.EnqueuePerS, theirs.EnqueuePerS)
 		}
-		rep.Ratios = append(rep.Ratios, ratio{Processes: procs, PerTrial: ratios, Median: median(ratios)})
+		if len(ratios) > 0 {
+			rep.Ratios = append(rep.Ratios, ratio{Processes: procs, PerTrial: ratios, Median: median(ratios)})
+		}
 	}
 	return nil
 }

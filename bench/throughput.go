@@ -37,6 +37,19 @@ type burnDown struct {
 	CPUWorkersPer10k  float64 `json:"cpu_s_per_10k_tasks_workers"`
 	CPUPostgresPer10k float64 `json:"cpu_s_per_10k_tasks_postgres"`
 	CPUTotalPer10k    float64 `json:"cpu_s_per_10k_tasks_total"`
+	// TopStatements and Waits say where the trial's database time went.
+	TopStatements []stmtStat `json:"top_statements,omitempty"`
+	Waits         []string   `json:"active_backends_by_wait_event,omitempty"`
+	// PerRunner is each shardrun runner's share: tasks, its first claim
+	// and last finish in seconds from the trial's first claim.
+	PerRunner []runnerShare `json:"per_runner,omitempty"`
+}
+
+type runnerShare struct {
+	Runner      string  `json:"runner"`
+	Tasks       int     `json:"tasks"`
+	FirstClaimS float64 `json:"first_claim_s"`
+	LastFinishS float64 `json:"last_finish_s"`
 }
 
 // setCPU records the CPU seconds spent on the trial's n tasks.
@@ -151,8 +164,10 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 		peak.watch(rp)
 		rps = append(rps, rp)
 	}
+	waits := e.sampleWaits(ctx, st.Pool().Config().ConnConfig.Database)
 	polls, err := waitBurnedDown(ctx, st)
 	peak.stop()
+	r.Waits = waits.stop()
 	// While the runners are still connected: their backends exit with them.
 	pgSeconds := pgc.stop()
 	if err != nil {
@@ -175,7 +190,18 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 	r.Seconds, r.TasksPerS = span, float64(n)/span
 	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
 	r.PeakRSSMiB = peak.max() / (1 << 20)
-	return r, nil
+	shares, err := st.Pool().Query(ctx, `SELECT claimed_by, count(*)::int,
+			extract(epoch FROM min(claimed_at) - (SELECT min(claimed_at) FROM tasks))::float8,
+			extract(epoch FROM max(finished_at) - (SELECT min(claimed_at) FROM tasks))::float8
+		FROM tasks GROUP BY claimed_by ORDER BY claimed_by`)
+	if err != nil {
+		return r, err
+	}
+	if r.PerRunner, err = pgx.CollectRows(shares, pgx.RowToStructByPos[runnerShare]); err != nil {
+		return r, err
+	}
+	r.TopStatements, err = e.topStatements(ctx, st.Pool().Config().ConnConfig.Database, 6)
+	return r, err
 }
 
 // enqueueNoops inserts n noop tasks by COPY in batches of insertBatch, each
@@ -369,6 +395,7 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 		}
 		procs = append(procs, p)
 	}
+	waits := e.sampleWaits(ctx, pool.Config().ConnConfig.Database)
 	polls := 0
 	err = waitEvery(10*time.Minute, burnDownPoll, func() bool {
 		var pending bool
@@ -376,6 +403,7 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable'))`).Scan(&pending)
 		return !pending
 	})
+	r.Waits = waits.stop()
 	// While the children are still connected: their backends exit with them.
 	pgSeconds := pgc.stop()
 	workerSeconds, stopErr := stopAll()
@@ -400,7 +428,8 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 	r.Seconds, r.TasksPerS = span, float64(n)/span
 	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
 	r.setCPU(workerSeconds, pgSeconds, n)
-	return r, nil
+	r.TopStatements, err = e.topStatements(ctx, pool.Config().ConnConfig.Database, 6)
+	return r, err
 }
 
 // database creates a fresh database on the bench server.
