@@ -61,31 +61,38 @@ func (s *Store) Enqueue(ctx context.Context, in tasks.Insert) (int64, error) {
 // inserted and that task's id is returned with Duplicate set.
 func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (tasks.Enqueued, error) {
 	var q querier = s.pool
+	// On the pool the insert is quiet and notified after its commit (see
+	// notify.go); in the producer's transaction the trigger notifies at
+	// its commit.
+	quiet := ""
 	if tx != nil {
 		q = tx
+	} else {
+		quiet = " WHERE " + quietSetting + " = 'off'"
 	}
-	if in.UniqueKey == "" {
-		var id int64
-		err := q.QueryRow(ctx, `
-			INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, deadline)
-			VALUES ($1, $2, $3, $4::jsonb, $5, coalesce($6, now()), $7)
-			RETURNING id`,
-			in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline).Scan(&id)
-		if err != nil {
-			return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q: %w", in.Kind, err)
+	row := `
+		INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, deadline, unique_key)
+		SELECT $1::text, $2::int, $3::text, $4::jsonb, $5::int, coalesce($6::timestamptz, now()), $7::timestamptz, $8::text` + quiet
+	args := []any{in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline, nil}
+	done := func(id int64) (tasks.Enqueued, error) {
+		if tx == nil {
+			s.notifyReady([]tasks.Insert{in}, func(int) bool { return true })
 		}
 		return tasks.Enqueued{ID: id}, nil
 	}
+	if in.UniqueKey == "" {
+		var id int64
+		if err := q.QueryRow(ctx, row+` RETURNING id`, args...).Scan(&id); err != nil {
+			return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q: %w", in.Kind, err)
+		}
+		return done(id)
+	}
+	args[7] = in.UniqueKey
 	for range uniqueTries {
 		var id int64
-		err := q.QueryRow(ctx, `
-			INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, deadline, unique_key)
-			VALUES ($1, $2, $3, $4::jsonb, $5, coalesce($6, now()), $7, $8)
-			`+onConflictUnique+`
-			RETURNING id`,
-			in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline, in.UniqueKey).Scan(&id)
+		err := q.QueryRow(ctx, row+` `+onConflictUnique+` RETURNING id`, args...).Scan(&id)
 		if err == nil {
-			return tasks.Enqueued{ID: id}, nil
+			return done(id)
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q with unique key %q: %w", in.Kind, in.UniqueKey, err)
@@ -159,7 +166,16 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []tasks.Inser
 	if tx != nil {
 		err = run(tx)
 	} else {
-		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return run(tx) })
+		// Quiet, and notified after the commit (see notify.go).
+		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT `+quietSetting); err != nil {
+				return err
+			}
+			return run(tx)
+		})
+		if err == nil {
+			s.notifyReady(ins, func(i int) bool { return !unique || !res.Tasks[i].Duplicate })
+		}
 	}
 	if err != nil {
 		how := "COPY"

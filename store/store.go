@@ -96,9 +96,10 @@ func HasPassword(dsn string) bool { return len(passwordsIn(dsn)) > 0 }
 
 // Store runs shardrun's statements on a pgx pool.
 type Store struct {
-	pool *pgxpool.Pool
-	log  hclog.Logger
-	dsn  string
+	pool   *pgxpool.Pool
+	log    hclog.Logger
+	dsn    string
+	notify *notifier
 }
 
 // Open connects to the database behind dsn and checks that it answers.
@@ -142,11 +143,14 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Store{pool: pool, log: log, dsn: dsn}, nil
+	return &Store{pool: pool, log: log, dsn: dsn, notify: newNotifier(pool.Exec, log)}, nil
 }
 
-// Close closes the pool.
-func (s *Store) Close() { s.pool.Close() }
+// Close waits for a notification in flight, then closes the pool.
+func (s *Store) Close() {
+	s.notify.close()
+	s.pool.Close()
+}
 
 // Pool exposes the pool to tests and benchmarks that inspect the database.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }

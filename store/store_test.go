@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
@@ -574,6 +577,70 @@ func TestEnqueueBatchAndNotify(t *testing.T) {
 	}
 	if runAfter.Sub(later).Abs() > time.Millisecond || dl.Sub(deadline).Abs() > time.Millisecond {
 		t.Fatalf("COPY lost run_after/deadline: %v %v", runAfter, dl)
+	}
+}
+
+// The store's own single-row inserts skip the trigger and are notified
+// after their commit; the quiet setting is the transaction's only, so raw
+// SQL on the same connection afterwards is notified by the trigger.
+func TestQuietEnqueueIsNotifiedAndRawSQLStillIs(t *testing.T) {
+	t.Parallel()
+	// Two connections (the least allowed): the raw insert runs on one that
+	// has run quiet inserts.
+	s, _ := pgtest.NewStore(t, store.Options{MaxConns: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	notes := make(chan store.Notification, 64)
+	l := s.NewListener(nil, func(n store.Notification) { notes <- n })
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	<-notes // connected
+	// The trigger skips a quiet transaction: notifications come in commit
+	// order, so the first one is the raw insert's after it.
+	if err := pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT set_config('shardrun.notify', 'off', true);
+			INSERT INTO tasks (kind, shard, key) VALUES ('k', 50, 'quiet')`)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, s, `INSERT INTO tasks (kind, shard, key) VALUES ('k', 51, 'raw')`)
+	if n := <-notes; n.All || !slices.Equal(n.Shards, []int{51}) {
+		t.Fatalf("first notification %+v, want shard 51 only: the quiet insert must not notify", n)
+	}
+	want := map[int]bool{}
+	var wg sync.WaitGroup
+	for shard := range 8 {
+		want[shard] = true
+		wg.Go(func() {
+			if _, err := s.Enqueue(ctx, insert("k", shard, 3)); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if _, err := s.Enqueue(ctx, uniqueInsert("quiet")); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, s, `INSERT INTO tasks (kind, shard, key) VALUES ('k', 77, 'raw')`)
+	want[uniqueInsert("quiet").Shard], want[77] = true, true
+	for len(want) > 0 {
+		select {
+		case n := <-notes:
+			if n.All {
+				t.Fatalf("unexpected catch-all notification")
+			}
+			for _, sh := range n.Shards {
+				delete(want, sh)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no notification for shards %v", want)
+		}
 	}
 }
 
