@@ -35,15 +35,24 @@ type notifyVariant struct {
 	listen bool
 	// baseline: the other variants' cost is relative to this one.
 	baseline bool
+	// raw: the producers insert with plain SQL, as a producer without the
+	// client (or inside its own transaction) does, so the trigger notifies
+	// each statement; otherwise through tasks.Client.Enqueue, whose
+	// inserts skip the trigger and are notified after their commit,
+	// coalesced (store/notify.go).
+	raw bool
 }
 
 var notifyVariants = []notifyVariant{
-	{name: "trigger", setup: func(context.Context, *pgxpool.Pool) error { return nil }, listen: true},
-	{name: "no trigger", baseline: true, listen: true, setup: func(ctx context.Context, pool *pgxpool.Pool) error {
+	{name: "trigger per statement", raw: true, listen: true, setup: noSetup},
+	{name: "store, coalesced", listen: true, setup: noSetup},
+	{name: "no notification", raw: true, baseline: true, listen: true, setup: func(ctx context.Context, pool *pgxpool.Pool) error {
 		_, err := pool.Exec(ctx, `ALTER TABLE tasks DISABLE TRIGGER tasks_notify`)
 		return err
 	}},
 }
+
+func noSetup(context.Context, *pgxpool.Pool) error { return nil }
 
 // notifyRun is one variant at one producer count.
 type notifyRun struct {
@@ -76,7 +85,7 @@ type notifyResult struct {
 // elsewhere on the machine affects them alike.
 func (e *env) notifySection(ctx context.Context, rep *Report) error {
 	res := &notifyResult{
-		What: fmt.Sprintf("single-row Enqueue (tasks.Client, autocommit), %ds per run, each producer a goroutine with its own connection, fresh database per run", notifySeconds),
+		What: fmt.Sprintf("single-row inserts (autocommit; plain SQL, or tasks.Client.Enqueue for the store's path), %ds per run, each producer a goroutine with its own connection, fresh database per run, one LISTEN connection", notifySeconds),
 	}
 	for _, v := range notifyVariants {
 		if v.baseline {
@@ -177,8 +186,14 @@ func (e *env) notifyRun(ctx context.Context, v notifyVariant, producers int, d t
 	deadline := start.Add(d)
 	for range producers {
 		wg.Go(func() {
-			for time.Now().Before(deadline) {
-				if _, err := client.Enqueue(ctx, tasks.NewTask{Kind: "noop"}); err != nil {
+			for i := 0; time.Now().Before(deadline); i++ {
+				var err error
+				if v.raw {
+					_, err = st.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key) VALUES ('noop', $1, '')`, i%256)
+				} else {
+					_, err = client.Enqueue(ctx, tasks.NewTask{Kind: "noop"})
+				}
+				if err != nil {
 					failed.CompareAndSwap(nil, &err)
 					return
 				}
@@ -191,8 +206,9 @@ func (e *env) notifyRun(ctx context.Context, v notifyVariant, producers int, d t
 	if err := failed.Load(); err != nil {
 		return r, fmt.Errorf("enqueue: %w", *err)
 	}
-	// Let the last notifications arrive before counting them.
-	if v.listen {
+	// Let the last notifications arrive before counting them (one per
+	// statement only when the trigger notifies each).
+	if v.listen && v.raw {
 		_ = waitUntil(2*time.Second, func() bool { return received.Load() >= rows.Load() })
 	}
 	stopListening()
