@@ -27,7 +27,7 @@ type scaleOpts struct {
 	runners, shards, tasks, maxWorkers int
 }
 
-var scaleFlags = scaleOpts{runners: 16, shards: 4096, tasks: 200_000, maxWorkers: 64}
+var scaleFlags = scaleOpts{runners: 16, shards: 4096, tasks: 200_000, maxWorkers: 512}
 
 // scaleDBConns is each scale runner's --db-max-conns: 17 runners at 4 stay
 // well inside the server's max_connections of 300, with the bench's own.

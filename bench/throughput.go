@@ -37,6 +37,10 @@ type burnDown struct {
 	CPUWorkersPer10k  float64 `json:"cpu_s_per_10k_tasks_workers"`
 	CPUPostgresPer10k float64 `json:"cpu_s_per_10k_tasks_postgres"`
 	CPUTotalPer10k    float64 `json:"cpu_s_per_10k_tasks_total"`
+	// Deadlocks PostgreSQL detected in the trial's database (each one stalls
+	// its statements for deadlock_timeout, a second, before one is
+	// cancelled and retried).
+	Deadlocks int64 `json:"pg_deadlocks"`
 	// TopStatements and Waits say where the trial's database time went.
 	TopStatements []stmtStat `json:"top_statements,omitempty"`
 	Waits         []string   `json:"active_backends_by_wait_event,omitempty"`
@@ -67,8 +71,9 @@ const burnDownPoll = 20 * time.Millisecond
 
 const insertBatch = 10_000
 
-// pgCounters are a database's cumulative transaction and statement counts.
-type pgCounters struct{ xacts, stmts int64 }
+// pgCounters are a database's cumulative transaction, statement and
+// deadlock counts.
+type pgCounters struct{ xacts, stmts, deadlocks int64 }
 
 // counters reads the counters of the database pool is connected to; stmts
 // stays 0 without pg_stat_statements. The statements counted are those
@@ -76,7 +81,7 @@ type pgCounters struct{ xacts, stmts int64 }
 // database so that reading them adds nothing to the count.
 func (e *env) counters(ctx context.Context, pool *pgxpool.Pool) (pgCounters, error) {
 	var c pgCounters
-	if err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.xacts); err != nil {
+	if err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback, deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.xacts, &c.deadlocks); err != nil {
 		return c, err
 	}
 	if !e.statStatements {
@@ -189,6 +194,7 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 	}
 	r.Seconds, r.TasksPerS = span, float64(n)/span
 	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
+	r.Deadlocks = after.deadlocks - before.deadlocks
 	r.PeakRSSMiB = peak.max() / (1 << 20)
 	shares, err := st.Pool().Query(ctx, `SELECT claimed_by, count(*)::int,
 			extract(epoch FROM min(claimed_at) - (SELECT min(claimed_at) FROM tasks))::float8,
@@ -427,6 +433,7 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 	}
 	r.Seconds, r.TasksPerS = span, float64(n)/span
 	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
+	r.Deadlocks = after.deadlocks - before.deadlocks
 	r.setCPU(workerSeconds, pgSeconds, n)
 	r.TopStatements, err = e.topStatements(ctx, pool.Config().ConnConfig.Database, 6)
 	return r, err
