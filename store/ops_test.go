@@ -402,18 +402,8 @@ func TestUniqueKeyWindow(t *testing.T) {
 func TestTransactionalEnqueue(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	notes := make(chan store.Notification, 16)
-	l := s.NewListener(nil, func(n store.Notification) { notes <- n })
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	<-notes // connected
+	ctx := context.Background()
+	notes := listen(t, s)
 	exec(t, s, `CREATE TABLE orders (id bigint PRIMARY KEY, total int)`)
 	produce := func(order int, commit bool, shard int) {
 		t.Helper()

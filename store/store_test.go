@@ -530,23 +530,33 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 	}
 }
 
-func TestEnqueueBatchAndNotify(t *testing.T) {
-	t.Parallel()
-	s := setup(t)
+// listen starts a listener on s for the test's duration and returns its
+// notifications after the first, which must say all shards (it follows
+// connecting).
+func listen(t *testing.T, s *store.Store) <-chan store.Notification {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	notes := make(chan store.Notification, 16)
+	notes := make(chan store.Notification, 64)
 	l := s.NewListener(nil, func(n store.Notification) { notes <- n })
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx) }()
-	defer func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
-	}()
+	})
 	if n := <-notes; !n.All {
 		t.Fatalf("first notification after connecting must say all shards: %+v", n)
 	}
+	return notes
+}
+
+func TestEnqueueBatchAndNotify(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	notes := listen(t, s)
 	later := time.Now().Add(time.Hour)
 	deadline := time.Now().Add(2 * time.Hour)
 	ins := []tasks.Insert{insert("k", 3, 2), insert("k", 5, 2), {Kind: "k", Shard: 5, Key: "x", Payload: json.RawMessage(`[1]`), MaxAttempts: 1, RunAfter: &later, Deadline: &deadline}}
@@ -588,18 +598,8 @@ func TestQuietEnqueueIsNotifiedAndRawSQLStillIs(t *testing.T) {
 	// Two connections (the least allowed): the raw insert runs on one that
 	// has run quiet inserts.
 	s, _ := pgtest.NewStore(t, store.Options{MaxConns: 2})
-	ctx, cancel := context.WithCancel(context.Background())
-	notes := make(chan store.Notification, 64)
-	l := s.NewListener(nil, func(n store.Notification) { notes <- n })
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	<-notes // connected
+	ctx := context.Background()
+	notes := listen(t, s)
 	// The trigger skips a quiet transaction: notifications come in commit
 	// order, so the first one is the raw insert's after it.
 	if err := pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
