@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/maintenance"
@@ -18,23 +19,6 @@ import (
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 )
-
-// scheduleTicks returns the ticks of the schedule's tasks, oldest first.
-func scheduleTicks(t *testing.T, st *store.Store, name string) []time.Time {
-	t.Helper()
-	rows, err := st.Pool().Query(context.Background(), `SELECT t.schedule_tick FROM tasks t
-		JOIN schedules s ON s.id = t.schedule_id WHERE s.name = $1 ORDER BY t.schedule_tick`, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []time.Time
-	for rows.Next() {
-		var at time.Time
-		_ = rows.Scan(&at)
-		out = append(out, at)
-	}
-	return out
-}
 
 // A schedule ticking every second across a leader kill: no tick is
 // enqueued twice, and the only ticks missing are ticks that came due
@@ -56,7 +40,7 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 		Every: time.Second, Start: start}); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, "a enqueued 3 ticks", func() bool { return len(scheduleTicks(t, e.store, "every-second")) >= 3 })
+	testutil.WaitFor(t, 10*time.Second, "a enqueued 3 ticks", func() bool { return len(pgtest.ScheduleTicks(t, e.store, "every-second")) >= 3 })
 
 	sess := a.elector.session.Load()
 	if _, err := e.admin.Revoke(ctx, sess.Lease()); err != nil {
@@ -71,7 +55,7 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 	termStart := first.TermStart
 	testutil.WaitFor(t, 10*time.Second, "b enqueued 3 ticks of its term", func() bool {
 		n := 0
-		for _, at := range scheduleTicks(t, e.store, "every-second") {
+		for _, at := range pgtest.ScheduleTicks(t, e.store, "every-second") {
 			if !at.Before(termStart) {
 				n++
 			}
@@ -103,7 +87,7 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 // missing ones exactly the skipped ones the schedulers counted.
 func checkTicks(t *testing.T, st *store.Store, start, termStart time.Time, passes ...*testsignal.Signal[schedule.Result]) {
 	t.Helper()
-	got := scheduleTicks(t, st, "every-second")
+	got := pgtest.ScheduleTicks(t, st, "every-second")
 	present := map[time.Time]bool{}
 	for _, at := range got {
 		if present[at] {

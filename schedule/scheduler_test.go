@@ -40,23 +40,6 @@ func newScheduler(t *testing.T, st *store.Store, epoch int64) *Scheduler {
 	return s
 }
 
-// ticks returns the schedule's tasks' ticks, oldest first.
-func ticks(t *testing.T, st *store.Store, name string) []time.Time {
-	t.Helper()
-	rows, err := st.Pool().Query(context.Background(), `SELECT t.schedule_tick FROM tasks t
-		JOIN schedules s ON s.id = t.schedule_id WHERE s.name = $1 ORDER BY t.schedule_tick`, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []time.Time
-	for rows.Next() {
-		var at time.Time
-		_ = rows.Scan(&at)
-		out = append(out, at)
-	}
-	return out
-}
-
 // A schedule whose ticks came due before the term began enqueues the
 // latest of them once; a second term (a new leader) enqueues nothing
 // more for those ticks; a deposed leader enqueues nothing.
@@ -76,7 +59,7 @@ func TestSchedulerEnqueuesEachTickOnce(t *testing.T) {
 	if r.Err != nil || r.Enqueued != 1 || r.Skipped != 10 || r.Due != 1 {
 		t.Fatalf("first pass: %+v; want the latest missed tick enqueued and 10 skipped", r)
 	}
-	got := ticks(t, b.st, "nightly")
+	got := pgtest.ScheduleTicks(t, b.st, "nightly")
 	if want := sc.NextTick.Add(-time.Hour); len(got) != 1 || !got[0].Equal(want) {
 		t.Fatalf("ticks %v, want only %s", got, want)
 	}
@@ -101,7 +84,7 @@ func TestSchedulerEnqueuesEachTickOnce(t *testing.T) {
 	if err := old.Run(ctx); !errors.Is(err, store.ErrNotLeader) {
 		t.Fatalf("deposed leader's Run: %v", err)
 	}
-	if n := len(ticks(t, b.st, "nightly")); n != 1 {
+	if n := len(pgtest.ScheduleTicks(t, b.st, "nightly")); n != 1 {
 		t.Fatalf("%d tasks after the deposed leader's pass, want 1", n)
 	}
 }
@@ -126,7 +109,7 @@ func TestUniqueTickIndexRefusesADuplicate(t *testing.T) {
 	if r.Err != nil || r.Duplicates != 1 || r.Enqueued != 0 {
 		t.Fatalf("pass over an existing tick: %+v", r)
 	}
-	if n := len(ticks(t, b.st, "dup")); n != 1 {
+	if n := len(pgtest.ScheduleTicks(t, b.st, "dup")); n != 1 {
 		t.Fatalf("%d tasks for one tick", n)
 	}
 }

@@ -199,3 +199,19 @@ func NewStore(t testing.TB, opts store.Options) (*store.Store, string) {
 	}
 	return st, dsn
 }
+
+// ScheduleTicks returns the ticks of the tasks of schedule name, oldest
+// first: what the scheduler tests count to check each tick is enqueued once.
+func ScheduleTicks(t testing.TB, st *store.Store, name string) []time.Time {
+	t.Helper()
+	rows, err := st.Pool().Query(context.Background(), `SELECT t.schedule_tick FROM tasks t
+		JOIN schedules s ON s.id = t.schedule_id WHERE s.name = $1 ORDER BY t.schedule_tick`, name)
+	if err != nil {
+		t.Fatalf("reading the ticks of schedule %q: %v", name, err)
+	}
+	ticks, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	if err != nil {
+		t.Fatalf("reading the ticks of schedule %q: %v", name, err)
+	}
+	return ticks
+}
