@@ -191,11 +191,8 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 
 func seedStale(t *testing.T, st *store.Store, n int) {
 	t.Helper()
-	if _, err := st.Pool().Exec(context.Background(), `
-		INSERT INTO tasks (kind, shard, key, state, claimed_by, claim_epoch, claimed_at)
-		SELECT 'k', g % 16, g::text, 'running', 'gone', 1, now() - interval '1 hour' FROM generate_series(1, $1) g`, n); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.InsertClaimed(t, st, `INSERT INTO tasks (kind, shard, key) SELECT 'k', g % 16, g::text FROM generate_series(1, $1) g RETURNING id`,
+		"gone", 1, "now() - interval '1 hour'", n)
 }
 
 func TestResignOnShutdownHandsOverAtOnce(t *testing.T) {
@@ -343,7 +340,10 @@ func TestClusterShowsRunnerHealth(t *testing.T) {
 		}
 	}
 	seedStale(t, e.store, 1)
-	if _, err := e.store.Pool().Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now()`); err != nil {
+	if _, err := e.store.Pool().Exec(ctx, `
+		WITH k AS (DELETE FROM task_claims RETURNING id),
+		u AS (UPDATE tasks SET state = 'completed', finished_at = now() WHERE id IN (SELECT id FROM k) RETURNING id, finished_at)
+		INSERT INTO task_finished (state, id, finished_at) SELECT 'completed', id, finished_at FROM u`); err != nil {
 		t.Fatal(err)
 	}
 	health := func(rs []RunnerView) map[string]string {

@@ -30,6 +30,8 @@ type claimer struct {
 	m     *Metrics
 	// wake is signalled by enqueue notifications for held shards.
 	wake wake.Signal
+	// pending says which held shards to claim from, in which order.
+	pending *pending
 	// held are the shards of the last hold, to filter notifications.
 	held atomic.Pointer[map[int]bool]
 	// round is when the last claim round completed (unix nanoseconds on
@@ -43,7 +45,8 @@ type claimer struct {
 
 func newClaimer(cfg Config, p *pool) *claimer {
 	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
-		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, wake: wake.New()}
+		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, wake: wake.New(),
+		pending: newPending(cfg.Clock.Now())}
 	c.round.Store(cfg.Clock.Now().UnixNano())
 	return c
 }
@@ -60,6 +63,7 @@ func (c *claimer) heldCount() int {
 // Wake is called for enqueue notifications (all: any shard). It never
 // blocks; wake-ups coalesce.
 func (c *claimer) Wake(all bool, shards []int) {
+	c.pending.notify(all, shards)
 	if !all {
 		held := c.held.Load()
 		if held == nil {
@@ -85,7 +89,7 @@ func (c *claimer) Run(ctx context.Context) {
 	defer poll.Stop()
 	backoff := dbRetry
 	for {
-		n, limit, err := c.once(ctx)
+		err := c.once(ctx)
 		if ctx.Err() != nil {
 			return
 		}
@@ -99,8 +103,8 @@ func (c *claimer) Run(ctx context.Context) {
 		}
 		backoff.Reset()
 		c.round.Store(c.clock.Now().UnixNano())
-		if n > 0 && n == limit {
-			continue // more work is likely waiting
+		if c.pending.any() && c.pool.free() > 0 {
+			continue // more work may be waiting
 		}
 		poll.Reset(c.poll)
 		select {
@@ -115,11 +119,11 @@ func (c *claimer) Run(ctx context.Context) {
 }
 
 // once fences newly owned shards, then claims as many tasks as there are
-// free workers from the held shards and starts them. It returns how many
-// it claimed and the limit it asked for.
-func (c *claimer) once(ctx context.Context) (n, limit int, err error) {
+// free workers from the held shards that may have due tasks, and starts
+// them.
+func (c *claimer) once(ctx context.Context) error {
 	if err := c.fence(ctx); err != nil {
-		return 0, 0, err
+		return err
 	}
 	hold := c.own.Hold()
 	defer hold.Release()
@@ -131,23 +135,25 @@ func (c *claimer) once(ctx context.Context) (n, limit int, err error) {
 	c.held.Store(&held)
 	if c.unsure {
 		if err := c.recover(ctx, terms); err != nil {
-			return 0, 0, err
+			return err
 		}
 		c.unsure = false
 	}
-	limit = min(c.pool.free(), claimBatch)
-	if len(terms) == 0 || limit <= 0 {
-		return 0, limit, nil
+	order := c.pending.order(terms, c.clock.Now(), c.poll)
+	limit := min(c.pool.free(), claimBatch)
+	if len(order) == 0 || limit <= 0 {
+		return nil
 	}
 	// Not cancelled by shutdown: a cancelled statement may still have
 	// committed, leaving claims nobody runs.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-	claimed, err := c.store.Claim(cctx, c.owner, terms, c.kinds, limit)
+	claimed, err := c.store.Claim(cctx, c.owner, order, c.kinds, limit)
 	cancel()
 	if err != nil {
 		c.unsure = true
-		return 0, limit, fmt.Errorf("claiming tasks: %w", err)
+		return fmt.Errorf("claiming tasks: %w", err)
 	}
+	c.pending.claimed(order, claimed, limit)
 	c.m.Claimed.Add(float64(len(claimed)))
 	var giveBack []tasks.Ref
 	for _, t := range claimed {
@@ -161,11 +167,12 @@ func (c *claimer) once(ctx context.Context) (n, limit int, err error) {
 	if len(giveBack) > 0 {
 		c.unclaim(giveBack)
 	}
-	return len(claimed), limit, nil
+	return nil
 }
 
-// fence raises the fence of every newly owned term and requeues the tasks
-// earlier owners left running, before anything is claimed there. A term
+// fence raises the fence of every newly owned term and, in the same
+// transaction, requeues the tasks earlier owners left running, before
+// anything is claimed there. A term
 // whose fence is already newer was taken over: it is reported lost.
 func (c *claimer) fence(ctx context.Context) error {
 	fresh := c.own.Unfenced()
@@ -174,7 +181,7 @@ func (c *claimer) fence(ctx context.Context) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	raised, err := c.store.RaiseFences(cctx, c.owner, fresh)
+	raised, requeued, dead, err := c.store.RaiseFences(cctx, c.owner, fresh)
 	if err != nil {
 		return fmt.Errorf("raising fences: %w", err)
 	}
@@ -190,10 +197,6 @@ func (c *claimer) fence(ctx context.Context) error {
 	}
 	if len(raised) == 0 {
 		return nil
-	}
-	requeued, dead, err := c.store.RequeueOrphans(cctx, c.owner, raised)
-	if err != nil {
-		return fmt.Errorf("requeueing orphans: %w", err)
 	}
 	c.own.Fenced(raised)
 	if requeued+dead > 0 {

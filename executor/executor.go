@@ -38,8 +38,12 @@ import (
 
 // Store is what the executor needs from the database (store.Store).
 type Store interface {
-	RaiseFences(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, error)
-	RequeueOrphans(ctx context.Context, owner string, terms []tasks.ShardEpoch) (requeued, dead int64, err error)
+	// RaiseFences raises the fences of terms and requeues, in the same
+	// transaction, what earlier owners left running on them; it returns
+	// the terms whose fence now holds their epoch.
+	RaiseFences(ctx context.Context, owner string, terms []tasks.ShardEpoch) (raised []tasks.ShardEpoch, requeued, dead int64, err error)
+	// Claim claims up to limit tasks of kinds, visiting the shards of
+	// terms in the order given.
 	Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error)
 	Claimed(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error)
 	Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)

@@ -88,11 +88,11 @@ func (s *fakeStore) enter(op string) error {
 	return nil
 }
 
-func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, error) {
+func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, int64, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("raise"); err != nil {
-		return nil, err
+		return nil, 0, 0, err
 	}
 	var raised []tasks.ShardEpoch
 	for _, t := range terms {
@@ -101,25 +101,17 @@ func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.S
 			raised = append(raised, t)
 		}
 	}
-	return raised, nil
-}
-
-func (s *fakeStore) RequeueOrphans(_ context.Context, owner string, terms []tasks.ShardEpoch) (int64, int64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.enter("orphans"); err != nil {
-		return 0, 0, err
-	}
+	// Orphans of the raised terms, in the same step.
 	var n int64
 	for _, t := range s.tasks {
-		for _, term := range terms {
+		for _, term := range raised {
 			if t.Shard == term.Shard && t.State == tasks.Running && t.Epoch < term.Epoch && s.fences[t.Shard] == (fence{term.Epoch, owner}) {
 				s.retryOrBury(t, "orphaned")
 				n++
 			}
 		}
 	}
-	return n, 0, nil
+	return raised, n, 0, nil
 }
 
 func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error) {

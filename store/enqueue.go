@@ -15,13 +15,15 @@ import (
 // The producer side: inserting tasks, one by one, by COPY, idempotently by
 // unique key, and inside the producer's own transaction.
 //
-// A task with a unique key is inserted with ON CONFLICT DO NOTHING against
-// the partial unique index tasks_unique_key_idx (unique_key of ready and
-// running tasks). PostgreSQL makes a second inserter of the same key wait
-// for the first one's transaction and then skip its row, so concurrent
-// producers create one task; the skipped ones then read the id of the task
-// that holds the key. If that task finished in between (the key is free
-// again) the insert is simply tried again.
+// A task with a unique key first registers the key in task_unique_keys
+// (one row per key an unfinished task holds) with ON CONFLICT DO NOTHING,
+// under the id the task is then inserted with, in the same statement.
+// PostgreSQL makes a second inserter of the same key wait for the first
+// one's transaction and then skip its row, so concurrent producers create
+// one task; the skipped ones then read the id of the task that holds the
+// key. If that task finished in between (the key is free again) the insert
+// is simply tried again. The insert trigger files every inserted task into
+// its lane of task_ready.
 
 // querier is where the producer statements run: the pool, or a producer's
 // own transaction.
@@ -42,10 +44,6 @@ const uniqueTries = 8
 // producer's REPEATABLE READ or SERIALIZABLE transaction it does.
 var errHolderInvisible = errors.New("another transaction holds the unique key but its task is not visible to this one; " +
 	"enqueue with a unique key inside READ COMMITTED transactions, or retry the transaction")
-
-// onConflictUnique is the conflict target of every insert: the partial
-// unique index of unfinished tasks' unique keys.
-const onConflictUnique = `ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('ready', 'running') DO NOTHING`
 
 // Enqueue inserts one task and returns its id. A task whose unique key an
 // unfinished task holds is not inserted: that task's id is returned.
@@ -70,9 +68,8 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 	} else {
 		quiet = " WHERE " + quietSetting + " = 'off'"
 	}
-	row := `
-		INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, deadline, unique_key)
-		SELECT $1::text, $2::int, $3::text, $4::jsonb, $5::int, coalesce($6::timestamptz, now()), $7::timestamptz, $8::text` + quiet
+	cols := `kind, shard, key, payload, max_attempts, run_after, deadline, unique_key`
+	vals := `$1::text, $2::int, $3::text, $4::jsonb, $5::int, coalesce($6::timestamptz, now()), $7::timestamptz, $8::text`
 	args := []any{in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline, nil}
 	done := func(id int64) (tasks.Enqueued, error) {
 		if tx == nil {
@@ -82,7 +79,8 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 	}
 	if in.UniqueKey == "" {
 		var id int64
-		if err := q.QueryRow(ctx, row+` RETURNING id`, args...).Scan(&id); err != nil {
+		if err := q.QueryRow(ctx, `/* shardrun.enqueue */
+			INSERT INTO tasks (`+cols+`) SELECT `+vals+quiet+` RETURNING id`, args...).Scan(&id); err != nil {
 			return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q: %w", in.Kind, err)
 		}
 		return done(id)
@@ -90,7 +88,15 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 	args[7] = in.UniqueKey
 	for range uniqueTries {
 		var id int64
-		err := q.QueryRow(ctx, row+` `+onConflictUnique+` RETURNING id`, args...).Scan(&id)
+		err := q.QueryRow(ctx, `/* shardrun.enqueue_unique */
+			WITH k AS (
+				INSERT INTO task_unique_keys (unique_key, id)
+				VALUES ($8::text, nextval(pg_get_serial_sequence('tasks', 'id')))
+				ON CONFLICT (unique_key) DO NOTHING
+				RETURNING id
+			)
+			INSERT INTO tasks (id, `+cols+`) OVERRIDING SYSTEM VALUE
+			SELECT k.id, `+vals+` FROM k`+quiet+` RETURNING id`, args...).Scan(&id)
 		if err == nil {
 			return done(id)
 		}
@@ -110,9 +116,8 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 
 // uniqueHolders returns the ids of the unfinished tasks holding keys.
 func uniqueHolders(ctx context.Context, q querier, keys []string) (map[string]int64, error) {
-	rows, err := q.Query(ctx, `
-		SELECT unique_key, id FROM tasks
-		WHERE unique_key = ANY ($1::text[]) AND state IN ('ready', 'running')`, keys)
+	rows, err := q.Query(ctx, `/* shardrun.unique_holders */
+		SELECT unique_key, id FROM task_unique_keys WHERE unique_key = ANY ($1::text[])`, keys)
 	if err != nil {
 		return nil, fmt.Errorf("finding the tasks that hold %d unique keys: %w", len(keys), err)
 	}
@@ -243,17 +248,22 @@ func insertUnique(ctx context.Context, q querier, ins []tasks.Insert) (tasks.Bat
 				uniqueKeys[j] = &ins[i].UniqueKey
 			}
 		}
-		rows, err := q.Query(ctx, `
-			WITH u AS (
-				SELECT nextval((SELECT pg_get_serial_sequence('tasks', 'id'))::regclass) AS id, x.*
+		rows, err := q.Query(ctx, `/* shardrun.enqueue_batch_unique */
+			WITH u AS MATERIALIZED (
+				SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id, x.*
 				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::timestamptz[], $7::timestamptz[], $8::text[])
 					WITH ORDINALITY AS x(kind, shard, key, payload, max_attempts, run_after, deadline, unique_key, n)
+			), k AS (
+				INSERT INTO task_unique_keys (unique_key, id)
+				SELECT unique_key, id FROM u WHERE unique_key IS NOT NULL ORDER BY n
+				ON CONFLICT (unique_key) DO NOTHING
+				RETURNING id
 			), ins AS (
 				INSERT INTO tasks (id, kind, shard, key, payload, max_attempts, run_after, deadline, unique_key)
 				OVERRIDING SYSTEM VALUE
 				SELECT id, kind, shard, key, payload::jsonb, max_attempts, coalesce(run_after, now()), deadline, unique_key
-				FROM u ORDER BY n
-				`+onConflictUnique+`
+				FROM u WHERE unique_key IS NULL OR id = ANY (ARRAY(SELECT id FROM k))
+				ORDER BY n
 				RETURNING id
 			)
 			SELECT u.id, ins.id IS NOT NULL FROM u LEFT JOIN ins ON ins.id = u.id ORDER BY u.n`,

@@ -130,18 +130,14 @@ func TestCancelRequestedTaskIsNeverRequeued(t *testing.T) {
 	check("interrupted", cut.ID)
 
 	stale := requested()
-	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour' WHERE id = $1`, stale.ID)
+	retime(t, s, "claimed_at", "now() - interval '1 hour'", stale.ID)
 	if requeued, dead, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff); err != nil || requeued != 0 || dead != 0 {
 		t.Errorf("stale sweep of a cancel-requested claim: requeued %d dead %d %v", requeued, dead, err)
 	}
 	check("stale", stale.ID)
 
 	orphan := requested()
-	if requeued, _, err := s.RequeueOrphans(ctx, "b", []tasks.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
-		t.Errorf("orphans before the raise: %d %v", requeued, err)
-	}
-	raise(t, s, "b", 1, 9)
-	if requeued, _, err := s.RequeueOrphans(ctx, "b", []tasks.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
+	if _, requeued, _, err := s.RaiseFences(ctx, "b", []tasks.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
 		t.Errorf("orphan requeue of a cancel-requested claim: requeued %d %v", requeued, err)
 	}
 	check("orphaned", orphan.ID)

@@ -63,6 +63,9 @@ const (
 // States lists every state in display order.
 var States = []State{Ready, Running, Completed, Failed, Dead, Cancelled}
 
+// FinalStates are the states a task ends in.
+var FinalStates = []State{Completed, Failed, Dead, Cancelled}
+
 // Terminal reports whether the task is finished: no runner will take it
 // again. Failed, dead and cancelled tasks leave only by an operator's retry.
 func (s State) Terminal() bool {

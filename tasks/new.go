@@ -40,6 +40,16 @@ const (
 	MaxAttemptsLimit = 1000
 )
 
+// Queues and priorities.
+const (
+	// DefaultQueue is the queue of a task enqueued without one.
+	DefaultQueue = "default"
+	// DefaultPriority is the priority of a task enqueued without one: the
+	// middle of MostUrgent..LeastUrgent, so a producer can both raise and
+	// lower a task's urgency.
+	DefaultPriority = 3
+)
+
 // latestTime bounds run_after and deadline: RFC 3339 and the API have
 // four-digit years, and PostgreSQL's timestamptz and pgx's encoding of it
 // end (at year 294,276) long before Go's time.Time does.
