@@ -59,19 +59,15 @@ func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, runningGrace ti
 	var ready, running int64
 	err := s.pool.QueryRow(ctx, `/* shardrun.sweep_deadlines_ready */
 		WITH `+leaderFence+`, due AS (
-			SELECT r.ctid AS tid FROM task_ready r
+			SELECT r.id FROM task_ready r
 			WHERE r.deadline < now() AND EXISTS (SELECT 1 FROM lf)
 			ORDER BY r.deadline
 			LIMIT $2
-			FOR UPDATE SKIP LOCKED
-		), gone AS (
-			DELETE FROM task_ready r WHERE r.ctid = ANY (ARRAY(SELECT tid FROM due)) AND r.deadline < now()
-			RETURNING r.id
-		), t AS (
+		), `+lockLanes("SELECT id FROM due", "deadline < now()")+`, t AS (
 			UPDATE tasks t SET state = 'failed', finished_at = now(),
 				errors = t.errors || jsonb_build_array(jsonb_build_object(
 					'attempt', t.attempt, 'at', now(), 'error', 'deadline exceeded'))
-			WHERE t.id = ANY (ARRAY(SELECT id FROM gone ORDER BY id)) AND t.state = 'ready'
+			WHERE t.id = ANY (ARRAY(SELECT id FROM taken ORDER BY id))
 			RETURNING t.id, t.shard, t.queue, t.kind, t.priority, t.run_after, t.deadline, t.state, t.unique_key, t.finished_at
 		)`+fileTail("t")+`
 		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM t)`, epoch, limit).Scan(&fenced, &ready)
@@ -150,6 +146,28 @@ func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Dura
 		return 0, 0, ErrNotLeader
 	}
 	return requeued, dead, nil
+}
+
+// lockLanes is the CTEs locked and taken that take tasks out of their
+// lanes by id (ids: SQL yielding them, where: a further condition on the
+// task record): the records are locked first, skipping those another
+// statement holds, then their task_ready entries are deleted. A claim that
+// holds an entry (it locks no record) makes the delete wait and then find
+// the entry gone: that task is running now and is not taken. Records
+// before lane entries, as an operator's cancel takes them, so the two
+// cannot deadlock.
+func lockLanes(ids, where string) string {
+	return `locked AS MATERIALIZED (
+			SELECT id, shard, queue, kind, priority, run_after FROM tasks
+			WHERE id = ANY (ARRAY(` + ids + `)) AND state = 'ready' AND ` + where + `
+			ORDER BY id
+			FOR UPDATE SKIP LOCKED
+		), taken AS (
+			DELETE FROM task_ready r USING locked l
+			WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind AND r.priority = l.priority
+			  AND r.run_after = l.run_after AND r.id = l.id
+			RETURNING r.id
+		)`
 }
 
 // budgetAttempt is the number of the failing attempt within the task's

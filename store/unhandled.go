@@ -93,24 +93,18 @@ func (s *Store) FailUnhandled(ctx context.Context, epoch int64, kind string, due
 	var n int64
 	err := s.pool.QueryRow(ctx, `/* shardrun.fail_unhandled */
 		WITH RECURSIVE `+leaderFence+`, `+readyLanes+`, due AS (
-			SELECT x.tid FROM lane l CROSS JOIN LATERAL (
-				SELECT r.ctid AS tid FROM task_ready r
+			SELECT x.id FROM lane l CROSS JOIN LATERAL (
+				SELECT r.id FROM task_ready r
 				WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind
 				  AND r.run_after < now() - $3 * interval '1 millisecond'
 				ORDER BY r.priority, r.run_after, r.id LIMIT $4) x
 			WHERE l.kind = $2 AND EXISTS (SELECT 1 FROM lf)
 			LIMIT $4
-		), locked AS (
-			SELECT r.ctid AS tid FROM task_ready r WHERE r.ctid = ANY (ARRAY(SELECT tid FROM due))
-			FOR UPDATE SKIP LOCKED
-		), gone AS (
-			DELETE FROM task_ready r WHERE r.ctid = ANY (ARRAY(SELECT tid FROM locked))
-			RETURNING r.id
-		), t AS (
+		), `+lockLanes("SELECT id FROM due", "kind = $2")+`, t AS (
 			UPDATE tasks t SET state = 'failed', finished_at = now(),
 				errors = t.errors || jsonb_build_array(jsonb_build_object(
 					'attempt', t.attempt, 'at', now(), 'error', $5::text))
-			WHERE t.id = ANY (ARRAY(SELECT id FROM gone ORDER BY id)) AND t.state = 'ready'
+			WHERE t.id = ANY (ARRAY(SELECT id FROM taken ORDER BY id))
 			RETURNING t.id, t.shard, t.queue, t.kind, t.priority, t.run_after, t.deadline, t.state, t.unique_key, t.finished_at
 		)`+fileTail("t")+`
 		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM t)`,
