@@ -47,7 +47,8 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 10*time.Second, "b leads", b.IsLeader)
-	// b's first pass fixes its term start; then three more ticks.
+	// b's term starts when it raised the fence (its first pass says when);
+	// then three more ticks.
 	first, ok := passes["coord-b"].Wait(10*time.Second, func(r schedule.Result) bool { return r.Err == nil })
 	if !ok {
 		t.Fatal("b ran no scheduler pass")

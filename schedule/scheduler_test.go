@@ -129,7 +129,9 @@ func TestTicksDueDuringTheTermAreAllEnqueued(t *testing.T) {
 	if r := s.runOnce(ctx); r.Err != nil {
 		t.Fatal(r.Err)
 	}
-	s.termStart = s.termStart.Add(-10 * time.Second)
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now() - interval '10 seconds'`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '3.5 seconds',
 		start_at = now() - interval '3.5 seconds'`); err != nil {
 		t.Fatal(err)
@@ -178,5 +180,59 @@ func TestClientValidatesAndDeletes(t *testing.T) {
 	}
 	if ok, _ := b.client.Delete(ctx, "berlin"); ok {
 		t.Fatal("deleted twice")
+	}
+}
+
+// failFirst is a TickStore whose first pass fails, as with the database
+// down when the term begins.
+type failFirst struct {
+	TickStore
+	failed bool
+}
+
+func (f *failFirst) EnqueueTicks(ctx context.Context, epoch int64, limit int,
+	plan func(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error) {
+	if !f.failed {
+		f.failed = true
+		return store.TickResult{}, errors.New("database down")
+	}
+	return f.TickStore.EnqueueTicks(ctx, epoch, limit, plan)
+}
+
+// The term begins when the leader raised the coordinator fence, not at
+// its first successful pass: ticks that came due after the fence was
+// raised, while the leader's first passes failed, are all enqueued.
+func TestTermStartsWhenLeadershipStarted(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.client.Create(ctx, Definition{Name: "fast", Kind: "noop", Every: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	// Leadership began 10s ago; the schedule's ticks came due from 5.5s
+	// ago on, while the leader's passes failed.
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now() - interval '10 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '5.5 seconds',
+		start_at = now() - interval '5.5 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewScheduler(SchedulerConfig{Store: &failFirst{TickStore: b.st}, Epoch: 1, ShardCount: 16, Clock: clock.NewFake()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.runOnce(ctx); r.Err == nil {
+		t.Fatal("the first pass did not fail")
+	}
+	r := s.runOnce(ctx)
+	if r.Err != nil || r.Enqueued != 6 || r.Skipped != 0 {
+		t.Fatalf("pass after the failed one: %+v; want the 6 ticks of the term enqueued, none skipped", r)
+	}
+	var raised time.Time
+	if err := b.st.Pool().QueryRow(ctx, `SELECT raised_at FROM coordinator_fence`).Scan(&raised); err != nil {
+		t.Fatal(err)
+	}
+	if !r.TermStart.Equal(raised) {
+		t.Fatalf("term start %s, want the fence's raise %s", r.TermStart, raised)
 	}
 }

@@ -135,6 +135,9 @@ type TickPlan struct {
 type TickResult struct {
 	// Now is the database's time of the batch.
 	Now time.Time
+	// TermStart is when the leadership term began: the database's time
+	// when the leader raised the coordinator fence to its epoch.
+	TermStart time.Time
 	// Schedules were due; Enqueued tasks were inserted; Duplicates were
 	// refused by the unique (schedule, tick) index; Skipped were left out
 	// by the plans.
@@ -147,23 +150,25 @@ type TickResult struct {
 // EnqueueTicks runs one transaction under the leadership epoch
 // (ErrNotLeader otherwise): it locks up to limit schedules whose next tick
 // is due by the database clock, asks plan what to enqueue for each (given
-// the database's now), inserts those tasks with their (schedule, tick) and
+// the database's now and the term's start, when the fence was raised to
+// epoch), inserts those tasks with their (schedule, tick) and
 // moves each schedule's next_tick, all or nothing. The coordinator fence
 // row stays locked FOR SHARE until the commit, so a new leader's fence
 // raise waits for this transaction and sees its result.
 func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
-	plan func(sc Schedule, now time.Time) (TickPlan, error)) (TickResult, error) {
+	plan func(sc Schedule, now, termStart time.Time) (TickPlan, error)) (TickResult, error) {
 	var res TickResult
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var fenced bool
+		var raised *time.Time
 		if err := tx.QueryRow(ctx, `
-			SELECT EXISTS (SELECT 1 FROM coordinator_fence WHERE id = 1 AND epoch = $1 FOR SHARE), now()`,
-			epoch).Scan(&fenced, &res.Now); err != nil {
+			SELECT (SELECT raised_at FROM coordinator_fence WHERE id = 1 AND epoch = $1 FOR SHARE), now()`,
+			epoch).Scan(&raised, &res.Now); err != nil {
 			return err
 		}
-		if !fenced {
+		if raised == nil {
 			return ErrNotLeader
 		}
+		res.TermStart = *raised
 		rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules
 			WHERE next_tick <= now() ORDER BY next_tick LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
 		if err != nil {
@@ -184,7 +189,7 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 			shards, maxAttempts   []int32
 		)
 		for _, sc := range due {
-			p, err := plan(sc, res.Now)
+			p, err := plan(sc, res.Now, res.TermStart)
 			if err != nil {
 				return fmt.Errorf("planning the ticks of schedule %q: %w", sc.Name, err)
 			}
