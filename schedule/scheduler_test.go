@@ -236,3 +236,46 @@ func TestTermStartsWhenLeadershipStarted(t *testing.T) {
 		t.Fatalf("term start %s, want the fence's raise %s", r.TermStart, raised)
 	}
 }
+
+// fixedNow is a Store whose database time is at: it prepares the schedule
+// as the real store does and stores nothing.
+type fixedNow struct {
+	Store
+	at time.Time
+}
+
+func (f fixedNow) CreateSchedule(_ context.Context, prepare func(now time.Time) (store.Schedule, error)) (store.Schedule, error) {
+	return prepare(f.at)
+}
+
+// A schedule's first tick comes from the database's time, not the
+// process's clock (one running ahead would skip ticks): the store gives
+// its now() to the client, and the client computes the first tick from it.
+func TestFirstTickComesFromTheDatabaseClock(t *testing.T) {
+	dbNow := time.Date(2020, 5, 17, 10, 20, 30, 0, time.UTC)
+	c, err := NewClient(fixedNow{at: dbNow}, ClientConfig{ShardCount: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	iv, err := c.Create(ctx, Definition{Name: "iv", Kind: "noop", Every: time.Minute})
+	if err != nil || !iv.Start.Equal(dbNow.Add(time.Minute)) || !iv.NextTick.Equal(iv.Start) {
+		t.Fatalf("interval schedule: start %s, first tick %s (%v); want both one minute after the database's now %s", iv.Start, iv.NextTick, err, dbNow)
+	}
+	cr, err := c.Create(ctx, Definition{Name: "cr", Kind: "noop", Cron: "*/5 * * * *"})
+	if want := time.Date(2020, 5, 17, 10, 25, 0, 0, time.UTC); err != nil || !cr.NextTick.Equal(want) {
+		t.Fatalf("cron schedule: first tick %s (%v), want %s", cr.NextTick, err, want)
+	}
+
+	// The real store prepares with the now() of the transaction that
+	// inserts the row: the row's created_at.
+	b := setup(t)
+	var got time.Time
+	sc, err := b.st.CreateSchedule(ctx, func(now time.Time) (store.Schedule, error) {
+		got = now
+		return b.client.Prepare(Definition{Name: "db", Kind: "noop", Every: time.Minute}, now)
+	})
+	if err != nil || !got.Equal(sc.CreatedAt) {
+		t.Fatalf("prepared at %s, created at %s (%v): want the transaction's now()", got, sc.CreatedAt, err)
+	}
+}

@@ -56,39 +56,57 @@ func scanSchedule(r pgx.CollectableRow) (Schedule, error) {
 	return sc, err
 }
 
-// CreateSchedule inserts sc (ID, LastTick, LastTaskID, Skipped and
-// CreatedAt are ignored) and returns the stored row; ErrScheduleExists when
-// the name is taken.
-func (s *Store) CreateSchedule(ctx context.Context, sc Schedule) (Schedule, error) {
-	var every *int64
-	if sc.Every > 0 {
-		ms := sc.Every.Milliseconds()
-		every = &ms
-	}
-	var cron, maxAttempts any
-	if sc.Cron != "" {
-		cron = sc.Cron
-	}
-	if sc.MaxAttempts > 0 {
-		maxAttempts = sc.MaxAttempts
-	}
-	payload := string(sc.Payload)
-	if payload == "" {
-		payload = "{}"
-	}
-	rows, err := s.pool.Query(ctx, `
-		INSERT INTO schedules (name, kind, key, payload, max_attempts, every_ms, cron, timezone, start_at, next_tick)
-		VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10)
-		RETURNING `+scheduleColumns,
-		sc.Name, sc.Kind, sc.Key, payload, maxAttempts, every, cron, sc.Timezone, sc.Start, sc.NextTick)
-	if err == nil {
+// CreateSchedule stores the schedule prepare returns for the database's
+// time (its first tick is computed from now(), never from a process's
+// clock) in one transaction, and returns the stored row, whose CreatedAt
+// is that same time. ID, LastTick, LastTaskID, Skipped and CreatedAt of
+// the prepared schedule are ignored. An error of prepare is returned as
+// it is; ErrScheduleExists when the name is taken.
+func (s *Store) CreateSchedule(ctx context.Context, prepare func(now time.Time) (Schedule, error)) (Schedule, error) {
+	var sc Schedule
+	var prepErr error
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var now time.Time
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+			return err
+		}
+		if sc, prepErr = prepare(now); prepErr != nil {
+			return prepErr
+		}
+		var every *int64
+		if sc.Every > 0 {
+			ms := sc.Every.Milliseconds()
+			every = &ms
+		}
+		var cron, maxAttempts any
+		if sc.Cron != "" {
+			cron = sc.Cron
+		}
+		if sc.MaxAttempts > 0 {
+			maxAttempts = sc.MaxAttempts
+		}
+		payload := string(sc.Payload)
+		if payload == "" {
+			payload = "{}"
+		}
+		rows, err := tx.Query(ctx, `
+			INSERT INTO schedules (name, kind, key, payload, max_attempts, every_ms, cron, timezone, start_at, next_tick)
+			VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10)
+			RETURNING `+scheduleColumns,
+			sc.Name, sc.Kind, sc.Key, payload, maxAttempts, every, cron, sc.Timezone, sc.Start, sc.NextTick)
+		if err != nil {
+			return err
+		}
 		sc, err = pgx.CollectExactlyOneRow(rows, scanSchedule)
-	}
+		return err
+	})
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	switch {
+	case prepErr != nil:
+		return Schedule{}, prepErr
+	case errors.As(err, &pgErr) && pgErr.Code == "23505":
 		return Schedule{}, fmt.Errorf("creating schedule %q: %w", sc.Name, ErrScheduleExists)
-	}
-	if err != nil {
+	case err != nil:
 		return Schedule{}, fmt.Errorf("creating schedule %q: %w", sc.Name, err)
 	}
 	return sc, nil
