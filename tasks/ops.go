@@ -5,15 +5,27 @@ package tasks
 // operators get.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
 )
 
-// ErrCancelled is the cause of a handler's context ending because an
-// operator cancelled its task. The attempt is recorded as cancelled
-// whatever the handler returns afterwards.
+// ErrCancelled is the cause (context.Cause) of a handler's context ending
+// because an operator cancelled its task. A handler that then returns an
+// error has its attempt recorded as cancelled (not retried); one that
+// returns nil has done its work, and the attempt is recorded as completed,
+// with its result.
 var ErrCancelled = errors.New("task cancelled on request")
+
+// CancelRequested reports whether ctx, a handler's context, ended because
+// an operator asked to cancel the task: its cause is ErrCancelled. A
+// handler whose side effects are done can still return nil (the task
+// completes); one that stops short returns an error (the task is
+// cancelled).
+func CancelRequested(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), ErrCancelled)
+}
 
 // ErrNotFound is matched (errors.Is) by every NotFoundError.
 var ErrNotFound = ErrTaskGone
