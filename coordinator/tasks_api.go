@@ -14,9 +14,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -177,20 +179,20 @@ var (
 	listParams   = append([]string{"limit", "order"}, filterParams...)
 )
 
-// parseFilter reads the filter and the cursor from q, refusing parameters
-// not in allowed.
-func parseFilter(q url.Values, allowed []string) (tasks.Filter, int64, error) {
+// parseFilter reads the filter and the cursor from q. It refuses
+// parameters not in allowed, given twice or given empty, and values a
+// task's field could not hold (tasks.Filter.Check: text PostgreSQL would
+// refuse, a shard outside the cluster's shardCount), naming the parameter.
+func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, int64, error) {
 	var f tasks.Filter
-	for name := range q {
-		found := false
-		for _, a := range allowed {
-			found = found || a == name
-		}
-		if !found {
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		switch {
+		case !slices.Contains(allowed, name):
 			return f, 0, &tasks.FieldError{Field: name, Problem: "is not a parameter here (" + strings.Join(allowed, ", ") + ")"}
-		}
-		if len(q[name]) > 1 {
+		case len(q[name]) > 1:
 			return f, 0, &tasks.FieldError{Field: name, Problem: "is given more than once"}
+		case q[name][0] == "":
+			return f, 0, &tasks.FieldError{Field: name, Problem: "is given empty (leave it out instead)"}
 		}
 	}
 	if v := q.Get("state"); v != "" {
@@ -205,15 +207,19 @@ func parseFilter(q url.Values, allowed []string) (tasks.Filter, int64, error) {
 	f.Kind, f.Key = q.Get("kind"), q.Get("key")
 	if v := q.Get("shard"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return f, 0, &tasks.FieldError{Field: "shard", Problem: fmt.Sprintf("must be a shard number, got %q", v)}
+		if err != nil {
+			return f, 0, &tasks.FieldError{Field: "shard", Problem: fmt.Sprintf("must be a shard number, 0 to %d, got %q", shardCount-1, v)}
 		}
 		f.Shard = &n
 	}
 	if v := q.Get("created_before"); v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)
-		if err != nil {
+		switch {
+		case err != nil:
 			return f, 0, &tasks.FieldError{Field: "created_before", Problem: fmt.Sprintf("must be an RFC 3339 time, got %q", v)}
+		case t.IsZero():
+			// The filter's zero value means "no bound".
+			return f, 0, &tasks.FieldError{Field: "created_before", Problem: "must not be the zero time 0001-01-01T00:00:00Z (leave it out for no bound)"}
 		}
 		f.CreatedBefore = t
 	}
@@ -225,14 +231,14 @@ func parseFilter(q url.Values, allowed []string) (tasks.Filter, int64, error) {
 		}
 		after = n
 	}
-	return f, after, nil
+	return f, after, f.Check(shardCount)
 }
 
 // handleListTasks is GET /api/tasks: one page of task summaries in id
 // order and the cursor of the next page ("next", absent at the end).
 func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f, after, err := parseFilter(q, listParams)
+	f, after, err := parseFilter(q, listParams, c.cfg.ShardCount)
 	if err != nil {
 		c.taskError(w, r, "listing tasks", err)
 		return
@@ -270,7 +276,7 @@ func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 // sent again with after=next.
 func (c *Coordinator) handleBulk(op string, run func(context.Context, tasks.Filter, int64, time.Duration) (tasks.BulkResult, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		f, after, err := parseFilter(r.URL.Query(), filterParams)
+		f, after, err := parseFilter(r.URL.Query(), filterParams, c.cfg.ShardCount)
 		if err != nil {
 			c.taskError(w, r, "bulk "+op, err)
 			return

@@ -182,3 +182,48 @@ func TestTaskReadsOpenWithoutAToken(t *testing.T) {
 		t.Fatalf("list: %d %s", code, body)
 	}
 }
+
+// Query parameters are checked with the rules of body fields, and the
+// error names the parameter: nothing PostgreSQL would refuse reaches it,
+// and a shard outside the cluster is refused like a negative one.
+func TestQueryParametersAreCheckedLikeBodies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c, err := New(Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := c.Handler()
+	for _, tc := range []struct{ query, field string }{
+		{"kind=a%00b", "kind"},
+		{"kind=%FF", "kind"},
+		{"kind=", "kind"},
+		{"key=%00", "key"},
+		{"key=%C3", "key"},
+		{"key=", "key"},
+		{"shard=16", "shard"},
+		{"shard=1000000000", "shard"},
+		{"shard=-1", "shard"},
+		{"state=", "state"},
+		{"created_before=0001-01-01T00:00:00Z", "created_before"},
+		{"created_before=", "created_before"},
+		{"limit=", "limit"},
+		{"order=", "order"},
+		{"after=", "after"},
+	} {
+		for _, target := range []string{"GET /api/tasks", "POST /api/tasks/cancel", "POST /api/tasks/retry"} {
+			method, path, _ := strings.Cut(target, " ")
+			if method == "POST" && (tc.field == "limit" || tc.field == "order") {
+				continue
+			}
+			w := serveOnce(h, method, path+"?"+tc.query, "")
+			got := decode[apiError](t, w.Body.String())
+			if w.Code != 400 || got.Field != tc.field || strings.Contains(got.Error, "SQLSTATE") {
+				t.Errorf("%s?%s: %d %s, want 400 naming %s", target, tc.query, w.Code, w.Body, tc.field)
+			}
+		}
+	}
+	if w := serveOnce(h, "GET", "/api/tasks?shard=15&kind=noop&key=k&created_before=2020-01-01T00:00:00Z", ""); w.Code != 200 {
+		t.Fatalf("a valid filter: %d %s", w.Code, w.Body)
+	}
+}

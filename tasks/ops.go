@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -97,6 +98,41 @@ type Filter struct {
 // Empty reports whether f selects every task.
 func (f Filter) Empty() bool {
 	return len(f.States) == 0 && f.Kind == "" && f.Shard == nil && f.Key == "" && f.CreatedBefore.IsZero()
+}
+
+// Check validates the fields f gives with the rules of a task's fields
+// (NewTask.Prepare): text PostgreSQL can store, a shard of a cluster of
+// shardCount shards, a time before the year 10000. The *FieldError names
+// the field.
+func (f Filter) Check(shardCount int) error {
+	for _, st := range f.States {
+		if !st.Valid() {
+			return &FieldError{Field: "state", Problem: fmt.Sprintf("%q is not a state (%s)", st, joinStates(States))}
+		}
+	}
+	if f.Kind != "" {
+		if err := CheckKind(f.Kind); err != nil {
+			return err
+		}
+	}
+	if err := checkText("key", f.Key, MaxKeyLen); err != nil {
+		return err
+	}
+	if f.Shard != nil && (*f.Shard < 0 || *f.Shard >= shardCount) {
+		return &FieldError{Field: "shard", Problem: fmt.Sprintf("must be 0 to %d (the cluster has %d shards), got %d", shardCount-1, shardCount, *f.Shard)}
+	}
+	if !f.CreatedBefore.Before(latestTime) {
+		return &FieldError{Field: "created_before", Problem: "must be before the year 10000"}
+	}
+	return nil
+}
+
+func joinStates(states []State) string {
+	s := make([]string, len(states))
+	for i, st := range states {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
 }
 
 // Listing bounds.
