@@ -50,9 +50,13 @@ func TestSchedulerEnqueuesEachTickOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Eleven ticks missed while no leader ran (the newest at creation).
+	// Eleven ticks missed while no leader ran (the newest at creation); the
+	// leader's term begins now.
 	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = next_tick - interval '11 hours',
 		start_at = start_at - interval '11 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now()`); err != nil {
 		t.Fatal(err)
 	}
 	r := newScheduler(t, b.st, 1).runOnce(ctx)
