@@ -112,21 +112,16 @@ func taskID(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	return id, true
 }
 
-// conflictError is the 409 answer: the operation and the task's state.
-type conflictError struct {
-	Error string      `json:"error"`
-	State tasks.State `json:"state"`
-}
-
-// taskError answers an error about one task: 404 when it does not exist,
-// 409 with its state when the operation does not apply to it, 400 for a
-// bad field, and a database error by its class (storeError).
-func (c *Coordinator) taskError(w http.ResponseWriter, r *http.Request, what string, err error) {
+// taskError answers an error about task id (0: tasks in general): 404 when
+// it does not exist, 409 with its state when the operation does not apply
+// to it, 400 for a bad field, and a database error by its class
+// (storeErrorOn).
+func (c *Coordinator) taskError(w http.ResponseWriter, r *http.Request, what string, id int64, err error) {
 	var ce *tasks.ConflictError
 	var fe *tasks.FieldError
 	switch {
 	case errors.As(err, &ce):
-		writeJSON(w, http.StatusConflict, conflictError{Error: ce.Error(), State: ce.State})
+		writeJSON(w, http.StatusConflict, apiError{Error: ce.Error(), State: ce.State})
 	case errors.Is(err, tasks.ErrNotFound):
 		var nf *tasks.NotFoundError
 		msg := "no such task"
@@ -137,7 +132,7 @@ func (c *Coordinator) taskError(w http.ResponseWriter, r *http.Request, what str
 	case errors.As(err, &fe):
 		writeJSON(w, http.StatusBadRequest, apiError{Error: fe.Error(), Field: fe.Field})
 	default:
-		c.storeError(w, r, what, err)
+		c.storeErrorOn(w, r, what, id, err)
 	}
 }
 
@@ -150,7 +145,7 @@ func (c *Coordinator) handleCancelTask(w http.ResponseWriter, r *http.Request) {
 	}
 	t, err := c.cfg.Store.CancelTask(r.Context(), id)
 	if err != nil {
-		c.taskError(w, r, "cancelling a task", err)
+		c.taskError(w, r, "cancelling a task", id, err)
 		return
 	}
 	code := http.StatusOK
@@ -167,7 +162,7 @@ func (c *Coordinator) handleRetryTask(w http.ResponseWriter, r *http.Request) {
 	}
 	t, err := c.cfg.Store.RetryTask(r.Context(), id)
 	if err != nil {
-		c.taskError(w, r, "retrying a task", err)
+		c.taskError(w, r, "retrying a task", id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, t)
@@ -185,15 +180,8 @@ var (
 // refuse, a shard outside the cluster's shardCount), naming the parameter.
 func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, int64, error) {
 	var f tasks.Filter
-	for _, name := range slices.Sorted(maps.Keys(q)) {
-		switch {
-		case !slices.Contains(allowed, name):
-			return f, 0, &tasks.FieldError{Field: name, Problem: "is not a parameter here (" + strings.Join(allowed, ", ") + ")"}
-		case len(q[name]) > 1:
-			return f, 0, &tasks.FieldError{Field: name, Problem: "is given more than once"}
-		case q[name][0] == "":
-			return f, 0, &tasks.FieldError{Field: name, Problem: "is given empty (leave it out instead)"}
-		}
+	if err := checkParams(q, allowed); err != nil {
+		return f, 0, err
 	}
 	if v := q.Get("state"); v != "" {
 		for _, s := range strings.Split(v, ",") {
@@ -234,37 +222,63 @@ func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, 
 	return f, after, f.Check(shardCount)
 }
 
+// checkParams refuses query parameters not in allowed, given twice or given
+// empty.
+func checkParams(q url.Values, allowed []string) error {
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		switch {
+		case !slices.Contains(allowed, name):
+			return &tasks.FieldError{Field: name, Problem: "is not a parameter here (" + strings.Join(allowed, ", ") + ")"}
+		case len(q[name]) > 1:
+			return &tasks.FieldError{Field: name, Problem: "is given more than once"}
+		case q[name][0] == "":
+			return &tasks.FieldError{Field: name, Problem: "is given empty (leave it out instead)"}
+		}
+	}
+	return nil
+}
+
+// parseLimit reads a listing's limit: 1 to tasks.MaxListLimit when given,
+// 0 (the default) when left out.
+func parseLimit(q url.Values) (int, error) {
+	v := q.Get("limit")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > tasks.MaxListLimit {
+		return 0, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (leave it out for %d), got %q", tasks.MaxListLimit, tasks.DefaultListLimit, v)}
+	}
+	return n, nil
+}
+
 // handleListTasks is GET /api/tasks: one page of task summaries in id
 // order and the cursor of the next page ("next", absent at the end).
 func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f, after, err := parseFilter(q, listParams, c.cfg.ShardCount)
 	if err != nil {
-		c.taskError(w, r, "listing tasks", err)
+		c.taskError(w, r, "listing tasks", 0, err)
 		return
 	}
-	req := tasks.ListRequest{Filter: f, After: after, Limit: tasks.DefaultListLimit}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > tasks.MaxListLimit {
-			c.taskError(w, r, "listing tasks", &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d, got %q", tasks.MaxListLimit, v)})
-			return
-		}
-		req.Limit = n
+	req := tasks.ListRequest{Filter: f, After: after}
+	if req.Limit, err = parseLimit(q); err != nil {
+		c.taskError(w, r, "listing tasks", 0, err)
+		return
 	}
 	switch q.Get("order") {
 	case "", "asc":
 	case "desc":
 		req.Desc = true
 	default:
-		c.taskError(w, r, "listing tasks", &tasks.FieldError{Field: "order", Problem: fmt.Sprintf("must be asc or desc, got %q", q.Get("order"))})
+		c.taskError(w, r, "listing tasks", 0, &tasks.FieldError{Field: "order", Problem: fmt.Sprintf("must be asc or desc, got %q", q.Get("order"))})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	page, err := c.cfg.Store.List(ctx, req)
 	if err != nil {
-		c.taskError(w, r, "listing tasks", err)
+		c.taskError(w, r, "listing tasks", 0, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, page)
@@ -278,14 +292,14 @@ func (c *Coordinator) handleBulk(op string, run func(context.Context, tasks.Filt
 	return func(w http.ResponseWriter, r *http.Request) {
 		f, after, err := parseFilter(r.URL.Query(), filterParams, c.cfg.ShardCount)
 		if err != nil {
-			c.taskError(w, r, "bulk "+op, err)
+			c.taskError(w, r, "bulk "+op, 0, err)
 			return
 		}
 		res, err := run(r.Context(), f, after, bulkBudget)
 		if err != nil {
 			// What was done before the error stays done; the caller sends
 			// the request again.
-			c.taskError(w, r, "bulk "+op, err)
+			c.taskError(w, r, "bulk "+op, 0, err)
 			return
 		}
 		resp := map[string]any{"done": res.Done}

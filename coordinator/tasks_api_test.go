@@ -103,7 +103,7 @@ func TestTaskOperationsAPI(t *testing.T) {
 		t.Fatalf("cancel of a running task: %d %s", code, body)
 	}
 	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/cancel", base, first.ID), "tok", "")
-	if code != 409 || decode[conflictError](t, body).State != tasks.Cancelled {
+	if code != 409 || decode[apiError](t, body).State != tasks.Cancelled {
 		t.Fatalf("cancel of a cancelled task: %d %s", code, body)
 	}
 	if code, body := testutil.HTTP(t, "POST", base+"/api/tasks/424242/cancel", "tok", ""); code != 404 {
@@ -116,7 +116,7 @@ func TestTaskOperationsAPI(t *testing.T) {
 		t.Fatalf("retry of a cancelled task: %d %s", code, body)
 	}
 	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/retry", base, first.ID), "tok", "")
-	if code != 409 || decode[conflictError](t, body).State != tasks.Ready {
+	if code != 409 || decode[apiError](t, body).State != tasks.Ready {
 		t.Fatalf("retry of a ready task: %d %s", code, body)
 	}
 

@@ -36,7 +36,7 @@ var namePattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
 // Store is what the client needs from the database (store.Store).
 type Store interface {
 	CreateSchedule(ctx context.Context, prepare func(now time.Time) (store.Schedule, error)) (store.Schedule, error)
-	ListSchedules(ctx context.Context, limit int) ([]store.Schedule, error)
+	ListSchedules(ctx context.Context, after string, limit int) ([]store.Schedule, error)
 	DeleteSchedule(ctx context.Context, name string) (bool, error)
 }
 
@@ -121,9 +121,44 @@ func (c *Client) Create(ctx context.Context, d Definition) (store.Schedule, erro
 	return c.st.CreateSchedule(ctx, func(now time.Time) (store.Schedule, error) { return c.Prepare(d, now) })
 }
 
-// List returns up to limit schedules by name.
-func (c *Client) List(ctx context.Context, limit int) ([]store.Schedule, error) {
-	return c.st.ListSchedules(ctx, limit)
+// ListRequest asks for one page of schedules, by name.
+type ListRequest struct {
+	// After is the cursor: the Next of the previous page ("": from the
+	// first schedule).
+	After string
+	// Limit bounds the page: 1 to tasks.MaxListLimit, or 0 for
+	// tasks.DefaultListLimit (as for tasks: Go's zero value is "not set").
+	Limit int
+}
+
+// Page is one page of schedules. Next, when not "", is the cursor of the
+// next page; the listing is complete once a page comes without one.
+type Page struct {
+	Schedules []store.Schedule
+	Next      string
+}
+
+// List returns one page of schedules by name; follow Page.Next (as
+// req.After) until it is "".
+func (c *Client) List(ctx context.Context, req ListRequest) (Page, error) {
+	switch {
+	case req.Limit < 0 || req.Limit > tasks.MaxListLimit:
+		return Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (0 for the default, %d), got %d", tasks.MaxListLimit, tasks.DefaultListLimit, req.Limit)}
+	case req.After != "" && !namePattern.MatchString(req.After):
+		return Page{}, &tasks.FieldError{Field: "after", Problem: fmt.Sprintf("must be a schedule name (the next of the previous page), got %q", req.After)}
+	case req.Limit == 0:
+		req.Limit = tasks.DefaultListLimit
+	}
+	list, err := c.st.ListSchedules(ctx, req.After, req.Limit+1)
+	if err != nil {
+		return Page{}, err
+	}
+	p := Page{Schedules: list}
+	if len(list) > req.Limit {
+		p.Schedules = list[:req.Limit]
+		p.Next = p.Schedules[req.Limit-1].Name
+	}
+	return p, nil
 }
 
 // Delete deletes the named schedule and reports whether it existed; the

@@ -112,9 +112,10 @@ func (s *Store) CreateSchedule(ctx context.Context, prepare func(now time.Time) 
 	return sc, nil
 }
 
-// ListSchedules returns up to limit schedules by name.
-func (s *Store) ListSchedules(ctx context.Context, limit int) ([]Schedule, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules ORDER BY name LIMIT $1`, limit)
+// ListSchedules returns up to limit schedules by name, those named after
+// after ("": from the first), walking the unique index on name.
+func (s *Store) ListSchedules(ctx context.Context, after string, limit int) ([]Schedule, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules WHERE name > $1 ORDER BY name LIMIT $2`, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing schedules: %w", err)
 	}
