@@ -97,9 +97,12 @@ func (c *Client) Get(ctx context.Context, id int64) (tasks.Task, error) {
 
 // List returns one page of tasks; follow Page.Next (as req.After) until it
 // is 0. The filter is checked as a task's fields are (tasks.Filter.Check).
+// Limit 0 is "not set", the default page of tasks.DefaultListLimit, as a
+// request without limit is in the HTTP API (which refuses limit=0: a value
+// that is given must be valid).
 func (c *Client) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, error) {
 	if req.Limit < 0 || req.Limit > tasks.MaxListLimit {
-		return tasks.Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d, got %d", tasks.MaxListLimit, req.Limit)}
+		return tasks.Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (0 for the default, %d), got %d", tasks.MaxListLimit, tasks.DefaultListLimit, req.Limit)}
 	}
 	if err := req.Filter.Check(c.shardCount); err != nil {
 		return tasks.Page{}, err
