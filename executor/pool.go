@@ -32,9 +32,10 @@ type result struct {
 	// done ends the attempt once its outcome is written: it leaves the
 	// pool's heartbeat set and its hold on the term ends.
 	done func()
-	// cancelled: an operator cancelled the task and the heartbeat cancelled
-	// the handler's context (cause tasks.ErrCancelled); the attempt is
-	// recorded as cancelled whatever the handler returned.
+	// cancelled: an operator cancelled the task, the heartbeat cancelled
+	// the handler's context (cause tasks.ErrCancelled), and the handler
+	// returned an error; the attempt is recorded as cancelled. A handler
+	// that returned nil has done its work: it is a completion.
 	cancelled bool
 	// expired: the handler failed after the task's deadline passed; the
 	// task ends failed, as the sweeper's deadline rule would end it.
@@ -135,7 +136,7 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 		if cause := context.Cause(ctx); err != nil && errors.Is(cause, tasks.ErrOwnershipLost) {
 			r.interrupted = cause
 		}
-		r.cancelled = errors.Is(context.Cause(ctx), tasks.ErrCancelled)
+		r.cancelled = err != nil && tasks.CancelRequested(ctx)
 		stopWatch()
 		stopDeadline()
 		cancel(nil)

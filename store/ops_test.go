@@ -385,11 +385,16 @@ func TestUniqueKeyWindow(t *testing.T) {
 		t.Fatalf("enqueue while running: %+v %v", again, err)
 	}
 	one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: c[0].Ref()}}))
-	if again, err := s.EnqueueIn(ctx, nil, uniqueInsert("u")); err != nil || again.Duplicate || again.ID == first.ID {
-		t.Fatalf("enqueue after completion: %+v %v", again, err)
+	second, err := s.EnqueueIn(ctx, nil, uniqueInsert("u"))
+	if err != nil || second.Duplicate || second.ID == first.ID {
+		t.Fatalf("enqueue after completion: %+v %v", second, err)
 	}
-	if id, err := s.Enqueue(ctx, uniqueInsert("u")); err != nil || id == first.ID {
-		t.Fatalf("Enqueue of a duplicate returns the holder: %d %v", id, err)
+	if id, err := s.Enqueue(ctx, uniqueInsert("u")); err != nil || id != second.ID {
+		t.Fatalf("Enqueue of a duplicate returned task %d (%v), want the holder %d", id, err, second.ID)
+	}
+	var n int
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM tasks WHERE key = $1`, uniqueInsert("u").Key).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d tasks enqueued (%v), want 2: the completed one and its successor", n, err)
 	}
 }
 

@@ -146,7 +146,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	return &Store{pool: pool, log: log, dsn: dsn, notify: newNotifier(pool.Exec, log)}, nil
 }
 
-// Close waits for a notification in flight, then closes the pool.
+// Close sends the enqueue notifications still pending (waiting at most
+// 5s for them), then closes the pool.
 func (s *Store) Close() {
 	s.notify.close()
 	s.pool.Close()

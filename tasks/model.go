@@ -39,9 +39,10 @@ import (
 // finds the row elsewhere changes nothing.
 //
 // Cancelling a running task is a request (cancel_requested_at): the runner
-// that runs it learns of it from its next heartbeat, cancels the handler's
-// context with ErrCancelled and records the attempt as cancelled, whatever
-// the handler returns. Every other move that would put a task whose cancel
+// that runs it learns of it from its next heartbeat and cancels the
+// handler's context with ErrCancelled; the attempt is recorded as cancelled
+// when the handler returns an error, and as completed when it returns nil
+// (its work is done). Every other move that would put a task whose cancel
 // was requested back in line (a failure with attempts left, a stale or
 // orphaned claim, an unclaim, an interruption) cancels it instead. Retry is the only way out
 // of dead, failed and cancelled, and only by an operator: it grants the
