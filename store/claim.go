@@ -386,9 +386,9 @@ func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]
 }
 
 // CancelAttempts records attempts cancelled on request (the heartbeat
-// reported the request and the runner cancelled the handler's context):
-// cancelled under the same claim, whatever the handler returned. A
-// completion or failure that landed first wins: the claim is then gone and
+// reported the request, the runner cancelled the handler's context and the
+// handler returned an error; a success is recorded by Complete): cancelled
+// under the same claim. A completion or failure that landed first wins: the claim is then gone and
 // the cancellation changes nothing, so each attempt has exactly one
 // outcome. The attempt is recorded in the task's errors with what the
 // handler returned.
