@@ -148,6 +148,33 @@ func TestFailedAttemptIsRetriedThenCompletes(t *testing.T) {
 	}
 }
 
+// A task an operator retried starts its new budget of attempts from the
+// shortest backoff again, not from the one its absolute attempt number
+// would give (attempt 4 after a retry at 3 of 3: 8 times the base).
+func TestBackoffCountsFromTheLastRetry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]tasks.Handler{"bad": func(context.Context, *tasks.Task) error { return errors.New("boom") }})
+	e.store.add(1, "bad", 0, 6)
+	e.store.mu.Lock()
+	e.store.tasks[1].Attempt, e.store.tasks[1].AttemptBudget = 4, 3 // retried once, at attempt 3 of 3
+	e.store.mu.Unlock()
+	e.own.own(0, 1)
+	e.run()
+	e.until("the first attempt after the retry failed", func() bool {
+		e.store.mu.Lock()
+		defer e.store.mu.Unlock()
+		return len(e.store.failed) > 0
+	})
+	e.store.mu.Lock()
+	first := e.store.failed[0]
+	e.store.mu.Unlock()
+	// Base 10ms: the first attempt of a budget waits [5ms, 10ms), the
+	// fourth would wait [40ms, 80ms).
+	if first.Ref.Attempt != 4 || first.RetryAfter >= 10*time.Millisecond {
+		t.Fatalf("the first failure after a retry waits %s (attempt %d), want under the 10ms base", first.RetryAfter, first.Ref.Attempt)
+	}
+}
+
 func TestAttemptsUsedUpGoDead(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, map[string]tasks.Handler{"bad": func(context.Context, *tasks.Task) error { panic("boom") }})

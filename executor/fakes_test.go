@@ -32,6 +32,8 @@ type fakeStore struct {
 	// claimAnswersLost: that many claims commit, then fail as if the
 	// connection dropped before the answer.
 	claimAnswersLost int
+	// failed records every failure written.
+	failed []tasks.Failure
 }
 
 type fence struct {
@@ -222,6 +224,9 @@ func (s *fakeStore) Fail(_ context.Context, owner string, failed []tasks.Failure
 	for i, f := range failed {
 		refs[i] = f.Ref
 	}
+	s.mu.Lock()
+	s.failed = append(s.failed, failed...)
+	s.mu.Unlock()
 	return s.fenced("fail", owner, refs, func(t *tasks.Task, i int) {
 		if failed[i].Expired && t.CancelRequestedAt == nil {
 			t.State = tasks.Failed

@@ -98,7 +98,7 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 			interruptions = append(interruptions, tasks.Interruption{Ref: r.task.Ref(), Reason: "interrupted: " + r.interrupted.Error()})
 			iItems = append(iItems, r)
 		default:
-			failures = append(failures, tasks.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.Attempt, nil),
+			failures = append(failures, tasks.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.BudgetAttempt(), nil),
 				Final: errors.Is(r.err, tasks.ErrPermanent), Expired: r.expired})
 			fItems = append(fItems, r)
 		}

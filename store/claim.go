@@ -80,14 +80,14 @@ func ClaimQuery(n int) string {
 			INSERT INTO task_claims (id, shard, epoch, owner, attempt, deadline)
 			SELECT id, shard, epoch, $1, attempt, deadline FROM picked
 		)
-		SELECT id, kind, shard, key, payload, attempt, max_attempts, run_after, deadline, epoch, now(), created_at
+		SELECT id, kind, shard, key, payload, attempt, max_attempts, coalesce(attempt_budget, 0), run_after, deadline, epoch, now(), created_at
 		FROM picked`
 	claimSQL.Store(n, q)
 	return q
 }
 
 // claimColumns are the fields of a claimed task, as scanClaimed reads them.
-const claimColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.attempt, t.max_attempts, t.run_after, t.deadline, t.created_at`
+const claimColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.attempt, t.max_attempts, t.attempt_budget, t.run_after, t.deadline, t.created_at`
 
 // Claim moves up to limit ready tasks of the given kinds, due by the
 // database clock, from the shards the runner holds the fence of to running
@@ -116,7 +116,7 @@ func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoc
 	}
 	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Task, error) {
 		t := tasks.Task{State: tasks.Running, ClaimedBy: owner}
-		err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Payload, &t.Attempt, &t.MaxAttempts,
+		err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Payload, &t.Attempt, &t.MaxAttempts, &t.AttemptBudget,
 			&t.RunAfter, &t.Deadline, &t.Epoch, &t.ClaimedAt, &t.CreatedAt)
 		return t, err
 	})

@@ -119,7 +119,7 @@ func taskColumnsOf(alias string) string {
 	return a + `id, ` + a + `kind, ` + a + `shard, ` + a + `key, ` + a + `payload,
 		CASE WHEN ` + a + `state <> 'ready' THEN ` + a + `state
 		     WHEN k.id IS NOT NULL OR ` + a + `cancel_requested_at IS NOT NULL THEN 'running' ELSE 'ready' END,
-		` + a + `attempt, ` + a + `max_attempts, ` + a + `run_after, ` + a + `deadline,
+		` + a + `attempt, ` + a + `max_attempts, coalesce(` + a + `attempt_budget, 0), ` + a + `run_after, ` + a + `deadline,
 		coalesce(k.owner, ` + a + `claimed_by), coalesce(k.epoch, ` + a + `claim_epoch),
 		coalesce(k.claimed_at, ` + a + `claimed_at), coalesce(k.heartbeat_at, ` + a + `heartbeat_at),
 		` + a + `cancel_requested_at, ` + a + `unique_key, ` + a + `errors, ` + a + `result, ` + a + `created_at, ` + a + `finished_at`
@@ -455,6 +455,9 @@ func (s *Store) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, er
 			page.Next = list[len(list)-1].ID
 		case filtered:
 			if len(list) == 0 {
+				if betweenListStatements != nil {
+					betweenListStatements()
+				}
 				var b sqlBuilder
 				stream, _ := b.stream(req.Filter, req.After, req.Desc, listScan(req, true))
 				lastFn := "max"
@@ -483,6 +486,10 @@ func (s *Store) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, er
 	}
 	return page, nil
 }
+
+// betweenListStatements, when set (by a test), runs between a listing's
+// page and its cursor statement.
+var betweenListStatements func()
 
 func deref(s *string) string {
 	if s == nil {

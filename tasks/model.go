@@ -117,6 +117,11 @@ type Task struct {
 	State       State           `json:"state"`
 	Attempt     int             `json:"attempt"`
 	MaxAttempts int             `json:"max_attempts"`
+	// AttemptBudget is the number of attempts each operator's retry grants
+	// (the task's max_attempts as enqueued), set at its first retry: the
+	// attempts since the last retry are the last AttemptBudget up to
+	// MaxAttempts. 0 when the task was never retried.
+	AttemptBudget int `json:"attempt_budget,omitempty"`
 	RunAfter    time.Time       `json:"run_after"`
 	Deadline    *time.Time      `json:"deadline,omitempty"`
 	ClaimedBy   string          `json:"claimed_by,omitempty"`
@@ -136,6 +141,17 @@ type Task struct {
 	Result     json.RawMessage `json:"result,omitempty"`
 	CreatedAt  time.Time       `json:"created_at"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+}
+
+// BudgetAttempt is the number of this attempt within the task's current
+// budget of attempts: Attempt for a task never retried, and counted from 1
+// again after each operator's retry. The backoff after a failure counts
+// from it, so a retried task starts again from the shortest wait.
+func (t *Task) BudgetAttempt() int {
+	if t.AttemptBudget <= 0 {
+		return t.Attempt
+	}
+	return max(1, t.Attempt-(t.MaxAttempts-t.AttemptBudget))
 }
 
 // Ref names one claimed attempt of a task: every write about it is fenced on
