@@ -121,10 +121,10 @@ type Task struct {
 	// (the task's max_attempts as enqueued), set at its first retry: the
 	// attempts since the last retry are the last AttemptBudget up to
 	// MaxAttempts. 0 when the task was never retried.
-	AttemptBudget int `json:"attempt_budget,omitempty"`
-	RunAfter    time.Time       `json:"run_after"`
-	Deadline    *time.Time      `json:"deadline,omitempty"`
-	ClaimedBy   string          `json:"claimed_by,omitempty"`
+	AttemptBudget int        `json:"attempt_budget,omitempty"`
+	RunAfter      time.Time  `json:"run_after"`
+	Deadline      *time.Time `json:"deadline,omitempty"`
+	ClaimedBy     string     `json:"claimed_by,omitempty"`
 	// Epoch is the claim's fencing token: the etcd revision at which the
 	// claiming runner acquired the shard. Pass it to downstream systems that
 	// accept a fencing token so a late write from an old owner is refused.
