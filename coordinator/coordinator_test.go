@@ -343,7 +343,7 @@ func TestClusterShowsRunnerHealth(t *testing.T) {
 	if _, err := e.store.Pool().Exec(ctx, `
 		WITH k AS (DELETE FROM task_claims RETURNING id),
 		u AS (UPDATE tasks SET state = 'completed', finished_at = now() WHERE id IN (SELECT id FROM k) RETURNING id, finished_at)
-		INSERT INTO task_finished (state, id, finished_at) SELECT 'completed', id, finished_at FROM u`); err != nil {
+		INSERT INTO task_finished (state, id, finished_at, queue) SELECT 'completed', id, finished_at, 'default' FROM u`); err != nil {
 		t.Fatal(err)
 	}
 	health := func(rs []RunnerView) map[string]string {

@@ -3,6 +3,8 @@ package executor
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -30,8 +32,9 @@ type claimer struct {
 	m     *Metrics
 	// wake is signalled by enqueue notifications for held shards.
 	wake wake.Signal
-	// pending says which held shards to claim from, in which order.
-	pending *pending
+	// queues are the queues served, in name order, each with its worker
+	// limit and its pending shards.
+	queues []*queueClaims
 	// held are the shards of the last hold, to filter notifications.
 	held atomic.Pointer[map[int]bool]
 	// round is when the last claim round completed (unix nanoseconds on
@@ -43,10 +46,20 @@ type claimer struct {
 	unsure bool
 }
 
+// queueClaims is one served queue: how many of its tasks may run at once,
+// and which held shards may have its tasks due.
+type queueClaims struct {
+	name    string
+	limit   int
+	pending *pending
+}
+
 func newClaimer(cfg Config, p *pool) *claimer {
 	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
-		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, wake: wake.New(),
-		pending: newPending(cfg.Clock.Now())}
+		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, wake: wake.New()}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Queues)) {
+		c.queues = append(c.queues, &queueClaims{name: name, limit: cfg.Queues[name], pending: newPending(cfg.Clock.Now())})
+	}
 	c.round.Store(cfg.Clock.Now().UnixNano())
 	return c
 }
@@ -60,10 +73,13 @@ func (c *claimer) heldCount() int {
 	return 0
 }
 
-// Wake is called for enqueue notifications (all: any shard). It never
-// blocks; wake-ups coalesce.
-func (c *claimer) Wake(all bool, shards []int) {
-	c.pending.notify(all, shards)
+// Wake is called for enqueue notifications (all: any shard; urgent: the
+// shards that got tasks more urgent than the default). It never blocks;
+// wake-ups coalesce.
+func (c *claimer) Wake(all bool, shards, urgent []int) {
+	for _, q := range c.queues {
+		q.pending.notify(all, shards, urgent)
+	}
 	if !all {
 		held := c.held.Load()
 		if held == nil {
@@ -103,7 +119,7 @@ func (c *claimer) Run(ctx context.Context) {
 		}
 		backoff.Reset()
 		c.round.Store(c.clock.Now().UnixNano())
-		if c.pending.any() && c.pool.free() > 0 {
+		if c.more() {
 			continue // more work may be waiting
 		}
 		poll.Reset(c.poll)
@@ -139,21 +155,46 @@ func (c *claimer) once(ctx context.Context) error {
 		}
 		c.unsure = false
 	}
-	order := c.pending.order(terms, c.clock.Now(), c.poll)
-	limit := min(c.pool.free(), claimBatch)
+	if len(terms) == 0 {
+		return nil
+	}
+	for _, q := range c.queues {
+		if err := c.claimQueue(ctx, hold, terms, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// more reports whether a claim round could take more now: some served
+// queue may have due tasks and room for them.
+func (c *claimer) more() bool {
+	for _, q := range c.queues {
+		if q.pending.any() && c.pool.free(q.name, q.limit) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// claimQueue claims as many of queue q's tasks as it has free workers
+// from the held shards that may have some due, and starts them.
+func (c *claimer) claimQueue(ctx context.Context, hold Hold, terms []tasks.ShardEpoch, q *queueClaims) error {
+	order := q.pending.order(terms, c.clock.Now(), c.poll)
+	limit := min(c.pool.free(q.name, q.limit), claimBatch)
 	if len(order) == 0 || limit <= 0 {
 		return nil
 	}
 	// Not cancelled by shutdown: a cancelled statement may still have
 	// committed, leaving claims nobody runs.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-	claimed, err := c.store.Claim(cctx, c.owner, order, c.kinds, limit)
+	claimed, err := c.store.Claim(cctx, c.owner, order, q.name, c.kinds, limit)
 	cancel()
 	if err != nil {
 		c.unsure = true
-		return fmt.Errorf("claiming tasks: %w", err)
+		return fmt.Errorf("claiming tasks of queue %s: %w", q.name, err)
 	}
-	c.pending.claimed(order, claimed, limit)
+	q.pending.claimed(order, claimed, limit)
 	c.m.Claimed.Add(float64(len(claimed)))
 	var giveBack []tasks.Ref
 	for _, t := range claimed {

@@ -53,7 +53,8 @@ func newFakeStore() *fakeStore {
 func (s *fakeStore) add(id int64, kind string, shard, maxAttempts int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.tasks[id] = &tasks.Task{ID: id, Kind: kind, Shard: shard, State: tasks.Ready, Attempt: 1, MaxAttempts: maxAttempts, Payload: []byte("{}")}
+	s.tasks[id] = &tasks.Task{ID: id, Kind: kind, Shard: shard, Queue: tasks.DefaultQueue, State: tasks.Ready, Attempt: 1,
+		MaxAttempts: maxAttempts, Payload: []byte("{}")}
 }
 
 func (s *fakeStore) get(id int64) tasks.Task {
@@ -116,7 +117,7 @@ func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.S
 	return raised, n, 0, nil
 }
 
-func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error) {
+func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("claim"); err != nil {
@@ -133,7 +134,7 @@ func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEp
 		if len(out) == limit {
 			break
 		}
-		if t.State != tasks.Ready || !slices.Contains(kinds, t.Kind) {
+		if t.State != tasks.Ready || t.Queue != queue || !slices.Contains(kinds, t.Kind) {
 			continue
 		}
 		for _, term := range terms {

@@ -22,38 +22,51 @@ import (
 // due. Notifications arrive from the listener's goroutine; everything else
 // belongs to the claim loop.
 type pending struct {
-	mu    sync.Mutex
-	woken map[int]bool
-	all   bool
+	mu     sync.Mutex
+	woken  map[int]bool
+	all    bool
+	urgent map[int]bool
 
 	shards map[int]bool
 	known  map[int]bool
+	// first are the pending shards that got urgent tasks: the next claim
+	// visits them before the rotation.
+	first map[int]bool
 	// next is the shard the next claim starts from.
 	next     int
 	lastPoll time.Time
 }
 
 func newPending(now time.Time) *pending {
-	return &pending{woken: map[int]bool{}, shards: map[int]bool{}, known: map[int]bool{}, lastPoll: now}
+	return &pending{woken: map[int]bool{}, urgent: map[int]bool{}, shards: map[int]bool{}, known: map[int]bool{},
+		first: map[int]bool{}, lastPoll: now}
 }
 
-// notify records an enqueue notification (all: every shard).
-func (p *pending) notify(all bool, shards []int) {
+// notify records an enqueue notification (all: every shard; urgent: the
+// shards that got tasks more urgent than the default).
+func (p *pending) notify(all bool, shards, urgent []int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.all = p.all || all
 	for _, s := range shards {
 		p.woken[s] = true
 	}
+	for _, s := range urgent {
+		p.woken[s], p.urgent[s] = true, true
+	}
 }
 
-// order returns the held terms that may have due tasks, starting from the
-// rotation's position. terms are the held terms, ordered by shard.
+// order returns the held terms that may have due tasks: those that got
+// urgent tasks first, then the others from the rotation's position. terms
+// are the held terms, ordered by shard.
 func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Duration) []tasks.ShardEpoch {
 	p.mu.Lock()
-	all, woken := p.all, p.woken
-	p.all, p.woken = false, map[int]bool{}
+	all, woken, urgent := p.all, p.woken, p.urgent
+	p.all, p.woken, p.urgent = false, map[int]bool{}, map[int]bool{}
 	p.mu.Unlock()
+	for s := range urgent {
+		p.first[s] = true
+	}
 	if now.Sub(p.lastPoll) >= poll {
 		all, p.lastPoll = true, now
 	}
@@ -70,10 +83,20 @@ func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Durat
 			delete(p.shards, s)
 		}
 	}
+	for s := range p.first {
+		if !p.shards[s] {
+			delete(p.first, s)
+		}
+	}
 	out := make([]tasks.ShardEpoch, 0, len(p.shards))
+	for _, t := range terms {
+		if p.first[t.Shard] {
+			out = append(out, t)
+		}
+	}
 	start, _ := slices.BinarySearchFunc(terms, p.next, func(t tasks.ShardEpoch, s int) int { return t.Shard - s })
 	for i := range terms {
-		if t := terms[(start+i)%len(terms)]; p.shards[t.Shard] {
+		if t := terms[(start+i)%len(terms)]; p.shards[t.Shard] && !p.first[t.Shard] {
 			out = append(out, t)
 		}
 	}
@@ -107,6 +130,11 @@ func (p *pending) claimed(order []tasks.ShardEpoch, got []tasks.Task, limit int)
 	}
 	for _, t := range drained {
 		delete(p.shards, t.Shard)
+	}
+	// Urgent shards the claim visited were served first; the next claim
+	// goes back to the rotation.
+	for _, t := range order[:min(len(order), max(last, 0)+1)] {
+		delete(p.first, t.Shard)
 	}
 	visited := len(order) - 1
 	if len(got) >= limit && last >= 0 {

@@ -99,7 +99,7 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 	start := time.Now()
 	n := 0
 	for b.Loop() {
-		got, err := s.Claim(ctx, "r", owned, []string{"k"}, size)
+		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, size)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -62,6 +62,7 @@ func ClaimQuery(n int) string {
 		WITH cand AS (
 			SELECT c.tid, s.shard FROM unnest($2::int[]) AS s(shard)
 			CROSS JOIN LATERAL (` + lanes + `) c
+			WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = $6 AND q.paused_at IS NOT NULL)
 			LIMIT $5
 		), fence AS (
 			SELECT f.shard FROM shard_fences f
@@ -75,23 +76,25 @@ func ClaimQuery(n int) string {
 			RETURNING r.id
 		), picked AS MATERIALIZED (
 			SELECT ` + claimColumns + `, ($3::bigint[])[array_position($2::int[], t.shard)] AS epoch
-			FROM tasks t WHERE t.id = ANY (ARRAY(SELECT id FROM del ORDER BY id))
+			FROM tasks t WHERE t.id = ANY (ARRAY(SELECT id FROM del ORDER BY id)) AND t.state = 'ready'
 		), ins AS (
-			INSERT INTO task_claims (id, shard, epoch, owner, attempt, deadline)
-			SELECT id, shard, epoch, $1, attempt, deadline FROM picked
+			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, deadline)
+			SELECT id, shard, queue, epoch, $1, attempt, deadline FROM picked
 		)
-		SELECT id, kind, shard, key, payload, attempt, max_attempts, coalesce(attempt_budget, 0), run_after, deadline, epoch, now(), created_at
+		SELECT id, kind, shard, key, queue, priority, coalesce(sequence_key, ''), coalesce(sequence_blocks, false), payload,
+			attempt, max_attempts, coalesce(attempt_budget, 0), run_after, deadline, epoch, now(), created_at
 		FROM picked`
 	claimSQL.Store(n, q)
 	return q
 }
 
 // claimColumns are the fields of a claimed task, as scanClaimed reads them.
-const claimColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.attempt, t.max_attempts, t.attempt_budget, t.run_after, t.deadline, t.created_at`
+const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.sequence_key, t.sequence_blocks, t.payload,
+	t.attempt, t.max_attempts, t.attempt_budget, t.run_after, t.deadline, t.created_at`
 
-// Claim moves up to limit ready tasks of the given kinds, due by the
-// database clock, from the shards the runner holds the fence of to running
-// under that shard's epoch. It visits the shards in the order given and
+// Claim moves up to limit ready tasks of queue and of the given kinds, due
+// by the database clock, from the shards the runner holds the fence of to
+// running under that shard's epoch; nothing while the queue is paused. It visits the shards in the order given and
 // takes each one's tasks in (priority, run_after, id) order until it has
 // limit: the caller rotates the order so that every shard is served, and
 // leaves out shards it knows to be empty. Shards whose fence is not
@@ -101,7 +104,7 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.attempt, t.max_
 // and the kinds it handles: other runners' tasks and kinds nobody handles
 // are never read, however many there are. It locks the fence rows of the
 // shards it takes from FOR SHARE, so a new owner's fence raise waits for it.
-func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error) {
+func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	if len(owned) == 0 || len(kinds) == 0 || limit <= 0 {
 		return nil, nil
 	}
@@ -110,14 +113,16 @@ func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoc
 	for i, se := range owned {
 		shards[i], epochs[i] = int32(se.Shard), se.Epoch
 	}
-	rows, err := s.pool.Query(ctx, ClaimQuery(len(kinds)), owner, shards, epochs, kinds, limit, tasks.DefaultQueue)
+	rows, err := s.pool.Query(ctx, ClaimQuery(len(kinds)), owner, shards, epochs, kinds, limit, queue)
 	if err != nil {
 		return nil, fmt.Errorf("claiming tasks on %d shards: %w", len(owned), err)
 	}
 	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Task, error) {
 		t := tasks.Task{State: tasks.Running, ClaimedBy: owner}
-		err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Payload, &t.Attempt, &t.MaxAttempts, &t.AttemptBudget,
-			&t.RunAfter, &t.Deadline, &t.Epoch, &t.ClaimedAt, &t.CreatedAt)
+		var priority int16
+		err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &t.SequenceBlocks, &t.Payload,
+			&t.Attempt, &t.MaxAttempts, &t.AttemptBudget, &t.RunAfter, &t.Deadline, &t.Epoch, &t.ClaimedAt, &t.CreatedAt)
+		t.Priority = int(priority)
 		return t, err
 	})
 	if err != nil {
@@ -195,8 +200,8 @@ func fileTail(t string) string {
 			INSERT INTO task_ready (shard, queue, kind, priority, run_after, id, deadline)
 			SELECT shard, queue, kind, priority, run_after, id, deadline FROM ` + t + ` WHERE state = 'ready'
 		), finished AS (
-			INSERT INTO task_finished (state, id, finished_at)
-			SELECT state, id, finished_at FROM ` + t + ` WHERE state <> 'ready'
+			INSERT INTO task_finished (state, id, finished_at, queue)
+			SELECT state, id, finished_at, queue FROM ` + t + ` WHERE state <> 'ready'
 		), freed AS (
 			DELETE FROM task_unique_keys u USING ` + t + ` f
 			WHERE f.state <> 'ready' AND f.unique_key IS NOT NULL AND u.unique_key = f.unique_key AND u.id = f.id

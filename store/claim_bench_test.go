@@ -40,7 +40,7 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 			n, claims := 0, 0
 			for b.Loop() {
 				t0 := time.Now()
-				got, err := s.Claim(ctx, "r", owned, kinds, 512)
+				got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, kinds, 512)
 				claimTime += time.Since(t0)
 				claims++
 				if err != nil {

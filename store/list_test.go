@@ -32,7 +32,7 @@ func seedMix(t testing.TB, s *store.Store, n int) {
 			DELETE FROM task_ready WHERE id IN (SELECT id FROM tasks WHERE payload = '{"seed": "running"}')
 			RETURNING id, shard
 		)
-		INSERT INTO task_claims (id, shard, epoch, owner, attempt) SELECT id, shard, 1, 'r', 1 FROM r`)
+		INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt) SELECT id, shard, 'default', 1, 'r', 1 FROM r`)
 }
 
 // walk lists every page of req and returns the ids in order.

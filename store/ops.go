@@ -63,14 +63,14 @@ const (
 func (s *Store) CancelTask(ctx context.Context, id int64) (tasks.Task, error) {
 	t, err := scanTask(s.pool.QueryRow(ctx, `/* shardrun.cancel */
 		WITH locked AS (
-			SELECT id, shard, queue, kind, priority, run_after FROM tasks
-			WHERE id = $1 AND state = 'ready'
+			SELECT id, shard, queue, kind, priority, run_after, state, sequence_key FROM tasks t
+			WHERE id = $1 AND (state = 'ready' OR (state IN ('failed', 'dead') AND `+headsItsSequence+`))
 			FOR UPDATE
 		)`+cancelLocked+`
 		SELECT `+taskColumnsOf("u")+`
 		FROM u LEFT JOIN LATERAL (`+claimOf("u")+`) k ON true`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return tasks.Task{}, s.refusal(ctx, id, "cancel", "it is finished")
+		return tasks.Task{}, s.refusal(ctx, id, "cancel", "it is finished (only a dead or failed task that blocks its sequence can be cancelled)")
 	}
 	if err != nil {
 		return tasks.Task{}, fmt.Errorf("cancelling task %d: %w", id, err)
@@ -78,26 +78,41 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (tasks.Task, error) {
 	return t, nil
 }
 
-// cancelLocked follows a CTE (locked) of unfinished tasks, locked, with
-// their lane columns: those whose task_ready entry it takes out are
-// cancelled, the others (claimed: running) get the request, and all of
-// them free their unique keys. It defines u, the tasks as updated, with
-// cancelled: whether the task ended now.
+// headsItsSequence: task t heads its sequence (SQL).
+const headsItsSequence = `t.sequence_key IS NOT NULL
+	AND EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = t.sequence_key AND s.head_id = t.id)`
+
+// cancelLocked follows a CTE (locked) of tasks to cancel, locked, with
+// their lane columns, state and sequence key: unfinished ones whose
+// task_ready entry it takes out are cancelled, and so are those waiting
+// for their turn in a sequence (in no lane, not claimed) and dead or
+// failed ones that block their sequence; the others (claimed: running) get
+// the request. All free their unique keys. It defines u, the tasks as
+// updated, with cancelled: whether the task ended now.
 const cancelLocked = `, taken AS (
 			DELETE FROM task_ready r USING locked l
 			WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind AND r.priority = l.priority
 			  AND r.run_after = l.run_after AND r.id = l.id
 			RETURNING r.id
+		), ending AS MATERIALIZED (
+			SELECT id FROM taken
+			UNION ALL
+			SELECT l.id FROM locked l WHERE l.state <> 'ready'
+			UNION ALL
+			SELECT l.id FROM locked l WHERE l.state = 'ready' AND l.sequence_key IS NOT NULL
+			  AND NOT EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = l.sequence_key AND s.head_id = l.id)
+		), unfinished AS (
+			DELETE FROM task_finished f USING locked l WHERE l.state <> 'ready' AND f.state = l.state AND f.id = l.id
 		), u AS (
 			UPDATE tasks t SET
-				state               = CASE WHEN t.id = ANY (ARRAY(SELECT id FROM taken)) THEN 'cancelled' ELSE t.state END,
-				finished_at         = CASE WHEN t.id = ANY (ARRAY(SELECT id FROM taken)) THEN now() ELSE t.finished_at END,
-				cancel_requested_at = coalesce(t.cancel_requested_at, now())
+				state               = CASE WHEN t.id = ANY (ARRAY(SELECT id FROM ending)) THEN 'cancelled' ELSE t.state END,
+				finished_at         = CASE WHEN t.id = ANY (ARRAY(SELECT id FROM ending)) THEN now() ELSE t.finished_at END,
+				cancel_requested_at = CASE WHEN t.state = 'ready' THEN coalesce(t.cancel_requested_at, now()) ELSE t.cancel_requested_at END
 			WHERE t.id = ANY (ARRAY(SELECT id FROM locked))
-			RETURNING t.*, t.id = ANY (ARRAY(SELECT id FROM taken)) AS cancelled
+			RETURNING t.*, t.id = ANY (ARRAY(SELECT id FROM ending)) AS cancelled
 		), finished AS (
-			INSERT INTO task_finished (state, id, finished_at)
-			SELECT state, id, finished_at FROM u WHERE cancelled
+			INSERT INTO task_finished (state, id, finished_at, queue)
+			SELECT state, id, finished_at, queue FROM u WHERE cancelled
 		), freed AS (
 			DELETE FROM task_unique_keys k USING u
 			WHERE u.unique_key IS NOT NULL AND k.unique_key = u.unique_key AND k.id = u.id
@@ -116,7 +131,8 @@ func claimOf(alias string) string {
 // task_ready is one a claim took: running.
 func taskColumnsOf(alias string) string {
 	a := alias + "."
-	return a + `id, ` + a + `kind, ` + a + `shard, ` + a + `key, ` + a + `payload,
+	return a + `id, ` + a + `kind, ` + a + `shard, ` + a + `key, ` + a + `queue, ` + a + `priority,
+		coalesce(` + a + `sequence_key, ''), coalesce(` + a + `sequence_blocks, false), ` + a + `payload,
 		CASE WHEN ` + a + `state <> 'ready' THEN ` + a + `state
 		     WHEN k.id IS NOT NULL OR ` + a + `cancel_requested_at IS NOT NULL THEN 'running' ELSE 'ready' END,
 		` + a + `attempt, ` + a + `max_attempts, coalesce(` + a + `attempt_budget, 0), ` + a + `run_after, ` + a + `deadline,
@@ -147,15 +163,16 @@ const retrySet = `
 		result              = NULL`
 
 // retried follows a CTE (r) of tasks a retry just made ready: their
-// entries leave task_finished, go into their lanes, and their unique keys
-// are held again (a key another unfinished task holds fails the statement
+// entries leave task_finished, go into their lanes (a task of a sequence
+// joins its sequence instead, at the commit: the sequence's trigger files
+// it when it heads the sequence), and their unique keys are held again (a key another unfinished task holds fails the statement
 // with a unique violation on task_unique_keys_pkey).
 const retried = `, unfinished AS (
 			DELETE FROM task_finished f
 			WHERE f.state = ANY ('{failed,dead,cancelled}'::text[]) AND f.id = ANY (ARRAY(SELECT id FROM r))
 		), filed AS (
 			INSERT INTO task_ready (shard, queue, kind, priority, run_after, id, deadline)
-			SELECT shard, queue, kind, priority, run_after, id, deadline FROM r
+			SELECT shard, queue, kind, priority, run_after, id, deadline FROM r WHERE sequence_key IS NULL
 		), held AS (
 			INSERT INTO task_unique_keys (unique_key, id)
 			SELECT unique_key, id FROM r WHERE unique_key IS NOT NULL ORDER BY id
@@ -268,7 +285,8 @@ func streamable(states []tasks.State) bool {
 // the most selective); tasks_kind_id_idx for a kind; for states that all
 // have one, the primary keys of task_claims (running) and task_finished
 // (each final state), merged in id order (a Merge Append of index walks);
-// the primary key of tasks otherwise.
+// the primary key of tasks otherwise. A sequence key drives by
+// tasks_sequence_id_idx after a key.
 func (b *sqlBuilder) stream(f tasks.Filter, after int64, desc bool, n int) (stream, rest string) {
 	dir, cmp := "", ">"
 	if desc {
@@ -294,6 +312,9 @@ func (b *sqlBuilder) stream(f tasks.Filter, after int64, desc bool, n int) (stre
 	switch {
 	case f.Key != "":
 		stream = "SELECT id FROM tasks WHERE " + first("key", f.Key) + cursor + " ORDER BY key" + dir + ", id" + dir + limit
+	case f.SequenceKey != "":
+		stream = "SELECT id FROM tasks WHERE " + first("sequence_key", f.SequenceKey) + cursor +
+			" ORDER BY sequence_key" + dir + ", id" + dir + limit
 	case f.Kind != "":
 		stream = "SELECT id FROM tasks WHERE " + first("kind", f.Kind) + cursor + " ORDER BY kind" + dir + ", id" + dir + limit
 	case streamable(states):
@@ -317,8 +338,17 @@ func (b *sqlBuilder) stream(f tasks.Filter, after int64, desc bool, n int) (stre
 		stream = "SELECT id FROM tasks WHERE true" + cursor + " ORDER BY id" + dir + limit
 	}
 	b.streamArgs = len(b.args)
-	if f.Key != "" && f.Kind != "" {
+	if (f.Key != "" || f.SequenceKey != "") && f.Kind != "" {
 		restParts = append(restParts, "t.kind = "+b.arg(f.Kind))
+	}
+	if f.Key != "" && f.SequenceKey != "" {
+		restParts = append(restParts, "t.sequence_key = "+b.arg(f.SequenceKey))
+	}
+	if f.Queue != "" {
+		restParts = append(restParts, "t.queue = "+b.arg(f.Queue))
+	}
+	if f.Priority != 0 {
+		restParts = append(restParts, "t.priority = "+b.arg(f.Priority))
 	}
 	if len(states) > 0 {
 		restParts = append(restParts, "t.state = ANY ("+b.arg(stateStrings(states))+"::text[])")
@@ -342,7 +372,7 @@ func stateStrings(states []tasks.State) []string {
 
 // summaryColumns are the columns of a tasks.Summary, as scanSummary reads
 // them, over a row t of task_view.
-const summaryColumns = `t.id, t.kind, t.shard, t.key, t.unique_key, t.state, t.attempt, t.max_attempts, t.run_after,
+const summaryColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, coalesce(t.sequence_key, ''), t.unique_key, t.state, t.attempt, t.max_attempts, t.run_after,
 	t.deadline, t.claimed_by, t.claimed_at, t.heartbeat_at, t.cancel_requested_at, t.errors -> -1 ->> 'error',
 	t.created_at, t.finished_at`
 
@@ -350,9 +380,10 @@ func scanSummary(r pgx.CollectableRow) (tasks.Summary, error) {
 	var t tasks.Summary
 	var state string
 	var uniqueKey, claimedBy, lastError *string
-	err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &uniqueKey, &state, &t.Attempt, &t.MaxAttempts, &t.RunAfter,
+	var priority int16
+	err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &uniqueKey, &state, &t.Attempt, &t.MaxAttempts, &t.RunAfter,
 		&t.Deadline, &claimedBy, &t.ClaimedAt, &t.HeartbeatAt, &t.CancelRequestedAt, &lastError, &t.CreatedAt, &t.FinishedAt)
-	t.State = tasks.State(state)
+	t.State, t.Priority = tasks.State(state), int(priority)
 	for _, p := range []struct {
 		from *string
 		to   *string
@@ -438,11 +469,12 @@ func (s *Store) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, er
 		list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Summary, error) {
 			var t tasks.Summary
 			var state string
+			var priority int16
 			var uniqueKey, claimedBy, lastError *string
-			err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &uniqueKey, &state, &t.Attempt, &t.MaxAttempts, &t.RunAfter,
-				&t.Deadline, &claimedBy, &t.ClaimedAt, &t.HeartbeatAt, &t.CancelRequestedAt, &lastError, &t.CreatedAt,
-				&t.FinishedAt, &examined, &last)
-			t.State = tasks.State(state)
+			err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &uniqueKey, &state, &t.Attempt,
+				&t.MaxAttempts, &t.RunAfter, &t.Deadline, &claimedBy, &t.ClaimedAt, &t.HeartbeatAt, &t.CancelRequestedAt, &lastError,
+				&t.CreatedAt, &t.FinishedAt, &examined, &last)
+			t.State, t.Priority = tasks.State(state), int(priority)
 			t.UniqueKey, t.ClaimedBy, t.LastError = deref(uniqueKey), deref(claimedBy), deref(lastError)
 			return t, err
 		})
@@ -579,6 +611,15 @@ func (b *sqlBuilder) matches(f tasks.Filter, alias string) string {
 	if f.Key != "" {
 		parts = append(parts, a+"key = "+b.arg(f.Key))
 	}
+	if f.SequenceKey != "" {
+		parts = append(parts, a+"sequence_key = "+b.arg(f.SequenceKey))
+	}
+	if f.Queue != "" {
+		parts = append(parts, a+"queue = "+b.arg(f.Queue))
+	}
+	if f.Priority != 0 {
+		parts = append(parts, a+"priority = "+b.arg(f.Priority))
+	}
 	if f.Kind != "" {
 		parts = append(parts, a+"kind = "+b.arg(f.Kind))
 	}
@@ -644,7 +685,7 @@ func cancelPass(ctx context.Context, tx pgx.Tx, b *sqlBuilder, _ tasks.Filter, c
 			WHERE `+rest+` AND t.cancel_requested_at IS NULL
 		),
 		locked AS MATERIALIZED (
-			SELECT id, shard, queue, kind, priority, run_after FROM tasks
+			SELECT id, shard, queue, kind, priority, run_after, state, sequence_key FROM tasks
 			WHERE id = ANY (ARRAY(SELECT id FROM elig)) AND state = 'ready' AND cancel_requested_at IS NULL
 			ORDER BY id FOR UPDATE SKIP LOCKED
 		)`+cancelLocked+`

@@ -69,7 +69,7 @@ func (s *Store) Get(ctx context.Context, id int64) (tasks.Task, error) {
 
 // taskColumns are the columns of a whole task, as scanTask reads them, over
 // a row t of task_view.
-const taskColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.state, t.attempt, t.max_attempts, coalesce(t.attempt_budget, 0), t.run_after, t.deadline,
+const taskColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, coalesce(t.sequence_key, ''), coalesce(t.sequence_blocks, false), t.payload, t.state, t.attempt, t.max_attempts, coalesce(t.attempt_budget, 0), t.run_after, t.deadline,
 	t.claimed_by, t.claim_epoch, t.claimed_at, t.heartbeat_at, t.cancel_requested_at, t.unique_key,
 	t.errors, t.result, t.created_at, t.finished_at`
 
@@ -80,13 +80,15 @@ func scanTask(row pgx.Row) (tasks.Task, error) {
 	var claimedBy, uniqueKey *string
 	var epoch *int64
 	var result []byte
-	err := row.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Payload, &state, &t.Attempt, &t.MaxAttempts, &t.AttemptBudget, &t.RunAfter, &t.Deadline,
+	var priority int16
+	err := row.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &t.SequenceBlocks, &t.Payload, &state, &t.Attempt, &t.MaxAttempts, &t.AttemptBudget, &t.RunAfter, &t.Deadline,
 		&claimedBy, &epoch, &t.ClaimedAt, &t.HeartbeatAt, &t.CancelRequestedAt, &uniqueKey,
 		&t.Errors, &result, &t.CreatedAt, &t.FinishedAt)
 	if err != nil {
 		return tasks.Task{}, err
 	}
 	t.State = tasks.State(state)
+	t.Priority = int(priority)
 	if claimedBy != nil {
 		t.ClaimedBy = *claimedBy
 	}

@@ -74,7 +74,7 @@ func TestListingCursorAndPageShareASnapshot(t *testing.T) {
 	restore := store.SetBetweenListStatements(func() {
 		exec(t, s, `WITH k AS (DELETE FROM task_claims WHERE id IN (SELECT id FROM task_claims ORDER BY id LIMIT 500) RETURNING id),
 			u AS (UPDATE tasks SET state = 'completed', finished_at = now() WHERE id IN (SELECT id FROM k) RETURNING id, finished_at)
-			INSERT INTO task_finished (state, id, finished_at) SELECT 'completed', id, finished_at FROM u`)
+			INSERT INTO task_finished (state, id, finished_at, queue) SELECT 'completed', id, finished_at, 'default' FROM u`)
 	})
 	first, err := s.List(ctx, req)
 	restore()

@@ -63,7 +63,7 @@ func raise(t testing.TB, s *store.Store, owner string, shard int, epoch int64) {
 
 func claim(t testing.TB, s *store.Store, owner string, shard int, epoch int64, limit int) []tasks.Task {
 	t.Helper()
-	got, err := s.Claim(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}}, []string{"k"}, limit)
+	got, err := s.Claim(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}}, tasks.DefaultQueue, []string{"k"}, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +428,7 @@ func TestFenceRaiseWaitsForClaimsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := tx.Exec(ctx, `WITH r AS (DELETE FROM task_ready WHERE id = $1 RETURNING id, shard)
-		INSERT INTO task_claims (id, shard, epoch, owner, attempt) SELECT id, shard, 1, 'old', 1 FROM r`, late); err != nil {
+		INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt) SELECT id, shard, 'default', 1, 'old', 1 FROM r`, late); err != nil {
 		t.Fatal(err)
 	}
 	type raiseResult struct {
@@ -546,7 +546,7 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for {
-				got, err := s.Claim(ctx, "r", owned, []string{"k"}, 50)
+				got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, 50)
 				if err != nil {
 					errs <- err
 					return

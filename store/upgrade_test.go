@@ -210,7 +210,7 @@ func TestUpgradeToTheTaskLayout(t *testing.T) {
 	}
 	seen := map[int64]bool{}
 	for {
-		got, err := s.Claim(ctx, "new-runner", terms, []string{"k"}, 5000)
+		got, err := s.Claim(ctx, "new-runner", terms, tasks.DefaultQueue, []string{"k"}, 5000)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -30,8 +30,8 @@ func BenchmarkSweepPass(b *testing.B) {
 					rdy AS (DELETE FROM task_ready WHERE id <= 1000),
 					u AS (UPDATE tasks SET state = 'ready', attempt = 1, run_after = now(), finished_at = NULL
 						WHERE id <= 1000 RETURNING id, shard)
-					INSERT INTO task_claims (id, shard, epoch, owner, attempt, claimed_at, heartbeat_at)
-					SELECT id, shard, 1, 'r', 1, now() - interval '1 hour', now() - interval '1 hour' FROM u`)
+					INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, claimed_at, heartbeat_at)
+					SELECT id, shard, 'default', 1, 'r', 1, now() - interval '1 hour', now() - interval '1 hour' FROM u`)
 			}
 			explain(b, f, "stale rule", `SELECT id FROM task_claims
 				WHERE claimed_at < now() - interval '30 seconds'

@@ -96,7 +96,7 @@ func (f *fixture) running(n, maxAttempts int) []tasks.Task {
 			f.t.Fatal(err)
 		}
 	}
-	got, err := f.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}, []string{"k"}, n)
+	got, err := f.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, n)
 	if err != nil || len(got) != n {
 		f.t.Fatalf("claimed %d of %d: %v", len(got), n, err)
 	}

@@ -109,14 +109,21 @@ func CanMove(from, to State) bool {
 
 // Task is one row of the tasks table as handlers and the API see it.
 type Task struct {
-	ID          int64           `json:"id"`
-	Kind        string          `json:"kind"`
-	Shard       int             `json:"shard"`
-	Key         string          `json:"key"`
-	Payload     json.RawMessage `json:"payload"`
-	State       State           `json:"state"`
-	Attempt     int             `json:"attempt"`
-	MaxAttempts int             `json:"max_attempts"`
+	ID       int64  `json:"id"`
+	Kind     string `json:"kind"`
+	Shard    int    `json:"shard"`
+	Key      string `json:"key"`
+	Queue    string `json:"queue"`
+	Priority int    `json:"priority"`
+	// SequenceKey names the task's sequence, if any (see
+	// NewTask.SequenceKey); SequenceBlocks says that the task, dead or
+	// failed, holds the rest of the sequence back.
+	SequenceKey    string          `json:"sequence_key,omitempty"`
+	SequenceBlocks bool            `json:"sequence_blocks,omitempty"`
+	Payload        json.RawMessage `json:"payload"`
+	State          State           `json:"state"`
+	Attempt        int             `json:"attempt"`
+	MaxAttempts    int             `json:"max_attempts"`
 	// AttemptBudget is the number of attempts each operator's retry grants
 	// (the task's max_attempts as enqueued), set at its first retry: the
 	// attempts since the last retry are the last AttemptBudget up to

@@ -91,13 +91,18 @@ type Filter struct {
 	Kind   string
 	Shard  *int
 	Key    string
+	Queue  string
+	// Priority: 0 for any.
+	Priority    int
+	SequenceKey string
 	// CreatedBefore: created strictly before this time.
 	CreatedBefore time.Time
 }
 
 // Empty reports whether f selects every task.
 func (f Filter) Empty() bool {
-	return len(f.States) == 0 && f.Kind == "" && f.Shard == nil && f.Key == "" && f.CreatedBefore.IsZero()
+	return len(f.States) == 0 && f.Kind == "" && f.Shard == nil && f.Key == "" && f.Queue == "" && f.Priority == 0 &&
+		f.SequenceKey == "" && f.CreatedBefore.IsZero()
 }
 
 // Check validates the fields f gives with the rules of a task's fields
@@ -117,6 +122,19 @@ func (f Filter) Check(shardCount int) error {
 	}
 	if err := checkText("key", f.Key, MaxKeyLen); err != nil {
 		return err
+	}
+	if err := checkText("sequence_key", f.SequenceKey, MaxKeyLen); err != nil {
+		return err
+	}
+	if f.Queue != "" {
+		if err := CheckQueue(f.Queue); err != nil {
+			return err
+		}
+	}
+	if f.Priority != 0 {
+		if err := CheckPriority(f.Priority); err != nil {
+			return err
+		}
 	}
 	if f.Shard != nil && (*f.Shard < 0 || *f.Shard >= shardCount) {
 		return &FieldError{Field: "shard", Problem: fmt.Sprintf("must be 0 to %d (the cluster has %d shards), got %d", shardCount-1, shardCount, *f.Shard)}
@@ -174,6 +192,9 @@ type Summary struct {
 	Kind              string     `json:"kind"`
 	Shard             int        `json:"shard"`
 	Key               string     `json:"key"`
+	Queue             string     `json:"queue"`
+	Priority          int        `json:"priority"`
+	SequenceKey       string     `json:"sequence_key,omitempty"`
 	UniqueKey         string     `json:"unique_key,omitempty"`
 	State             State      `json:"state"`
 	Attempt           int        `json:"attempt"`

@@ -269,9 +269,9 @@ func InsertClaimed(t testing.TB, st *store.Store, insert, owner string, epoch in
 			return err
 		}
 		_, err = tx.Exec(ctx, `
-			WITH r AS (DELETE FROM task_ready WHERE id = ANY ($3) RETURNING id, shard, deadline)
-			INSERT INTO task_claims (id, shard, epoch, owner, attempt, claimed_at, deadline)
-			SELECT r.id, r.shard, $2, $1, t.attempt, `+claimedAt+`, r.deadline FROM r JOIN tasks t ON t.id = r.id`, owner, epoch, ids)
+			WITH r AS (DELETE FROM task_ready WHERE id = ANY ($3) RETURNING id, shard, queue, deadline)
+			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, claimed_at, deadline)
+			SELECT r.id, r.shard, r.queue, $2, $1, t.attempt, `+claimedAt+`, r.deadline FROM r JOIN tasks t ON t.id = r.id`, owner, epoch, ids)
 		return err
 	})
 	if err != nil {

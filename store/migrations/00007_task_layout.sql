@@ -58,6 +58,7 @@ CREATE INDEX task_ready_deadline_idx ON task_ready (deadline) WHERE deadline IS 
 CREATE TABLE task_claims (
     id           bigint      PRIMARY KEY,
     shard        integer     NOT NULL,
+    queue        text        NOT NULL,
     epoch        bigint      NOT NULL,
     owner        text        NOT NULL,
     attempt      integer     NOT NULL,
@@ -74,6 +75,7 @@ CREATE TABLE task_finished (
     state       text        NOT NULL,
     id          bigint      NOT NULL,
     finished_at timestamptz NOT NULL,
+    queue       text        NOT NULL,
     PRIMARY KEY (state, id)
 );
 -- Retention (oldest first per state) and the completion rate.
@@ -97,16 +99,16 @@ ALTER TABLE tasks SET (fillfactor = 80);
 -- Fill the new tables from the tasks as they stand. Running tasks keep
 -- their claims (owner, epoch, attempt, times): the next owner of the shard
 -- requeues them as orphans, or the stale sweep does, as before.
-INSERT INTO task_claims (id, shard, epoch, owner, attempt, claimed_at, heartbeat_at, deadline)
-SELECT id, shard, coalesce(claim_epoch, 0), coalesce(claimed_by, ''), attempt, coalesce(claimed_at, now()), heartbeat_at, deadline
+INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, claimed_at, heartbeat_at, deadline)
+SELECT id, shard, queue, coalesce(claim_epoch, 0), coalesce(claimed_by, ''), attempt, coalesce(claimed_at, now()), heartbeat_at, deadline
 FROM tasks WHERE state = 'running';
 UPDATE tasks SET state = 'ready', claimed_by = NULL, claim_epoch = NULL, claimed_at = NULL, heartbeat_at = NULL
 WHERE state = 'running';
 INSERT INTO task_ready (shard, queue, kind, priority, run_after, id, deadline)
 SELECT t.shard, t.queue, t.kind, t.priority, t.run_after, t.id, t.deadline FROM tasks t
 WHERE t.state = 'ready' AND NOT EXISTS (SELECT 1 FROM task_claims c WHERE c.id = t.id);
-INSERT INTO task_finished (state, id, finished_at)
-SELECT state, id, coalesce(finished_at, created_at) FROM tasks WHERE state <> 'ready';
+INSERT INTO task_finished (state, id, finished_at, queue)
+SELECT state, id, coalesce(finished_at, created_at), queue FROM tasks WHERE state <> 'ready';
 -- A task whose cancel was requested no longer holds its key.
 INSERT INTO task_unique_keys (unique_key, id)
 SELECT unique_key, id FROM tasks WHERE unique_key IS NOT NULL AND state = 'ready' AND cancel_requested_at IS NULL;
@@ -157,8 +159,8 @@ DECLARE
 BEGIN
     INSERT INTO task_ready (shard, queue, kind, priority, run_after, id, deadline)
     SELECT shard, queue, kind, priority, run_after, id, deadline FROM new_rows WHERE state = 'ready';
-    INSERT INTO task_finished (state, id, finished_at)
-    SELECT state, id, coalesce(finished_at, now()) FROM new_rows WHERE state <> 'ready';
+    INSERT INTO task_finished (state, id, finished_at, queue)
+    SELECT state, id, coalesce(finished_at, now()), queue FROM new_rows WHERE state <> 'ready';
     INSERT INTO task_unique_keys (unique_key, id)
     SELECT n.unique_key, n.id FROM new_rows n
     WHERE n.unique_key IS NOT NULL AND n.state = 'ready'
