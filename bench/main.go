@@ -39,7 +39,10 @@ type env struct {
 	etcd      *embedetcd.Server
 	cli       *clientv3.Client
 	runnerBin string
-	log       io.Writer
+	// coordinatorBin is bin/coordinator, which the unclaimable section
+	// runs as a deployment does.
+	coordinatorBin string
+	log            io.Writer
 	// statStatements: pg_stat_statements is loaded, so statements are counted.
 	statStatements bool
 }
@@ -79,12 +82,15 @@ func main() {
 	faultTrials := flag.Int("fault-trials", 5, "trials of each failover, handoff and detach measurement")
 	n := flag.Int("n", 200_000, "tasks per throughput trial")
 	runnerBin := flag.String("runner", "../bin/runner", "the runner binary")
+	coordinatorBin := flag.String("coordinator", "../bin/coordinator", "the coordinator binary (the unclaimable section runs one)")
 	maxWorkers := flag.String("max-workers", "1=1024,3=512", "shardrun runners' --max-workers per process count in the throughput runs")
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
 	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
+	flag.IntVar(&unclaimableFlags.tasks, "unhandled", unclaimableFlags.tasks, "ready tasks of a kind nobody handles in the unclaimable section")
+	flag.IntVar(&unclaimableFlags.procs, "unhandled-procs", unclaimableFlags.procs, "runner processes of the unclaimable section")
 	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
 	flag.IntVar(&maint.steadyRate, "steady-rate", 500, "tasks/s of the steady workload during the retention section")
 	flag.IntVar(&maint.churnTasks, "churn-tasks", 1_000_000, "tasks of each churn run")
@@ -112,19 +118,32 @@ func main() {
 		fmt.Sscan(p, &n)
 		tuning.procs = append(tuning.procs, n)
 	}
-	if err := run(ctx, *out, *trials, *faultTrials, *n, *runnerBin, *only); err != nil {
+	if err := run(ctx, *out, *trials, *faultTrials, *n, *runnerBin, *coordinatorBin, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin, only string) error {
+func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin, coordinatorBin, only string) error {
+	want := func(section string) bool {
+		return only == "" || slices.Contains(strings.Split(only, ","), section)
+	}
 	bin, err := filepath.Abs(runnerBin)
 	if err != nil {
 		return err
 	}
 	if _, err := os.Stat(bin); err != nil {
 		return fmt.Errorf("no runner binary at %s: run `make build` first (make bench does)", bin)
+	}
+	coordBin, err := filepath.Abs(coordinatorBin)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(coordBin); err != nil {
+		if want("unclaimable") {
+			return fmt.Errorf("no coordinator binary at %s: run `make build` first (make bench does)", coordBin)
+		}
+		coordBin = ""
 	}
 	settings := map[string]string{"shared_buffers": "256MB", "max_wal_size": "2GB"}
 	statStatements := pgStatStatementsInstalled()
@@ -156,7 +175,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		return err
 	}
 	defer etcdCli.Close()
-	e := &env{pg: pg, etcd: etcd, cli: etcdCli, runnerBin: bin, log: os.Stdout, statStatements: statStatements}
+	e := &env{pg: pg, etcd: etcd, cli: etcdCli, runnerBin: bin, coordinatorBin: coordBin, log: os.Stdout, statStatements: statStatements}
 
 	rep := &Report{GeneratedAt: time.Now().UTC(), Machine: machine(ctx, pg), Settings: map[string]any{}}
 	rep.Postgres = map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
@@ -165,9 +184,6 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		"note":                     "one server for both systems, started the same way; each trial in a fresh database"}
 	if !statStatements {
 		rep.Notes = append(rep.Notes, "pg_stat_statements is not installed with these PostgreSQL binaries: statements per task not measured, transactions only")
-	}
-	want := func(section string) bool {
-		return only == "" || slices.Contains(strings.Split(only, ","), section)
 	}
 	sections := []struct {
 		name string
@@ -244,7 +260,7 @@ func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int)
 	for _, procs := range tuning.procs {
 		var ratios []float64
 		for trial := range trials {
-			ours, err := e.shardrunBurnDown(ctx, trial, procs, n, cmp.Or(tuning.shardrunWorkers[procs], 512), 0)
+			ours, err := e.shardrunBurnDown(ctx, trialOpts{label: "tp", trial: trial, processes: procs, n: n, maxWorkers: cmp.Or(tuning.shardrunWorkers[procs], 512)})
 			if err != nil {
 				return err
 			}
@@ -254,7 +270,7 @@ func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int)
 					procs, trial+1, ours.TasksPerS, ours.CPUTotalPer10k, ours.CPUWorkersPer10k, ours.CPUPostgresPer10k, ours.StmtsPerTask)
 				continue
 			}
-			theirs, err := e.riverBurnDown(ctx, trial, procs, n, rs)
+			theirs, err := e.riverBurnDown(ctx, trialOpts{label: "tp", trial: trial, processes: procs, n: n}, rs)
 			if err != nil {
 				return err
 			}
@@ -400,8 +416,14 @@ func printTable(w io.Writer, rep *Report) {
 		}
 	}
 	if u := rep.Unclaimable; u != nil {
-		fmt.Fprintf(w, "| noop throughput, 1 process, %d tasks, with %d ready tasks of a kind nobody handles | %.0f tasks/s with, %.0f without (medians); ratio median **%.2f** |\n",
-			u.Tasks, u.Unhandled, median(u.With), median(u.Without), u.MedianRatio)
+		for _, v := range u.Variants {
+			fmt.Fprintf(w, "| noop throughput, %d processes, %d tasks, with %d ready tasks of a kind nobody handles, %s | %.0f tasks/s with, %.0f without (medians); ratio median **%.2f** (%s)",
+				u.Processes, u.Tasks, u.Unhandled, v.Name, median(v.With), median(v.Without), v.MedianRatio, fmtList(v.Ratios))
+			if len(v.IdleCPUPctWith) > 0 {
+				fmt.Fprintf(w, "; idle PostgreSQL CPU %.1f%% of a core with, %.1f%% without (medians)", median(v.IdleCPUPctWith), median(v.IdleCPUPctWithout))
+			}
+			fmt.Fprintln(w, " |")
+		}
 	}
 	if r := rep.Retention; r != nil {
 		fmt.Fprintf(w, "| retention: %d finished rows deleted while %d tasks/s run | %.0f rows/s (%.0fs, %d statements of %d); pickup latency p99 %.1f ms before, %.1f ms during (p50 %.1f, %.1f); claim statement mean %.2f ms before, %.2f ms during |\n",
