@@ -68,6 +68,7 @@ type Report struct {
 	Steady      []steadyRun       `json:"steady_state,omitempty"`
 	Notify      *notifyResult     `json:"notify_trigger_cost,omitempty"`
 	Scale       *scaleResult      `json:"scale,omitempty"`
+	Curve       *curveResult      `json:"scale_curve,omitempty"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
 	Notes          []string           `json:"notes"`
@@ -88,7 +89,12 @@ func main() {
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
+	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
+	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
+	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
+	flag.IntVar(&curveFlags.workers, "curve-workers", curveFlags.workers, "workers per process of both systems in the scale curve")
+	flag.IntVar(&curveFlags.conns, "curve-conns", curveFlags.conns, "PostgreSQL connections per process of both systems in the scale curve")
 	flag.IntVar(&unclaimableFlags.tasks, "unhandled", unclaimableFlags.tasks, "ready tasks of a kind nobody handles in the unclaimable section")
 	flag.IntVar(&unclaimableFlags.procs, "unhandled-procs", unclaimableFlags.procs, "runner processes of the unclaimable section")
 	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
@@ -104,6 +110,13 @@ func main() {
 	flag.IntVar(&scaleFlags.tasks, "scale-tasks", scaleFlags.tasks, "noop tasks of the scale section's burn-down")
 	flag.IntVar(&scaleFlags.maxWorkers, "scale-max-workers", scaleFlags.maxWorkers, "--max-workers of each runner in the scale section")
 	flag.Parse()
+	if *redraw != "" {
+		if err := redrawChart(*redraw, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	tuning = tune{shardrunWorkers: map[int]int{}, riverWorkers: *riverWorkers, withRiver: *withRiver}
@@ -190,6 +203,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		fn   func() error
 	}{
 		{"throughput", func() error { return e.throughputSection(ctx, rep, trials, n) }},
+		{"curve", func() error { return e.curveSection(ctx, rep, n, out) }},
 		{"failover", func() error { return e.failoverSection(ctx, rep, faultTrials) }},
 		{"handoff", func() error { return e.handoffSection(ctx, rep, faultTrials) }},
 		{"detach", func() error { return e.detachSection(ctx, rep, faultTrials) }},
@@ -439,6 +453,9 @@ func printTable(w io.Writer, rep *Report) {
 	if sc := rep.Scale; sc != nil {
 		printScale(w, sc)
 	}
+	if c := rep.Curve; c != nil {
+		printCurve(w, c)
+	}
 	if t, ok := rep.SectionSeconds["total"]; ok {
 		fmt.Fprintf(w, "| bench time | %.0f s in all (%s) |\n", t, sectionTimes(rep.SectionSeconds))
 	}
@@ -497,7 +514,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale"} {
+	for _, name := range []string{"throughput", "curve", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}
