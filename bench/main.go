@@ -69,6 +69,8 @@ type Report struct {
 	Notify      *notifyResult     `json:"notify_trigger_cost,omitempty"`
 	Scale       *scaleResult      `json:"scale,omitempty"`
 	Curve       *curveResult      `json:"scale_curve,omitempty"`
+	// Targets are issue 23's targets, judged from this run.
+	Targets []target `json:"targets"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
 	Notes          []string           `json:"notes"`
@@ -232,7 +234,9 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		rep.SectionSeconds[s.name] = time.Since(began).Seconds()
 	}
 	rep.SectionSeconds["total"] = time.Since(benchStart).Seconds()
+	rep.Targets = targets(rep)
 	printTable(e.log, rep)
+	printTargets(e.log, rep.Targets)
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
@@ -269,8 +273,9 @@ func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int)
 	rep.Notes = append(rep.Notes,
 		"worker counts, chosen by measurement on this machine: one process - shardrun --max-workers 256/512/1024 gave 37.4k/45.9k/50.3k tasks/s, River MaxWorkers 500/1000/2000 gave 27.8k/29.8k/28.9k jobs/s (100,000-task trials); three processes - shardrun 256/512/1024 per runner gave 31.8-32.1k/34.8-36.5k/22.0-33.0k, River 333/1000/2000 per client gave 22.0-25.0k/25.5-30.7k/25.4-29.1k (200,000-task trials); so shardrun runs 1024 workers alone and 512 per runner for three, River 1000 per client. River's FetchCooldown 2ms and FetchPollInterval 20ms are those of River's own benchmark (cmd/river/riverbench)",
 		"River runs in child processes of the bench binary (one River client each, with its own pool of 16 connections; the jobs are inserted by the bench process beforehand); shardrun runners are separate processes of bin/runner; both share the machine's 2 cores with PostgreSQL and the bench process",
-		"CPU seconds per 10,000 tasks: the worker processes' user+system CPU over their whole life (start-up and graceful stop included), exact from wait4; PostgreSQL's is the postmaster's and all its children's CPU from just before the workers start to the end of the burn-down, sampled from /proc every 100ms (processes born and gone between two samples are missed); the bench's completion poll (every 20ms) is in the PostgreSQL figure for both systems; shardrun's etcd runs embedded in the bench process and is not counted",
-		"throughput is timed from the first claim (attempt) to the last completion (finalisation), from the database's own timestamps")
+		"CPU seconds per 10,000 tasks: the worker processes' user+system CPU over their whole life (start-up and graceful stop included), exact from wait4; PostgreSQL's is the postmaster's and all its children's CPU from just before the workers start to the end of the burn-down, sampled from /proc every 100ms (processes born and gone between two samples are missed); the bench learns that shardrun's burn-down ended from the runners' metrics (every 100ms; no statement), River's from a cheap poll of river_job every 20ms, which is in River's PostgreSQL figure; shardrun's etcd runs embedded in the bench process and is not counted",
+		"throughput is timed from the first claim (attempt) to the last completion (finalisation), from the database's own timestamps; a trial fails unless exactly n noop tasks exist and all completed, or when a poll fails",
+		"per task, from just before the workers start to the end of the burn-down (read after they exit): statements and pages (shared_blks_hit + shared_blks_read) from pg_stat_statements, less the bench's own statements (tagged /* bench */); pages per claimed task are those of the claim statements (shardrun: /* shardrun.claim */ when its statements are named, else its claim's text; River: JobGetAvailable) over the rows they returned; WAL bytes from the server's insert position (each trial drops its database when done, so no other database is active meanwhile)")
 	for _, procs := range tuning.procs {
 		var ratios []float64
 		for trial := range trials {
