@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -73,7 +74,11 @@ type Report struct {
 	Targets []target `json:"targets"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
-	Notes          []string           `json:"notes"`
+	// Failed holds the error of each section that failed (a trial whose
+	// tasks did not all complete, a poll that failed...); the sections
+	// after it still ran.
+	Failed map[string]string `json:"failed_sections,omitempty"`
+	Notes  []string          `json:"notes"`
 }
 
 func main() {
@@ -228,10 +233,20 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		}
 		fmt.Fprintf(e.log, "== %s\n", s.name)
 		began := time.Now()
-		if err := s.fn(); err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
-		}
+		err := s.fn()
 		rep.SectionSeconds[s.name] = time.Since(began).Seconds()
+		if err != nil {
+			// Reported, and the run goes on: a failed trial must not throw
+			// away an hour of other sections' measurements.
+			if rep.Failed == nil {
+				rep.Failed = map[string]string{}
+			}
+			rep.Failed[s.name] = err.Error()
+			fmt.Fprintf(e.log, "!! section %s failed: %v\n", s.name, err)
+			if ctx.Err() != nil {
+				break
+			}
+		}
 	}
 	rep.SectionSeconds["total"] = time.Since(benchStart).Seconds()
 	rep.Targets = targets(rep)
@@ -245,6 +260,9 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		return err
 	}
 	fmt.Fprintf(e.log, "\nwrote %s\n", out)
+	if len(rep.Failed) > 0 {
+		return fmt.Errorf("%d section(s) failed: %s (see failed_sections in %s)", len(rep.Failed), strings.Join(slices.Sorted(maps.Keys(rep.Failed)), ", "), out)
+	}
 	return nil
 }
 

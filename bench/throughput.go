@@ -83,7 +83,7 @@ const burnDownPoll = 20 * time.Millisecond
 
 // burnDownTimeout bounds a burn-down: far above what a working system
 // needs, so that reaching it means the trial failed.
-const burnDownTimeout = 10 * time.Minute
+const burnDownTimeout = 20 * time.Minute
 
 const insertBatch = 10_000
 
