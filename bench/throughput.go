@@ -53,6 +53,10 @@ type burnDown struct {
 	// its statements for deadlock_timeout, a second, before one is
 	// cancelled and retried).
 	Deadlocks int64 `json:"pg_deadlocks"`
+	// Autovacuums and Autoanalyzes of the trial's tables during the
+	// burn-down: new statistics may change the plans mid-trial.
+	Autovacuums  int64 `json:"autovacuums"`
+	Autoanalyzes int64 `json:"autoanalyzes"`
 	// TopStatements and Waits say where the trial's database time went.
 	TopStatements []stmtStat `json:"top_statements,omitempty"`
 	Waits         []string   `json:"active_backends_by_wait_event,omitempty"`

@@ -53,6 +53,8 @@ type pgCounters struct {
 	claimBlocks, claimRows int64
 	// walBytes is the server's WAL insert position.
 	walBytes int64
+	// autovacuums and autoanalyzes of the database's tables so far.
+	autovacuums, autoanalyzes int64
 }
 
 // counters reads the counters of the database pool is connected to. The
@@ -66,6 +68,10 @@ func (e *env) counters(ctx context.Context, pool *pgxpool.Pool) (pgCounters, err
 			pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint
 		FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.xacts, &c.deadlocks, &c.walBytes); err != nil {
 		return c, fmt.Errorf("reading the database's counters: %w", err)
+	}
+	if err := pool.QueryRow(ctx, benchTag+`SELECT coalesce(sum(autovacuum_count), 0)::bigint, coalesce(sum(autoanalyze_count), 0)::bigint
+		FROM pg_stat_user_tables`).Scan(&c.autovacuums, &c.autoanalyzes); err != nil {
+		return c, fmt.Errorf("reading the database's autovacuum counts: %w", err)
 	}
 	if !e.statStatements {
 		return c, nil
@@ -90,7 +96,8 @@ func (e *env) counters(ctx context.Context, pool *pgxpool.Pool) (pgCounters, err
 // setCosts records what the system cost per task between two readings:
 // transactions (less the bench's polls and one reading of the counters,
 // each its own transaction), statements, pages, pages per claimed task,
-// WAL bytes and deadlocks. Read after the system's connections closed: a
+// WAL bytes, deadlocks, and the autovacuum and autoanalyze runs that
+// changed the statistics the statements were planned with. Read after the system's connections closed: a
 // backend may hold its transaction counts back for up to a second while
 // it stays connected and idle, but flushes them when it exits;
 // pg_stat_statements counts at once.
@@ -103,6 +110,7 @@ func (r *burnDown) setCosts(before, after pgCounters, polls, n int) {
 	r.XactsPerTask = float64(after.xacts-before.xacts-own) / float64(n)
 	r.Deadlocks = after.deadlocks - before.deadlocks
 	r.WALBytesPerTask = float64(after.walBytes-before.walBytes) / float64(n)
+	r.Autovacuums, r.Autoanalyzes = after.autovacuums-before.autovacuums, after.autoanalyzes-before.autoanalyzes
 	if after.stmts > 0 {
 		r.StmtsPerTask = float64(after.stmts-before.stmts) / float64(n)
 		r.PagesPerTask = float64(after.blocks-before.blocks) / float64(n)
