@@ -196,13 +196,15 @@ func (r *runnerProc) metricWith(name string, labels ...string) (float64, error) 
 	}
 	var sum float64
 	for _, line := range strings.Split(string(b), "\n") {
-		if !strings.HasPrefix(line, name+"{") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
 			continue
 		}
-		series, value, ok := strings.Cut(line, "} ")
-		if !ok || !allIn(series, labels) {
+		i := strings.LastIndexByte(rest, ' ')
+		if i < 0 || !allIn(rest[:i], labels) {
 			continue
 		}
+		value := rest[i+1:]
 		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
 		if err != nil {
 			return 0, fmt.Errorf("%s's metric %s: %w", r.id, line, err)
@@ -221,23 +223,14 @@ func allIn(s string, subs []string) bool {
 	return true
 }
 
-// metric reads a metric of a runner's /metrics, summed over labels.
+// metric reads a metric of a runner's /metrics, summed over labels; -1
+// when it cannot be read.
 func (r *runnerProc) metric(name string) float64 {
-	resp, err := http.Get("http://" + r.admin + "/metrics")
+	v, err := r.metricWith(name)
 	if err != nil {
 		return -1
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var sum float64
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			sum += v
-		}
-	}
-	return sum
+	return v
 }
 
 // logTime is the time of the first JSON log line whose message contains
@@ -322,9 +315,8 @@ func (c *cluster) startCoordinator() (*coordinatorProc, error) {
 	return p, nil
 }
 
-// stop ends the coordinator (SIGTERM: it resigns; SIGKILL after 30s) and
-// returns its CPU seconds.
-func (p *coordinatorProc) stop() float64 {
+// stop ends the coordinator (SIGTERM: it resigns; SIGKILL after 30s).
+func (p *coordinatorProc) stop() {
 	if p.cmd.ProcessState == nil {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
@@ -334,7 +326,6 @@ func (p *coordinatorProc) stop() float64 {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
-	return processCPU(p.cmd.ProcessState)
 }
 
 // enqueue posts tasks to the coordinator's API as one JSON array.

@@ -79,7 +79,8 @@ func (r *burnDown) setCPU(workers, postgres float64, n int) {
 	r.CPUTotalPer10k = r.CPUWorkersPer10k + r.CPUPostgresPer10k
 }
 
-// burnDownPoll is how often the bench asks whether a burn-down is done.
+// burnDownPoll is how often the bench asks River's table whether a
+// burn-down is done.
 // Not faster: the polls are PostgreSQL CPU in the measurement (the same
 // for both systems), and the timing comes from the database's timestamps,
 // not from when a poll noticed the end.
@@ -101,9 +102,8 @@ type trialOpts struct {
 	maxWorkers int
 	// dbMaxConns is each shardrun runner's --db-max-conns (0: 8).
 	dbMaxConns int
-	// unhandled ready tasks of a kind no runner handles, due an hour
-	// earlier than the noop tasks, are inserted first when > 0 (issue 14:
-	// claims used to scan them all).
+	// unhandled is how many ready tasks of a kind no runner handles are
+	// enqueued first (deployedBurnDown).
 	unhandled int
 }
 
@@ -112,7 +112,7 @@ type trialOpts struct {
 // last completion (database timestamps). It fails unless every noop task
 // completed.
 func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, err error) {
-	r = burnDown{System: "shardrun", Processes: o.processes, Tasks: o.n, MaxWorkers: o.maxWorkers, Unhandled: o.unhandled}
+	r = burnDown{System: "shardrun", Processes: o.processes, Tasks: o.n, MaxWorkers: o.maxWorkers}
 	dsn, err := e.database(ctx, fmt.Sprintf("sr_%s_%d_%d", o.label, o.processes, o.trial))
 	if err != nil {
 		return r, err
@@ -134,12 +134,6 @@ func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, er
 	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
 	if err != nil {
 		return r, err
-	}
-	if o.unhandled > 0 {
-		if _, err := st.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key, run_after)
-			SELECT $2, g % 256, g::text, now() - interval '1 hour' FROM generate_series(1, $1) g`, o.unhandled, unhandledKind); err != nil {
-			return r, fmt.Errorf("inserting unhandled tasks: %w", err)
-		}
 	}
 	if r.EnqueuePerS, err = enqueueNoops(ctx, client, o.n); err != nil {
 		return r, err
