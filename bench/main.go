@@ -407,6 +407,8 @@ func printTable(w io.Writer, rep *Report) {
 			r.Processes, median(enqOurs), median(enqTheirs))
 		fmt.Fprintf(w, "| CPU seconds per 10,000 tasks (workers + PostgreSQL), %d process(es) | shardrun %s, River %s (medians) |\n",
 			r.Processes, cpuCell(rep.Throughput, "shardrun", r.Processes), cpuCell(rep.Throughput, "river", r.Processes))
+		fmt.Fprintf(w, "| PostgreSQL per task, %d process(es): statements, pages, pages per claimed task, WAL bytes | shardrun %s; River %s (medians) |\n",
+			r.Processes, pgCell(rep.Throughput, "shardrun", r.Processes), pgCell(rep.Throughput, "river", r.Processes))
 	}
 	printSteady(w, rep.Steady)
 	for _, l := range rep.Failover {
@@ -502,6 +504,18 @@ func cpuCell(runs []burnDown, system string, procs int) string {
 		}
 	}
 	return fmt.Sprintf("%.2f + %.2f = %.2f", median(w), median(p), median(t))
+}
+
+// pgCell is a system's statements, pages, pages per claimed task and WAL
+// bytes per task, medians over its trials at a process count.
+func pgCell(runs []burnDown, system string, procs int) string {
+	var st, pg, pc, wal []float64
+	for _, r := range runs {
+		if r.System == system && r.Processes == procs {
+			st, pg, pc, wal = append(st, r.StmtsPerTask), append(pg, r.PagesPerTask), append(pc, r.PagesPerClaimedTask), append(wal, r.WALBytesPerTask)
+		}
+	}
+	return fmt.Sprintf("%.4f, %.1f, %.1f, %.0f", median(st), median(pg), median(pc), median(wal))
 }
 
 // fmtThousands writes n with thousands separators: 10000 as 10,000.
