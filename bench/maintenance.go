@@ -196,28 +196,9 @@ func (e *env) deployedBurnDown(ctx context.Context, o trialOpts, setup unclaimab
 		time.Sleep(setup.idle) // a fixed window of idleness, not a wait for a condition
 		idlePct = pgc.stop() / setup.idle.Seconds() * 100
 	}
-	start := time.Now()
-	err = pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		batch := make([]tasks.Insert, 0, insertBatch)
-		for done := 0; done < o.n; done += insertBatch {
-			batch = batch[:0]
-			for range min(insertBatch, o.n-done) {
-				in, err := client.Prepare(tasks.NewTask{Kind: "noop"})
-				if err != nil {
-					return err
-				}
-				batch = append(batch, in)
-			}
-			if _, err := st.EnqueueBatchIn(ctx, tx, batch); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return r, idlePct, fmt.Errorf("enqueueing noop tasks: %w", err)
+	if r.EnqueuePerS, err = enqueueNoopsAtOnce(ctx, st, client, o.n); err != nil {
+		return r, idlePct, err
 	}
-	r.EnqueuePerS = float64(o.n) / time.Since(start).Seconds()
 	pgc := startPGCPU(postmaster)
 	before, err := e.counters(ctx, st.Pool())
 	if err != nil {

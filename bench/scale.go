@@ -285,29 +285,11 @@ func (e *env) scaleBurnDown(ctx context.Context, st *store.Store, c *cluster, ru
 			peak.watch(rp)
 		}
 	}
-	start := time.Now()
-	err = pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		ins := make([]tasks.Insert, 0, insertBatch)
-		for done := 0; done < o.tasks; done += insertBatch {
-			ins = ins[:0]
-			for range min(insertBatch, o.tasks-done) {
-				in, err := client.Prepare(tasks.NewTask{Kind: "noop"})
-				if err != nil {
-					return err
-				}
-				ins = append(ins, in)
-			}
-			if _, err := st.EnqueueBatchIn(ctx, tx, ins); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	r.EnqueuePerS, err = enqueueNoopsAtOnce(ctx, st, client, o.tasks)
 	if err != nil {
 		peak.stop()
-		return r, fmt.Errorf("enqueueing noop tasks: %w", err)
+		return r, err
 	}
-	r.EnqueuePerS = float64(o.tasks) / time.Since(start).Seconds()
 	err = waitBurnedDown(ctx, st.Pool(), c.running(), "noop", o.tasks)
 	peak.stop()
 	if err != nil {

@@ -237,6 +237,34 @@ func enqueueNoops(ctx context.Context, client *tasks.Client, n int) (float64, er
 	return float64(n) / time.Since(start).Seconds(), nil
 }
 
+// enqueueNoopsAtOnce inserts n noop tasks in one transaction (COPY in
+// batches of insertBatch), so that runners already running find them all
+// claimable at the same moment, and returns the rows per second.
+func enqueueNoopsAtOnce(ctx context.Context, st *store.Store, client *tasks.Client, n int) (float64, error) {
+	start := time.Now()
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		ins := make([]tasks.Insert, 0, insertBatch)
+		for done := 0; done < n; done += insertBatch {
+			ins = ins[:0]
+			for range min(insertBatch, n-done) {
+				in, err := client.Prepare(tasks.NewTask{Kind: "noop"})
+				if err != nil {
+					return err
+				}
+				ins = append(ins, in)
+			}
+			if _, err := st.EnqueueBatchIn(ctx, tx, ins); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("enqueueing noop tasks: %w", err)
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
 // finishedPoll is how often the bench reads the runners' metrics to learn
 // whether a burn-down is done: it costs PostgreSQL nothing, and the timing
 // comes from the database's timestamps.
