@@ -270,17 +270,28 @@ func enqueueNoopsAtOnce(ctx context.Context, st *store.Store, client *tasks.Clie
 // comes from the database's timestamps.
 const finishedPoll = 100 * time.Millisecond
 
-// waitBurnedDown waits until the runners still running have completed n
-// tasks of kind between them (shardrun_tasks_finished_total, outcome
-// completed), then checks in the database that exactly n tasks of kind
-// exist and all completed. The runners' metrics are polled rather than the
-// database: a query's plan depends on statistics the trial may have
-// skewed on purpose (the unclaimable section's), and a poll that reads
-// thousands of pages would count as the system's PostgreSQL CPU. A
-// metrics read that fails, a runner that exits and a burn-down that does
-// not end within burnDownTimeout fail the trial.
+// finishedStall is how long the runners' count of completed tasks may stay
+// still below n before the bench asks the database instead.
+const finishedStall = time.Second
+
+// waitBurnedDown waits until no task of kind is unfinished, then checks in
+// the database that exactly n tasks of kind exist and all completed.
+//
+// It follows the runners' shardrun_tasks_finished_total (outcome
+// completed) rather than polling the database: a query's plan depends on
+// statistics a trial may have skewed (the unclaimable section does on
+// purpose), and a poll that reads thousands of pages would count as the
+// system's PostgreSQL CPU. The count is not exact, though: a completion
+// whose answer was lost (its statement timed out after it committed) is
+// recorded but not counted. So once the count reaches n, or stops moving
+// below it for finishedStall, the database says whether any task of kind
+// is still unfinished (ready or running: the states an unfinished task
+// shows in tasks before and after the layout of issue 23). A metrics read
+// or a query that fails, a runner that exits and a burn-down that does not
+// end within burnDownTimeout fail the trial.
 func waitBurnedDown(ctx context.Context, pool *pgxpool.Pool, runners []*runnerProc, kind string, n int) error {
-	_, err := pollUntil(burnDownTimeout, finishedPoll, func() (bool, error) {
+	last, moved := -1.0, time.Now()
+	_, err := pollUntil(ctx, burnDownTimeout, finishedPoll, func() (bool, error) {
 		done := 0.0
 		for _, r := range runners {
 			if r.cmd.ProcessState != nil {
@@ -292,7 +303,19 @@ func waitBurnedDown(ctx context.Context, pool *pgxpool.Pool, runners []*runnerPr
 			}
 			done += v
 		}
-		return done >= float64(n), nil
+		if done != last {
+			last, moved = done, time.Now()
+		}
+		if done < float64(n) && time.Since(moved) < finishedStall {
+			return false, nil
+		}
+		var pending bool
+		err := pool.QueryRow(ctx, benchTag+`SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND kind = $1)
+			OR EXISTS (SELECT 1 FROM tasks WHERE state = 'running' AND kind = $1)`, kind).Scan(&pending)
+		if pending {
+			moved = time.Now() // ask again after another stall
+		}
+		return !pending, err
 	})
 	if err != nil {
 		states, serr := finalStates(ctx, pool, "tasks", kind)
@@ -466,7 +489,7 @@ func (e *env) riverBurnDown(ctx context.Context, o trialOpts, rs riverSettings) 
 		return r, err
 	}
 	waits := e.sampleWaits(ctx, db)
-	polls, err := pollUntil(burnDownTimeout, burnDownPoll, func() (bool, error) {
+	polls, err := pollUntil(ctx, burnDownTimeout, burnDownPoll, func() (bool, error) {
 		var pending bool
 		err := pool.QueryRow(ctx, benchTag+`SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable'))`).Scan(&pending)
 		return !pending, err

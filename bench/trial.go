@@ -123,8 +123,9 @@ func (r *burnDown) setCosts(before, after pgCounters, polls, n int) {
 
 // pollUntil calls done every interval until it reports true, and returns
 // how many calls it made. A call that fails ends the wait with its error:
-// a trial whose progress could not be read is not a measurement.
-func pollUntil(timeout, interval time.Duration, done func() (bool, error)) (int, error) {
+// a trial whose progress could not be read is not a measurement. So does
+// ctx ending (Ctrl-C).
+func pollUntil(ctx context.Context, timeout, interval time.Duration, done func() (bool, error)) (int, error) {
 	start := time.Now()
 	for polls := 1; ; polls++ {
 		ok, err := done()
@@ -137,7 +138,11 @@ func pollUntil(timeout, interval time.Duration, done func() (bool, error)) (int,
 		if time.Since(start) > timeout {
 			return polls, fmt.Errorf("not done within %s", timeout)
 		}
-		time.Sleep(interval)
+		select {
+		case <-ctx.Done():
+			return polls, ctx.Err()
+		case <-time.After(interval):
+		}
 	}
 }
 
