@@ -151,18 +151,13 @@ func (e *env) deployedBurnDown(ctx context.Context, o trialOpts, setup unclaimab
 		return r, 0, err
 	}
 	defer coord.stop()
-	var ids []string
-	for i := range o.processes {
-		id := fmt.Sprintf("runner-%d", i+1)
-		if _, err := c.spawn(id, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers}); err != nil {
-			return r, 0, err
-		}
-		ids = append(ids, id)
+	rps, err := c.startAll(o.processes, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers})
+	if err != nil {
+		return r, 0, err
 	}
-	for _, rp := range c.runners {
-		if err := rp.waitReady(); err != nil {
-			return r, 0, err
-		}
+	var ids []string
+	for _, rp := range rps {
+		ids = append(ids, rp.id)
 	}
 	if err := waitEvery(time.Minute, 50*time.Millisecond, func() bool { return c.balanced(ctx, ids...) }); err != nil {
 		return r, 0, fmt.Errorf("shards not balanced among %d runners: %w", o.processes, err)

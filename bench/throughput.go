@@ -151,22 +151,12 @@ func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, er
 	c := e.newCluster(fmt.Sprintf("tp-%d-%d-%d", o.processes, o.trial, time.Now().UnixNano()), dsn, 256)
 	defer c.stop()
 	var peak sampler
-	var rps []*runnerProc
-	for i := range o.processes {
-		rp, err := c.spawn(fmt.Sprintf("runner-%d", i+1), runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers, dbMaxConns: o.dbMaxConns})
-		if err != nil {
-			pgc.stop()
-			return r, err
-		}
-		rps = append(rps, rp)
+	rps, err := c.startAll(o.processes, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers, dbMaxConns: o.dbMaxConns})
+	if err != nil {
+		pgc.stop()
+		return r, err
 	}
-	// Spawned together and then waited for, so that 16 runners start
-	// about as fast as one.
 	for _, rp := range rps {
-		if err := rp.waitReady(); err != nil {
-			pgc.stop()
-			return r, err
-		}
 		peak.watch(rp)
 	}
 	waits := e.sampleWaits(ctx, db)
