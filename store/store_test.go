@@ -94,7 +94,11 @@ func exec(t testing.TB, s *store.Store, sql string, args ...any) {
 
 // one checks that a single-task write returned one result and returns it:
 // one(t)(s.Complete(...)).
-func one(t testing.TB) func([]tasks.WriteResult, error) tasks.WriteResult {
+func one(t interface {
+	Helper()
+	Fatal(...any)
+	Fatalf(string, ...any)
+}) func([]tasks.WriteResult, error) tasks.WriteResult {
 	return func(rs []tasks.WriteResult, err error) tasks.WriteResult {
 		t.Helper()
 		if err != nil {
