@@ -51,6 +51,7 @@ func (c *Coordinator) Handler() http.Handler {
 	mux.HandleFunc("POST /api/schedules", auth(c.handleCreateSchedule))
 	mux.HandleFunc("GET /api/schedules", auth(c.handleListSchedules))
 	mux.HandleFunc("DELETE /api/schedules/{name}", auth(c.handleDeleteSchedule))
+	c.queueRoutes(mux, auth)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{}))
 	return httpjson.Errors(mux)
 }
@@ -104,6 +105,9 @@ type ClusterView struct {
 	Unhandled []store.KindCount `json:"unhandled"`
 	// Schedules with their next run, by name (at most MaxSchedulesListed).
 	Schedules []ScheduleSummary `json:"schedules"`
+	// Queues with their ready and running tasks, pause and completion rate
+	// over RateWindow.
+	Queues []store.QueueStats `json:"queues"`
 }
 
 // rateWindow is the window of ClusterView.Rates: long enough to smooth
@@ -137,7 +141,7 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	v := ClusterView{Unhandled: unhandled, Schedules: make([]ScheduleSummary, len(scheds)),
 		Prefix: c.cfg.Prefix, ShardCount: c.cfg.ShardCount, Revision: cl.Revision,
 		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Owners: cl.Owners, Epochs: cl.Epochs, Tasks: tc.counts,
-		TasksEstimated: tc.estimated, Attention: tc.attention,
+		TasksEstimated: tc.estimated, Attention: tc.attention, Queues: tc.queues,
 		Runners: []RunnerView{}, Rates: rates, RateWindow: rateWindow.Seconds()}
 	for i, sc := range scheds {
 		v.Schedules[i] = summarize(sc)
@@ -186,12 +190,24 @@ type TaskRequest struct {
 	RunAfter    *time.Time      `json:"run_after,omitempty"`
 	Deadline    *time.Time      `json:"deadline,omitempty"`
 	UniqueKey   string          `json:"unique_key,omitempty"`
+	Queue       string          `json:"queue,omitempty"`
+	// Priority: 1 (most urgent) to 5; left out, the default 3.
+	Priority         *int   `json:"priority,omitempty"`
+	SequenceKey      string `json:"sequence_key,omitempty"`
+	SequenceContinue bool   `json:"sequence_continue,omitempty"`
 }
 
 // newTask turns the request into the task vocabulary (see givenMaxAttempts
 // and givenTime).
 func (t TaskRequest) newTask() (tasks.NewTask, error) {
-	n := tasks.NewTask{Kind: t.Kind, Key: t.Key, Payload: t.Payload, UniqueKey: t.UniqueKey}
+	n := tasks.NewTask{Kind: t.Kind, Key: t.Key, Payload: t.Payload, UniqueKey: t.UniqueKey, Queue: t.Queue,
+		SequenceKey: t.SequenceKey, SequenceContinue: t.SequenceContinue}
+	if t.Priority != nil {
+		if err := tasks.CheckPriority(*t.Priority); err != nil {
+			return n, err
+		}
+		n.Priority = *t.Priority
+	}
 	var err error
 	if n.MaxAttempts, err = givenMaxAttempts(t.MaxAttempts); err != nil {
 		return n, err

@@ -170,7 +170,7 @@ func (c *Coordinator) handleRetryTask(w http.ResponseWriter, r *http.Request) {
 
 // The query parameters of the listing and of the bulk operations.
 var (
-	filterParams = []string{"state", "kind", "shard", "key", "created_before", "after"}
+	filterParams = []string{"state", "kind", "shard", "key", "queue", "priority", "sequence_key", "created_before", "after"}
 	listParams   = append([]string{"limit", "order"}, filterParams...)
 )
 
@@ -192,7 +192,14 @@ func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, 
 			f.States = append(f.States, st)
 		}
 	}
-	f.Kind, f.Key = q.Get("kind"), q.Get("key")
+	f.Kind, f.Key, f.Queue, f.SequenceKey = q.Get("kind"), q.Get("key"), q.Get("queue"), q.Get("sequence_key")
+	if v := q.Get("priority"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return f, 0, &tasks.FieldError{Field: "priority", Problem: fmt.Sprintf("must be %d to %d, got %q", tasks.MostUrgent, tasks.LeastUrgent, v)}
+		}
+		f.Priority = n
+	}
 	if v := q.Get("shard"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
