@@ -33,8 +33,9 @@ type claimer struct {
 	// wake is signalled by enqueue notifications for held shards.
 	wake wake.Signal
 	// queues are the queues served, in name order, each with its worker
-	// limit and its pending shards.
+	// limit and its pending shards; turn rotates which claims first.
 	queues []*queueClaims
+	turn   int
 	// held are the shards of the last hold, to filter notifications.
 	held atomic.Pointer[map[int]bool]
 	// round is when the last claim round completed (unix nanoseconds on
@@ -158,8 +159,28 @@ func (c *claimer) once(ctx context.Context) error {
 	if len(terms) == 0 {
 		return nil
 	}
+	// Queues with work waiting share the free workers: one queue's backlog
+	// must not take every worker from another queue's tasks. The first to
+	// claim rotates, and a share a queue leaves unused goes to the next
+	// round.
+	type visit struct {
+		q     *queueClaims
+		order []tasks.ShardEpoch
+	}
+	var waiting []visit
 	for _, q := range c.queues {
-		if err := c.claimQueue(ctx, hold, terms, q); err != nil {
+		if order := q.pending.order(terms, c.clock.Now(), c.poll); len(order) > 0 {
+			waiting = append(waiting, visit{q, order})
+		}
+	}
+	if len(waiting) == 0 {
+		return nil
+	}
+	c.turn = (c.turn + 1) % len(waiting)
+	share := (c.pool.idle() + len(waiting) - 1) / len(waiting)
+	for i := range waiting {
+		v := waiting[(c.turn+i)%len(waiting)]
+		if err := c.claimQueue(ctx, hold, v.q, v.order, share); err != nil {
 			return err
 		}
 	}
@@ -177,11 +198,11 @@ func (c *claimer) more() bool {
 	return false
 }
 
-// claimQueue claims as many of queue q's tasks as it has free workers
-// from the held shards that may have some due, and starts them.
-func (c *claimer) claimQueue(ctx context.Context, hold Hold, terms []tasks.ShardEpoch, q *queueClaims) error {
-	order := q.pending.order(terms, c.clock.Now(), c.poll)
-	limit := min(c.pool.free(q.name, q.limit), claimBatch)
+// claimQueue claims up to share of queue q's tasks, as many as it has
+// free workers, visiting the shards of order (those that may have some
+// due), and starts them.
+func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, order []tasks.ShardEpoch, share int) error {
+	limit := min(c.pool.free(q.name, q.limit), claimBatch, share)
 	if len(order) == 0 || limit <= 0 {
 		return nil
 	}

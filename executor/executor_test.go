@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -741,5 +742,66 @@ func TestHandlerPastTheDeadlineEndsTheTaskFailed(t *testing.T) {
 	}
 	if n := counterValue(e.exec.cfg.Metrics.Finished.WithLabelValues("wait", "failed")); n != 1 {
 		t.Fatalf("finished{outcome=failed} = %v", n)
+	}
+}
+
+// Each queue runs at most its own limit of tasks at once, and all of them
+// together at most MaxWorkers.
+func TestQueueWorkerLimits(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var mu sync.Mutex
+	running, most := map[string]int{}, map[string]int{}
+	total, mostTotal := 0, 0
+	block := func(_ context.Context, task *tasks.Task) error {
+		mu.Lock()
+		running[task.Queue]++
+		total++
+		most[task.Queue] = max(most[task.Queue], running[task.Queue])
+		mostTotal = max(mostTotal, total)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		running[task.Queue]--
+		total--
+		mu.Unlock()
+		return nil
+	}
+	e := newEnv(t, map[string]tasks.Handler{"block": block}, func(c *Config) {
+		c.MaxWorkers, c.Queues = 4, map[string]int{tasks.DefaultQueue: 4, "mail": 1}
+	})
+	for id := int64(1); id <= 8; id++ {
+		e.store.add(id, "block", 0, 3)
+		if id%2 == 0 {
+			e.store.mu.Lock()
+			e.store.tasks[id].Queue = "mail"
+			e.store.mu.Unlock()
+		}
+	}
+	e.own.own(0, 1)
+	e.run()
+	e.until("four tasks running", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return total == 4
+	})
+	mu.Lock()
+	if running["mail"] != 1 || running[tasks.DefaultQueue] != 3 {
+		t.Errorf("running %v, want mail at its limit of 1 and the default queue filling the rest", running)
+	}
+	mu.Unlock()
+	close(release)
+	e.until("all completed", func() bool {
+		for id := int64(1); id <= 8; id++ {
+			if e.state(id) != tasks.Completed {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if most["mail"] != 1 || mostTotal > 4 {
+		t.Fatalf("at most %d mail tasks and %d in all at once, want 1 and 4", most["mail"], mostTotal)
 	}
 }

@@ -83,7 +83,7 @@ func ClaimQuery(n int) string {
 		)
 		SELECT id, kind, shard, key, queue, priority, coalesce(sequence_key, ''), coalesce(sequence_blocks, false), payload,
 			attempt, max_attempts, coalesce(attempt_budget, 0), run_after, deadline, epoch, now(), created_at
-		FROM picked`
+		FROM picked ORDER BY priority, run_after, id`
 	claimSQL.Store(n, q)
 	return q
 }

@@ -7,6 +7,7 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -178,5 +179,69 @@ func TestStaleBackoffCountsFromTheLastRetry(t *testing.T) {
 	// third attempt ever would wait [2m, 4m).
 	if wait >= time.Minute {
 		t.Fatalf("the first stale claim after a retry waits %s, want under the 1m base (%s)", wait, fmt.Sprint(hour))
+	}
+}
+
+// A paused queue's tasks are claimed by nobody until it resumes; other
+// queues go on.
+func TestPausedQueueIsNotClaimed(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 6, 1)
+	mail := insert("k", 6, 3)
+	mail.Queue = "mail"
+	id := enqueue(t, s, mail)
+	other := enqueue(t, s, insert("k", 6, 3))
+	if _, err := s.SetQueuePaused(ctx, "mail", true); err != nil {
+		t.Fatal(err)
+	}
+	terms := []tasks.ShardEpoch{{Shard: 6, Epoch: 1}}
+	if got, err := s.Claim(ctx, "a", terms, "mail", []string{"k"}, 10); err != nil || len(got) != 0 {
+		t.Fatalf("claimed from a paused queue: %+v %v", got, err)
+	}
+	if got, err := s.Claim(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10); err != nil || len(got) != 1 || got[0].ID != other {
+		t.Fatalf("the default queue while mail is paused: %+v %v", got, err)
+	}
+	qs, err := s.Queues(ctx, time.Minute)
+	if err != nil || len(qs) != 2 || qs[1].Name != "mail" || qs[1].PausedAt == nil || qs[1].Ready != 1 || qs[0].Running != 1 {
+		t.Fatalf("queues: %+v %v", qs, err)
+	}
+	if _, err := s.SetQueuePaused(ctx, "mail", false); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Claim(ctx, "a", terms, "mail", []string{"k"}, 10); err != nil || len(got) != 1 || got[0].ID != id || got[0].Queue != "mail" {
+		t.Fatalf("claimed after the resume: %+v %v", got, err)
+	}
+}
+
+// Within a shard and queue, a more urgent task is claimed first; among
+// equals, the oldest; over several kinds' lanes alike.
+func TestClaimsTakeTheMostUrgentFirst(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 7, 1)
+	var want []int64
+	add := func(kind string, priority int) int64 {
+		in := insert(kind, 7, 3)
+		in.Priority = priority
+		return enqueue(t, s, in)
+	}
+	late := add("k", 5)
+	mid1 := add("j", 3)
+	mid2 := add("k", 3)
+	first := add("j", 1)
+	want = append(want, first, mid1, mid2, late)
+	var ids []int64
+	for range want {
+		got, err := s.Claim(ctx, "a", []tasks.ShardEpoch{{Shard: 7, Epoch: 1}}, tasks.DefaultQueue, []string{"j", "k"}, 1)
+		if err != nil || len(got) != 1 {
+			t.Fatalf("claim: %+v %v", got, err)
+		}
+		ids = append(ids, got[0].ID)
+	}
+	if !slices.Equal(ids, want) {
+		t.Fatalf("claimed in the order %v, want %v (priority, then age)", ids, want)
 	}
 }
