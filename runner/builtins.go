@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -24,7 +26,9 @@ const (
 // demos, tests and benchmarks:
 //
 //	noop                  completes at once (any payload)
-//	sleep {"ms": N}       sleeps N milliseconds, 0 <= N <= MaxSleepMS; honours cancellation
+//	sleep {"ms": N}       sleeps N milliseconds, 0 <= N <= MaxSleepMS; honours cancellation;
+//	  {"ms": N, "log": true} also logs when it starts and ends, by its own clock
+//	  (what the sequence tests check ordering against)
 //	fail  {"times": N}    fails its first N attempts, 0 <= N <= MaxFailTimes, then completes
 //
 // Payloads are decoded strictly (internal/jsonbody: exact field names, no
@@ -33,22 +37,32 @@ const (
 // executor retries it like any failed attempt until max_attempts (each
 // attempt fails at once, the same way): it has no notion of a failure that
 // no retry can fix.
-func Builtins() map[string]tasks.Handler {
+func Builtins(log hclog.Logger) map[string]tasks.Handler {
 	return map[string]tasks.Handler{
 		"noop": func(context.Context, *tasks.Task) error { return nil },
 		"sleep": func(ctx context.Context, t *tasks.Task) error {
-			d, err := decodeSleep(t.Payload)
+			d, logged, err := decodeSleep(t.Payload)
 			if err != nil {
 				return fmt.Errorf("sleep task %d: %w", t.ID, err)
+			}
+			start := time.Now()
+			if logged {
+				log.Info("sleep started", "task", t.ID, "attempt", t.Attempt, "sequence_key", t.SequenceKey,
+					"start", start.Format(time.RFC3339Nano))
 			}
 			timer := time.NewTimer(d)
 			defer timer.Stop()
 			select {
 			case <-timer.C:
-				return nil
+				err = nil
 			case <-ctx.Done():
-				return fmt.Errorf("sleep interrupted: %w", context.Cause(ctx))
+				err = fmt.Errorf("sleep interrupted: %w", context.Cause(ctx))
 			}
+			if logged {
+				log.Info("sleep ended", "task", t.ID, "attempt", t.Attempt, "sequence_key", t.SequenceKey,
+					"start", start.Format(time.RFC3339Nano), "end", time.Now().Format(time.RFC3339Nano), "interrupted", err != nil)
+			}
+			return err
 		},
 		"fail": func(_ context.Context, t *tasks.Task) error {
 			times, err := decodeFail(t.Payload)
@@ -75,18 +89,19 @@ func decodeBuiltin(payload json.RawMessage, v any) error {
 	return nil
 }
 
-// decodeSleep returns how long a sleep task sleeps.
-func decodeSleep(payload json.RawMessage) (time.Duration, error) {
+// decodeSleep returns how long a sleep task sleeps and whether it logs.
+func decodeSleep(payload json.RawMessage) (time.Duration, bool, error) {
 	var p struct {
-		MS int64 `json:"ms"`
+		MS  int64 `json:"ms"`
+		Log bool  `json:"log"`
 	}
 	if err := decodeBuiltin(payload, &p); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if p.MS < 0 || p.MS > MaxSleepMS {
-		return 0, fmt.Errorf("%w: ms must be 0 to %d (24h), got %d", tasks.ErrPayload, MaxSleepMS, p.MS)
+		return 0, false, fmt.Errorf("%w: ms must be 0 to %d (24h), got %d", tasks.ErrPayload, MaxSleepMS, p.MS)
 	}
-	return time.Duration(p.MS) * time.Millisecond, nil
+	return time.Duration(p.MS) * time.Millisecond, p.Log, nil
 }
 
 // decodeFail returns how many first attempts of a fail task fail.
@@ -105,7 +120,7 @@ func decodeFail(payload json.RawMessage) (int, error) {
 
 // HandleBuiltins registers Builtins on r.
 func (r *Runner) HandleBuiltins() error {
-	for kind, h := range Builtins() {
+	for kind, h := range Builtins(r.log.Named("builtin")) {
 		if err := r.Handle(kind, h); err != nil {
 			return err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/hashicorp/go-hclog"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,7 @@ func TestBuiltinPayloads(t *testing.T) {
 	for payload, want := range map[string]time.Duration{
 		``: 0, `{}`: 0, `{"ms": 0}`: 0, `{"ms": 250}`: 250 * time.Millisecond, `{"ms": 86400000}`: 24 * time.Hour,
 	} {
-		if d, err := decodeSleep(json.RawMessage(payload)); err != nil || d != want {
+		if d, _, err := decodeSleep(json.RawMessage(payload)); err != nil || d != want {
 			t.Errorf("sleep %s: %s %v, want %s", payload, d, err, want)
 		}
 	}
@@ -61,7 +62,7 @@ func TestBuiltinPayloads(t *testing.T) {
 		`{"ms": 9223372036854775807}`, `{"ms": 86400001}`, `{"ms": -1}`, `{"MS": 5}`, `{"ms": 5, "extra": 1}`,
 		`{"ms": 1.5}`, `{"ms": "5"}`, `{"ms": 5}}`, `[]`, `{"ms": 99999999999999999999}`,
 	} {
-		if _, err := decodeSleep(json.RawMessage(payload)); !errors.Is(err, tasks.ErrPayload) {
+		if _, _, err := decodeSleep(json.RawMessage(payload)); !errors.Is(err, tasks.ErrPayload) {
 			t.Errorf("sleep %s: %v, want an error wrapping tasks.ErrPayload", payload, err)
 		}
 	}
@@ -71,7 +72,7 @@ func TestBuiltinPayloads(t *testing.T) {
 		}
 	}
 	// The overflowing sleep of the issue returns at once with the error.
-	sleep := Builtins()["sleep"]
+	sleep := Builtins(hclog.NewNullLogger())["sleep"]
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := sleep(ctx, &tasks.Task{ID: 7, Payload: json.RawMessage(`{"ms": 9223372036854775807}`)}); !errors.Is(err, tasks.ErrPayload) ||
@@ -108,7 +109,7 @@ func FuzzBuiltinPayload(f *testing.F) {
 		f.Add([]byte(s), uint8(1))
 	}
 	f.Fuzz(func(t *testing.T, payload []byte, attempt uint8) {
-		if d, err := decodeSleep(payload); err != nil && !errors.Is(err, tasks.ErrPayload) {
+		if d, _, err := decodeSleep(payload); err != nil && !errors.Is(err, tasks.ErrPayload) {
 			t.Fatalf("sleep %q: %v does not wrap ErrPayload", payload, err)
 		} else if err == nil && (d < 0 || d > MaxSleepMS*time.Millisecond) {
 			t.Fatalf("sleep %q: %s out of bounds", payload, d)
@@ -120,7 +121,7 @@ func FuzzBuiltinPayload(f *testing.F) {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel() // a sleep that would run returns at once
-		for kind, h := range Builtins() {
+		for kind, h := range Builtins(hclog.NewNullLogger()) {
 			_ = h(ctx, &tasks.Task{ID: 1, Kind: kind, Attempt: int(attempt), Payload: payload})
 		}
 	})
