@@ -788,8 +788,8 @@ func (s *Store) countByState(ctx context.Context, what, sql string, args ...any)
 	return counts, nil
 }
 
-// LongestRunning returns up to n running tasks, longest running first, by
-// the claim time's index.
+// LongestRunning returns up to n running tasks, longest running first:
+// a sort of task_claims, one row per running task.
 func (s *Store) LongestRunning(ctx context.Context, n int) ([]tasks.Summary, error) {
 	rows, err := s.pool.Query(ctx, `/* shardrun.longest_running */
 		SELECT `+summaryColumns+` FROM task_view t

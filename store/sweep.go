@@ -114,9 +114,9 @@ func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, runningGrace ti
 // threshold: to ready with attempt+1 after a backoff, or to dead when the
 // attempts are used up. Tasks past their deadline are left to SweepDeadlines
 // (deadline wins over staleness). It applies under the leadership epoch only
-// (ErrNotLeader otherwise). A claim can be stale only if it was made a
-// threshold ago, so the statement reads the old claims only, by the claim
-// time's index.
+// (ErrNotLeader otherwise). It reads task_claims, one row per running task
+// (bounded by the runners' workers), until it has limit stale ones, in no
+// particular order: each pass takes them all in batches.
 func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Duration, limit int, b Backoff) (requeued, dead int64, err error) {
 	var fenced bool
 	err = s.pool.QueryRow(ctx, `/* shardrun.sweep_stale */
@@ -126,7 +126,6 @@ func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Dura
 			  AND coalesce(heartbeat_at, claimed_at) < now() - $2 * interval '1 millisecond'
 			  AND (deadline IS NULL OR deadline >= now())
 			  AND EXISTS (SELECT 1 FROM lf)
-			ORDER BY claimed_at
 			LIMIT $3
 			FOR UPDATE SKIP LOCKED
 		), k AS (

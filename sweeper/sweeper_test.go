@@ -140,8 +140,8 @@ func TestStaleRuleAfterGracePeriod(t *testing.T) {
 		t.Fatalf("after the grace period: %+v", r)
 	}
 	got := f.state(task.ID)
-	if got.State != tasks.Ready || got.Attempt != 2 || !got.RunAfter.After(time.Now()) {
-		t.Fatalf("requeued with backoff: %+v", got)
+	if got.State != tasks.Ready || got.Attempt != 2 || len(got.Errors) != 1 || !got.RunAfter.After(got.Errors[0].At) {
+		t.Fatalf("requeued with backoff (run_after after the requeue): %+v", got)
 	}
 }
 

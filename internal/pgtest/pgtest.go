@@ -269,9 +269,14 @@ func InsertClaimed(t testing.TB, st *store.Store, insert, owner string, epoch in
 			return err
 		}
 		_, err = tx.Exec(ctx, `
-			WITH r AS (DELETE FROM task_ready WHERE id = ANY ($3) RETURNING id, shard, queue, deadline)
+			WITH r AS (
+				DELETE FROM task_ready r USING tasks t
+				WHERE t.id = ANY ($3) AND r.shard = t.shard AND r.queue = t.queue AND r.kind = t.kind
+				  AND r.priority = t.priority AND r.run_after = t.run_after AND r.id = t.id
+				RETURNING r.id, r.shard, r.queue, r.deadline, t.attempt
+			)
 			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, claimed_at, deadline)
-			SELECT r.id, r.shard, r.queue, $2, $1, t.attempt, `+claimedAt+`, r.deadline FROM r JOIN tasks t ON t.id = r.id`, owner, epoch, ids)
+			SELECT id, shard, queue, $2, $1, attempt, `+claimedAt+`, deadline FROM r`, owner, epoch, ids)
 		return err
 	})
 	if err != nil {

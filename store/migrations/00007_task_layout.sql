@@ -66,10 +66,10 @@ CREATE TABLE task_claims (
     heartbeat_at timestamptz,
     deadline     timestamptz
 );
--- The stale sweep: a claim can be stale only if it was made a stale
--- threshold ago, so the sweep reads the old claims only (heartbeat_at is
--- not indexed: heartbeats stay in place).
-CREATE INDEX task_claims_claimed_at_idx ON task_claims (claimed_at);
+-- No index but the primary key: every claim would write one more entry,
+-- and the sweeps that read claims by time (stale, deadline) read the whole
+-- table, which holds one row per running task (and what vacuum has not
+-- removed yet), every few seconds on the leader alone.
 
 CREATE TABLE task_finished (
     state       text        NOT NULL,
