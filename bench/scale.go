@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	srclient "github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/shard"
@@ -271,10 +272,7 @@ func (e *env) scaleSection(ctx context.Context, rep *Report) error {
 // burn-down from the first claim to the last completion.
 func (e *env) scaleBurnDown(ctx context.Context, st *store.Store, c *cluster, runners int, o scaleOpts) (burnDown, error) {
 	r := burnDown{System: "shardrun", Processes: runners, Tasks: o.tasks}
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: o.shards})
-	if err != nil {
-		return r, err
-	}
+	prep := srclient.Config{ShardCount: o.shards}.WithDefaults()
 	before, err := e.counters(ctx, st.Pool())
 	if err != nil {
 		return r, err
@@ -287,11 +285,11 @@ func (e *env) scaleBurnDown(ctx context.Context, st *store.Store, c *cluster, ru
 	}
 	start := time.Now()
 	err = pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		ins := make([]tasks.Insert, 0, insertBatch)
+		ins := make([]store.Insert, 0, insertBatch)
 		for done := 0; done < o.tasks; done += insertBatch {
 			ins = ins[:0]
 			for range min(insertBatch, o.tasks-done) {
-				in, err := client.Prepare(tasks.NewTask{Kind: "noop"})
+				in, err := prep.Prepare(tasks.NewTask{Kind: "noop"}, time.Now())
 				if err != nil {
 					return err
 				}

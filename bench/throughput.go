@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	srclient "github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/pgtmp"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -133,7 +134,7 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 	if err := st.Migrate(ctx); err != nil {
 		return r, err
 	}
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	client, err := srclient.New(st, srclient.Config{ShardCount: 256})
 	if err != nil {
 		return r, err
 	}
@@ -212,7 +213,7 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 
 // enqueueNoops inserts n noop tasks by COPY in batches of insertBatch, each
 // batch its own transaction, and returns the rows per second.
-func enqueueNoops(ctx context.Context, client *tasks.Client, n int) (float64, error) {
+func enqueueNoops(ctx context.Context, client *srclient.Client, n int) (float64, error) {
 	batch := make([]tasks.NewTask, insertBatch)
 	for i := range batch {
 		batch[i] = tasks.NewTask{Kind: "noop"}

@@ -153,9 +153,9 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 		c.storeError(w, r, "creating a schedule", err)
 		return
 	}
-	c.schedWake.Notify()
+	c.scheduler.Notify()
 	writeJSON(w, http.StatusCreated, ScheduleCreated{ScheduleView: viewOf(sc),
-		Warnings: c.unhandledWarnings(ctx, []tasks.Insert{{Kind: sc.Kind}})})
+		Warnings: c.unhandledWarnings(ctx, sc.Kind)})
 }
 
 // handleListSchedules is GET /api/schedules: one page by name, with limit

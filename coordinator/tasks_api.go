@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -60,41 +61,57 @@ func idempotencyKey(r *http.Request, reqs []TaskRequest, batch bool) error {
 	return nil
 }
 
-// enqueue inserts validated tasks and answers: 201 with the id (or the
-// count) when tasks were created; 200 with "duplicate": true and the
-// existing task's id when a unique key was held. A batch with unique keys
-// answers every task's id and duplicate flag in "tasks".
-func (c *Coordinator) enqueue(ctx context.Context, w http.ResponseWriter, r *http.Request, ins []tasks.Insert, batch bool) {
+// enqueue validates and inserts tasks through the client and answers:
+// 201 with the id (or the count) when tasks were created; 200 with
+// "duplicate": true and the existing task's id when a unique key was
+// held. A batch with unique keys answers every task's id and duplicate
+// flag in "tasks".
+func (c *Coordinator) enqueue(ctx context.Context, w http.ResponseWriter, r *http.Request, ns []tasks.NewTask, batch bool) {
 	if !batch {
-		e, err := c.cfg.Store.EnqueueIn(ctx, nil, ins[0])
+		e, err := c.client.Enqueue(ctx, ns[0])
 		if err != nil {
-			c.storeError(w, r, "enqueueing a task", err)
+			c.enqueueError(w, r, "enqueueing a task", err)
 			return
 		}
 		if e.Duplicate {
 			writeJSON(w, http.StatusOK, map[string]any{"id": e.ID, "duplicate": true})
 			return
 		}
-		resp := map[string]any{"id": e.ID, "shard": ins[0].Shard, "key": ins[0].Key}
-		c.warnUnhandled(ctx, resp, ins)
+		resp := map[string]any{"id": e.ID, "shard": e.Shard, "key": e.Key}
+		c.warnUnhandled(ctx, resp, ns)
 		writeJSON(w, http.StatusCreated, resp)
 		return
 	}
-	res, err := c.cfg.Store.EnqueueBatchIn(ctx, nil, ins)
+	res, err := c.client.EnqueueBatch(ctx, ns)
 	if err != nil {
-		c.storeError(w, r, "enqueueing a batch", err)
+		c.enqueueError(w, r, "enqueueing a batch", err)
 		return
 	}
 	resp := map[string]any{"enqueued": res.Inserted}
 	if res.Tasks != nil {
 		resp["duplicates"], resp["tasks"] = res.Duplicates, res.Tasks
 	}
-	c.warnUnhandled(ctx, resp, ins)
+	c.warnUnhandled(ctx, resp, ns)
 	code := http.StatusCreated
 	if res.Inserted == 0 {
 		code = http.StatusOK
 	}
 	writeJSON(w, code, resp)
+}
+
+// enqueueError answers a failed enqueue: 400 naming the field (and the
+// index in a batch) for an invalid task, a database error by its class.
+func (c *Coordinator) enqueueError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	var be *client.BatchError
+	var fe *tasks.FieldError
+	switch {
+	case errors.As(err, &be):
+		badRequest(w, be.Err, true, be.Index)
+	case errors.As(err, &fe):
+		badRequest(w, err, false, -1)
+	default:
+		c.storeError(w, r, what, err)
+	}
 }
 
 // taskID reads the {id} of the path (ParseTaskID), answering 400 when it

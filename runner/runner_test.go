@@ -237,12 +237,12 @@ func TestFailBuiltinRetriesThenCompletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Until(t, 15*time.Second, "retried task completed and doomed task dead", func() (bool, string) {
-		return e.task(retried).State == tasks.Completed && e.task(doomed).State == tasks.Dead, jsonString(e.counts())
+		return e.task(retried).State == tasks.Completed && e.task(doomed.ID).State == tasks.Dead, jsonString(e.counts())
 	})
 	if got := e.task(retried); got.Attempt != 3 || len(got.Errors) != 2 {
 		t.Fatalf("retried task: %+v", got)
 	}
-	if got := e.task(doomed); got.Attempt != 3 || len(got.Errors) != 3 {
+	if got := e.task(doomed.ID); got.Attempt != 3 || len(got.Errors) != 3 {
 		t.Fatalf("dead task: %+v", got)
 	}
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -25,6 +26,19 @@ import (
 // is simply tried again. The insert trigger files every inserted task into
 // its lane of task_ready.
 
+// Insert is a task ready for the store: validated, with its key, payload,
+// max_attempts and shard filled in (client.Config.Prepare makes one).
+type Insert struct {
+	Kind        string
+	Shard       int
+	Key         string
+	Payload     json.RawMessage
+	MaxAttempts int
+	RunAfter    *time.Time
+	Deadline    *time.Time
+	UniqueKey   string // empty: none
+}
+
 // querier is where the producer statements run: the pool, or a producer's
 // own transaction.
 type querier interface {
@@ -47,7 +61,7 @@ var errHolderInvisible = errors.New("another transaction holds the unique key bu
 
 // Enqueue inserts one task and returns its id. A task whose unique key an
 // unfinished task holds is not inserted: that task's id is returned.
-func (s *Store) Enqueue(ctx context.Context, in tasks.Insert) (int64, error) {
+func (s *Store) Enqueue(ctx context.Context, in Insert) (int64, error) {
 	e, err := s.EnqueueIn(ctx, nil, in)
 	return e.ID, err
 }
@@ -57,7 +71,7 @@ func (s *Store) Enqueue(ctx context.Context, in tasks.Insert) (int64, error) {
 // runners are notified only when tx commits (NOTIFY is transactional). A nil
 // tx runs on the pool. With a unique key an unfinished task holds, nothing is
 // inserted and that task's id is returned with Duplicate set.
-func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (tasks.Enqueued, error) {
+func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in Insert) (tasks.Enqueued, error) {
 	var q querier = s.pool
 	// On the pool the insert is quiet and notified after its commit (see
 	// notify.go); in the producer's transaction the trigger notifies at
@@ -73,7 +87,7 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 	args := []any{in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline, nil}
 	done := func(id int64) (tasks.Enqueued, error) {
 		if tx == nil {
-			s.notifyReady([]tasks.Insert{in}, func(int) bool { return true })
+			s.notifyReady([]Insert{in}, func(int) bool { return true })
 		}
 		return tasks.Enqueued{ID: id}, nil
 	}
@@ -137,7 +151,7 @@ func uniqueHolders(ctx context.Context, q querier, keys []string) (map[string]in
 // EnqueueBatch inserts many tasks in one transaction and returns how many
 // it inserted (tasks whose unique key an unfinished task holds are not).
 // Tasks without RunAfter get the database's now().
-func (s *Store) EnqueueBatch(ctx context.Context, ins []tasks.Insert) (int64, error) {
+func (s *Store) EnqueueBatch(ctx context.Context, ins []Insert) (int64, error) {
 	r, err := s.EnqueueBatchIn(ctx, nil, ins)
 	return r.Inserted, err
 }
@@ -149,7 +163,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, ins []tasks.Insert) (int64, er
 // NOTHING (COPY has no ON CONFLICT) and reports every task's id in order,
 // the duplicates marked; a unique key given twice in one batch creates one
 // task, and the second entry is its duplicate.
-func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []tasks.Insert) (tasks.BatchEnqueued, error) {
+func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (tasks.BatchEnqueued, error) {
 	if len(ins) == 0 {
 		return tasks.BatchEnqueued{}, nil
 	}
@@ -194,7 +208,7 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []tasks.Inser
 
 // copyTasks inserts tasks with COPY: one COPY for those that start now and
 // one for those with a RunAfter.
-func copyTasks(ctx context.Context, q querier, ins []tasks.Insert) (int64, error) {
+func copyTasks(ctx context.Context, q querier, ins []Insert) (int64, error) {
 	var now, later [][]any
 	for _, in := range ins {
 		row := []any{in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts), in.Deadline}
@@ -228,7 +242,7 @@ func copyTasks(ctx context.Context, q querier, ins []tasks.Insert) (int64, error
 // is known whether or not it was inserted (RETURNING cannot name the input
 // row), then the holders of the keys not inserted are looked up. Keys whose
 // holder finished in between are inserted again, in the next round.
-func insertUnique(ctx context.Context, q querier, ins []tasks.Insert) (tasks.BatchEnqueued, error) {
+func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqueued, error) {
 	res := tasks.BatchEnqueued{Tasks: make([]tasks.Enqueued, len(ins))}
 	todo := make([]int, len(ins)) // indexes of ins still to insert
 	for i := range todo {

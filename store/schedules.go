@@ -16,8 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/shardrun/shardrun/tasks"
 )
 
 // ErrScheduleExists is returned by CreateSchedule for a name in use.
@@ -139,7 +137,7 @@ func (s *Store) DeleteSchedule(ctx context.Context, name string) (bool, error) {
 // Tick is one tick of a schedule to enqueue, with its task.
 type Tick struct {
 	At   time.Time
-	Task tasks.Insert
+	Task Insert
 }
 
 // TickPlan is what to do with one due schedule: enqueue Ticks (in order),

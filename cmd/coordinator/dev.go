@@ -18,6 +18,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/coordinator"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/freeport"
@@ -153,12 +154,12 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 		o.staleThreshold, o.heartbeatInterval, o.electionTTL)
 	fmt.Fprintf(out, "  Ctrl-C stops everything and removes the temporary data (%s)\n\n", tmp)
 
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: o.shardCount})
+	producer, err := client.New(st, client.Config{ShardCount: o.shardCount})
 	if err != nil {
 		return err
 	}
 	var wg sync.WaitGroup
-	wg.Go(func() { produce(ctx, client, o.devRate, log) })
+	wg.Go(func() { produce(ctx, producer, o.devRate, log) })
 	progress(ctx, c, out)
 	wg.Wait()
 	fmt.Fprintln(out, "\nstopping: draining the runners…")
@@ -166,7 +167,7 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 }
 
 // produce enqueues a mix of demo tasks at rate per second until ctx ends.
-func produce(ctx context.Context, client *tasks.Client, rate int, log hclog.Logger) {
+func produce(ctx context.Context, c *client.Client, rate int, log hclog.Logger) {
 	if rate == 0 {
 		return
 	}
@@ -189,7 +190,7 @@ func produce(ctx context.Context, client *tasks.Client, rate int, log hclog.Logg
 		for i := range batch {
 			batch[i] = demoTask()
 		}
-		if _, err := client.EnqueueBatch(ctx, batch); err != nil && ctx.Err() == nil {
+		if _, err := c.EnqueueBatch(ctx, batch); err != nil && ctx.Err() == nil {
 			log.Warn("enqueueing demo tasks failed", "error", err)
 		}
 	}
