@@ -23,7 +23,6 @@ import (
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/testsignal"
 )
 
 // Defaults of Config, and of the flags that make it.
@@ -125,16 +124,12 @@ type Config struct {
 	Logger hclog.Logger
 	// Metrics defaults to unregistered metrics.
 	Metrics *Metrics
-	// Events, when set, receives every ownership event as it happens; tests
-	// share one among members to check invariants on one timeline. Nil in
-	// production.
-	Events *testsignal.Signal[Event]
 }
 
 // EventKind is what happened to a shard or to the runner.
 type EventKind int
 
-// Event kinds given to Config.Events.
+// Event kinds of the ownership events tests follow.
 const (
 	Acquired EventKind = iota + 1 // Sent: when the acquiring Txn was sent
 	Released                      // the key was deleted after the work stopped; At is when the delete was sent
