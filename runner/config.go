@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/executor"
@@ -64,6 +65,16 @@ type Config struct {
 	Version string
 	// Logger is the root logger; default hclog at info on stderr.
 	Logger hclog.Logger
+	// Etcd, when set, is the etcd client the runner uses (with the TLS and
+	// dial settings of the program that embeds it), and EtcdEndpoints is
+	// not used; the runner does not close it. Give it gRPC keep-alives
+	// (DialKeepAliveTime), so that a dead connection is noticed.
+	Etcd *clientv3.Client
+	// Store, when set, is the database the runner uses (opened with the
+	// pool settings of the program that embeds it), and DatabaseURL and
+	// DBMaxConns are not used; the runner migrates it and does not close
+	// it.
+	Store *store.Store
 }
 
 // DefaultAdminAddr is the default admin endpoint address.
@@ -136,23 +147,24 @@ func (c Config) executorConfig() executor.Config {
 // checks only what is its own: the database URL and the admin address and
 // token.
 func (c Config) Validate() error {
-	if err := cli.CheckEndpoints(c.EtcdEndpoints); err != nil {
-		return err
+	if c.Etcd == nil {
+		if err := cli.CheckEndpoints(c.EtcdEndpoints); err != nil {
+			return err
+		}
 	}
 	if err := shard.CheckKeyPrefix(c.EtcdPrefix, c.Cluster); err != nil {
 		return err
 	}
-	if c.DatabaseURL == "" {
-		return fmt.Errorf("--database-url (DATABASE_URL or DATABASE_URL_FILE): required, e.g. postgres://user:pass@host:5432/db")
-	}
-	if err := store.CheckDSN(c.DatabaseURL); err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %s", cli.OneLine(err))
+	if c.Store == nil {
+		if err := c.checkDatabase(); err != nil {
+			return err
+		}
 	}
 	if c.DetachMargin < 0 {
 		return fmt.Errorf("--detach-margin: must not be negative (0 means --lease-ttl/3), got %s", c.DetachMargin)
 	}
 	sc := c.shardConfig()
-	for _, v := range []interface{ Validate() error }{c.storeOptions(), &sc, c.detachConfig(), c.executorConfig()} {
+	for _, v := range []interface{ Validate() error }{&sc, c.detachConfig(), c.executorConfig()} {
 		if err := v.Validate(); err != nil {
 			return err
 		}
@@ -170,4 +182,16 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// checkDatabase checks the settings of the database the runner opens
+// itself.
+func (c Config) checkDatabase() error {
+	if c.DatabaseURL == "" {
+		return fmt.Errorf("--database-url (DATABASE_URL or DATABASE_URL_FILE): required, e.g. postgres://user:pass@host:5432/db")
+	}
+	if err := store.CheckDSN(c.DatabaseURL); err != nil {
+		return fmt.Errorf("--database-url (DATABASE_URL): %s", cli.OneLine(err))
+	}
+	return c.storeOptions().Validate()
 }

@@ -93,25 +93,18 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer ln.Close()
 	r.adminAddr = ln.Addr().String()
 
-	opts := cfg.storeOptions()
-	opts.Logger = r.log.Named("store")
-	st, err := store.Open(ctx, cfg.DatabaseURL, opts)
-	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
-	}
-	defer st.Close()
-	if err := st.Migrate(ctx); err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
-	}
-	if _, err := st.EnsureShardCount(ctx, cfg.ShardCount); err != nil {
-		return err
-	}
-
-	etcd, err := cli.NewEtcdClient(cfg.EtcdEndpoints)
+	st, closeStore, err := r.openStore(ctx)
 	if err != nil {
 		return err
 	}
-	defer etcd.Close()
+	defer closeStore()
+	etcd := cfg.Etcd
+	if etcd == nil {
+		if etcd, err = cli.NewEtcdClient(cfg.EtcdEndpoints); err != nil {
+			return err
+		}
+		defer etcd.Close()
+	}
 
 	dc := cfg.detachConfig()
 	dc.Logger = r.log.Named("detach")
@@ -168,6 +161,29 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.log.Info("runner stopped")
 	return runErr
+}
+
+// openStore opens the database (unless Config.Store gives one), migrates
+// it and checks its shard count. done closes what it opened.
+func (r *Runner) openStore(ctx context.Context) (st *store.Store, done func(), err error) {
+	st, done = r.cfg.Store, func() {}
+	if st == nil {
+		opts := r.cfg.storeOptions()
+		opts.Logger = r.log.Named("store")
+		if st, err = store.Open(ctx, r.cfg.DatabaseURL, opts); err != nil {
+			return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		}
+		done = st.Close
+	}
+	if err := st.Migrate(ctx); err != nil {
+		done()
+		return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	}
+	if _, err := st.EnsureShardCount(ctx, r.cfg.ShardCount); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return st, done, nil
 }
 
 // ownership is the shard manager as the executor sees it. Go interfaces

@@ -455,3 +455,24 @@ func grep(text, substr string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A runner given an etcd client and a store uses them (no endpoints, no
+// database URL) and leaves them open when it stops: the embedding program
+// owns their TLS and pool settings.
+func TestRunnerUsesTheGivenEtcdClientAndStore(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("injected", func(c *Config, _ *Runner) {
+		c.EtcdEndpoints, c.DatabaseURL, c.Etcd, c.Store = nil, "", e.admin, e.store
+	})
+	ids := e.enqueue("noop", `{}`, 5)
+	testutil.Until(t, 15*time.Second, "tasks completed by the runner on the given clients", func() (bool, string) {
+		return e.task(ids[4]).State == tasks.Completed, jsonString(e.counts())
+	})
+	r.stop()
+	if _, err := e.admin.Get(context.Background(), "/"); err != nil {
+		t.Fatalf("the runner closed the etcd client it was given: %v", err)
+	}
+	if err := e.store.Pool().Ping(context.Background()); err != nil {
+		t.Fatalf("the runner closed the store it was given: %v", err)
+	}
+}
