@@ -3,6 +3,7 @@ module github.com/shardrun/shardrun
 go 1.26.0
 
 require (
+	github.com/go-json-experiment/json v1.27.2
 	github.com/hashicorp/go-hclog v1.6.3
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/pressly/goose/v3 v3.29.0
