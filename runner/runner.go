@@ -126,19 +126,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	listener := st.NewListener(r.log.Named("listener"), func(n store.Notification) { r.exec.Wake(n.All, n.Shards) })
-	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
-
 	support, stopSupport := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSupport()
 	var bg sync.WaitGroup
+	listener := st.NewListener(r.log.Named("listener"), func(n store.Notification) { r.exec.Wake(n.All, n.Shards) })
 	bg.Go(func() { _ = listener.Run(support) })
-	bg.Go(func() {
-		if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			r.log.Error("admin endpoint stopped", "error", err)
-		}
-	})
+	admin := r.serveAdmin(ln, &bg)
 	r.log.Info("runner started", "admin", r.adminAddr, "kinds", r.handlers.Kinds(), "shards", cfg.ShardCount,
 		"lease_ttl", cfg.LeaseTTL, "max_workers", cfg.MaxWorkers)
 	close(r.started)
@@ -161,6 +154,18 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.log.Info("runner stopped")
 	return runErr
+}
+
+// serveAdmin serves the admin endpoint on ln until it is shut down.
+func (r *Runner) serveAdmin(ln net.Listener, bg *sync.WaitGroup) *http.Server {
+	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+	bg.Go(func() {
+		if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("admin endpoint stopped", "error", err)
+		}
+	})
+	return admin
 }
 
 // openStore opens the database (unless Config.Store gives one), migrates

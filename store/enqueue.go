@@ -249,19 +249,6 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 		todo[i] = i
 	}
 	for range uniqueTries {
-		n := len(todo)
-		kinds, keys, payloads := make([]string, n), make([]string, n), make([]string, n)
-		shards, maxAttempts := make([]int32, n), make([]int32, n)
-		runAfters, deadlines := make([]*time.Time, n), make([]*time.Time, n)
-		uniqueKeys := make([]*string, n)
-		for j, i := range todo {
-			in := ins[i]
-			kinds[j], shards[j], keys[j], payloads[j], maxAttempts[j] = in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts)
-			runAfters[j], deadlines[j] = in.RunAfter, in.Deadline
-			if in.UniqueKey != "" {
-				uniqueKeys[j] = &ins[i].UniqueKey
-			}
-		}
 		rows, err := q.Query(ctx, `/* shardrun.enqueue_batch_unique */
 			WITH u AS MATERIALIZED (
 				SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id, x.*
@@ -281,7 +268,7 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 				RETURNING id
 			)
 			SELECT u.id, ins.id IS NOT NULL FROM u LEFT JOIN ins ON ins.id = u.id ORDER BY u.n`,
-			kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys)
+			uniqueArgs(ins, todo)...)
 		if err != nil {
 			return tasks.BatchEnqueued{}, err
 		}
@@ -326,4 +313,24 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 		}
 	}
 	return tasks.BatchEnqueued{}, errHolderInvisible
+}
+
+// uniqueArgs are the arrays of insertUnique's statement for the tasks
+// ins[todo]: kinds, shards, keys, payloads, max_attempts, run_after,
+// deadlines, unique keys.
+func uniqueArgs(ins []Insert, todo []int) []any {
+	n := len(todo)
+	kinds, keys, payloads := make([]string, n), make([]string, n), make([]string, n)
+	shards, maxAttempts := make([]int32, n), make([]int32, n)
+	runAfters, deadlines := make([]*time.Time, n), make([]*time.Time, n)
+	uniqueKeys := make([]*string, n)
+	for j, i := range todo {
+		in := ins[i]
+		kinds[j], shards[j], keys[j], payloads[j], maxAttempts[j] = in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts)
+		runAfters[j], deadlines[j] = in.RunAfter, in.Deadline
+		if in.UniqueKey != "" {
+			uniqueKeys[j] = &ins[i].UniqueKey
+		}
+	}
+	return []any{kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys}
 }

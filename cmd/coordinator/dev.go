@@ -131,13 +131,33 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	}
 	defer stopRunners(runners, out)
 
+	printBanner(out, c.Addr(), runners, o, tmp)
+	return demoLoad(ctx, o, c, log, out)
+}
+
+// demoLoad enqueues the demo stream through the task client and prints
+// the progress line until ctx ends.
+func demoLoad(ctx context.Context, o options, c *coordinator.Coordinator, log hclog.Logger, out io.Writer) error {
 	st, err := store.Open(ctx, o.databaseURL, store.Options{MaxConns: 2})
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	producer, err := client.New(st, client.Config{ShardCount: o.shardCount})
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { produce(ctx, producer, o.devRate, log) })
+	progress(ctx, c, out)
+	wg.Wait()
+	fmt.Fprintln(out, "\nstopping: draining the runners…")
+	return nil
+}
 
-	url := "http://" + c.Addr() + "/"
+// printBanner says what the demo runs and what to try.
+func printBanner(out io.Writer, addr string, runners []*devRunner, o options, tmp string) {
+	url := "http://" + addr + "/"
 	fmt.Fprintf(out, "\nshardrun demo: an all-in-one cluster is running\n")
 	fmt.Fprintf(out, "  status page  %s\n", url)
 	fmt.Fprintf(out, "  cluster API  curl -s %sapi/cluster\n", url)
@@ -154,16 +174,6 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 		o.staleThreshold, o.heartbeatInterval, o.electionTTL)
 	fmt.Fprintf(out, "  Ctrl-C stops everything and removes the temporary data (%s)\n\n", tmp)
 
-	producer, err := client.New(st, client.Config{ShardCount: o.shardCount})
-	if err != nil {
-		return err
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { produce(ctx, producer, o.devRate, log) })
-	progress(ctx, c, out)
-	wg.Wait()
-	fmt.Fprintln(out, "\nstopping: draining the runners…")
-	return nil
 }
 
 // produce enqueues a mix of demo tasks at rate per second until ctx ends.
