@@ -264,21 +264,32 @@ func badRequest(w http.ResponseWriter, err error, batch bool, index int) {
 	writeJSON(w, http.StatusBadRequest, e)
 }
 
-// handleEnqueue accepts one task (a JSON object) or a batch (an array).
-func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
-	body, err := jsonbody.ReadRequest(w, r, MaxRequestBody)
+// readBody reads a request body of at most limit bytes; false means the
+// answer (413 or 400) was written.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	body, err := jsonbody.ReadRequest(w, r, limit)
 	if err != nil {
+		code := http.StatusBadRequest
 		var tooBig *jsonbody.TooLargeError
 		if errors.As(err, &tooBig) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: err.Error()})
-			return
+			code = http.StatusRequestEntityTooLarge
 		}
-		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error()})
+		writeJSON(w, code, apiError{Error: err.Error()})
+		return nil, false
+	}
+	return body, true
+}
+
+// handleEnqueue accepts one task (a JSON object) or a batch (an array).
+func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
+	body, ok := readBody(w, r, MaxRequestBody)
+	if !ok {
 		return
 	}
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	batch := len(trimmed) > 0 && trimmed[0] == '['
 	var reqs []TaskRequest
+	var err error
 	if batch {
 		err = jsonbody.Decode(body, &reqs)
 	} else {
@@ -372,19 +383,6 @@ func ParseTaskID(s string) (int64, bool) {
 	}
 	id, err := strconv.ParseInt(s, 10, 64)
 	return id, err == nil
-}
-
-func (c *Coordinator) handleGetTask(w http.ResponseWriter, r *http.Request) {
-	id, ok := taskID(w, r)
-	if !ok {
-		return
-	}
-	t, err := c.cfg.Store.Get(r.Context(), id)
-	if err != nil {
-		c.taskError(w, r, "reading a task", id, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, t)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -98,18 +98,13 @@ func viewOf(sc store.Schedule) ScheduleView {
 func (c *Coordinator) Schedules() *schedule.Client { return c.schedules }
 
 func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Request) {
-	body, err := jsonbody.ReadRequest(w, r, maxScheduleBody)
-	if err != nil {
-		var tooBig *jsonbody.TooLargeError
-		if errors.As(err, &tooBig) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: err.Error()})
-			return
-		}
-		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error()})
+	body, ok := readBody(w, r, maxScheduleBody)
+	if !ok {
 		return
 	}
 	var req ScheduleRequest
-	if err := jsonbody.Decode(body, &req); err != nil {
+	err := jsonbody.Decode(body, &req)
+	if err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}

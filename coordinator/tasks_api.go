@@ -38,9 +38,9 @@ func (c *Coordinator) taskRoutes(mux *http.ServeMux) {
 	auth := func(h http.HandlerFunc) http.HandlerFunc { return httpauth.Require(c.cfg.APIToken, "shardrun-api", h) }
 	mux.HandleFunc("POST /api/tasks", auth(c.handleEnqueue))
 	mux.HandleFunc("GET /api/tasks", auth(c.handleListTasks))
-	mux.HandleFunc("GET /api/tasks/{id}", auth(c.handleGetTask))
-	mux.HandleFunc("POST /api/tasks/{id}/cancel", auth(c.handleCancelTask))
-	mux.HandleFunc("POST /api/tasks/{id}/retry", auth(c.handleRetryTask))
+	mux.HandleFunc("GET /api/tasks/{id}", auth(c.handleTask("reading a task", c.client.Get, statusOK)))
+	mux.HandleFunc("POST /api/tasks/{id}/cancel", auth(c.handleTask("cancelling a task", c.client.Cancel, cancelled)))
+	mux.HandleFunc("POST /api/tasks/{id}/retry", auth(c.handleTask("retrying a task", c.client.Retry, statusOK)))
 	mux.HandleFunc("POST /api/tasks/cancel", auth(c.handleBulk("cancel", c.cfg.Store.CancelMatching)))
 	mux.HandleFunc("POST /api/tasks/retry", auth(c.handleBulk("retry", c.cfg.Store.RetryMatching)))
 }
@@ -153,36 +153,34 @@ func (c *Coordinator) taskError(w http.ResponseWriter, r *http.Request, what str
 	}
 }
 
-// handleCancelTask: 200 with the task when it was ready and is cancelled;
-// 202 with the task when it runs and its runner was asked to cancel it.
-func (c *Coordinator) handleCancelTask(w http.ResponseWriter, r *http.Request) {
-	id, ok := taskID(w, r)
-	if !ok {
-		return
+// handleTask answers one operation on the task of the path's {id}
+// through the client: the task, with the status code the task's state
+// calls for, or the error (taskError).
+func (c *Coordinator) handleTask(what string, op func(context.Context, int64) (tasks.Task, error), code func(tasks.Task) int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, ok := taskID(w, r)
+		if !ok {
+			return
+		}
+		t, err := op(r.Context(), id)
+		if err != nil {
+			c.taskError(w, r, what, id, err)
+			return
+		}
+		writeJSON(w, code(t), t)
 	}
-	t, err := c.cfg.Store.CancelTask(r.Context(), id)
-	if err != nil {
-		c.taskError(w, r, "cancelling a task", id, err)
-		return
-	}
-	code := http.StatusOK
-	if t.State == tasks.Running {
-		code = http.StatusAccepted
-	}
-	writeJSON(w, code, t)
 }
 
-func (c *Coordinator) handleRetryTask(w http.ResponseWriter, r *http.Request) {
-	id, ok := taskID(w, r)
-	if !ok {
-		return
+// statusOK is 200 whatever the task.
+func statusOK(tasks.Task) int { return http.StatusOK }
+
+// cancelled is 200 when the task was ready and is cancelled, 202 when it
+// runs and its runner was asked to cancel it.
+func cancelled(t tasks.Task) int {
+	if t.State == tasks.Running {
+		return http.StatusAccepted
 	}
-	t, err := c.cfg.Store.RetryTask(r.Context(), id)
-	if err != nil {
-		c.taskError(w, r, "retrying a task", id, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, t)
+	return http.StatusOK
 }
 
 // The query parameters of the listing and of the bulk operations.
