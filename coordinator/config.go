@@ -66,6 +66,9 @@ type Config struct {
 	// reads task data or changes anything; required when HTTPAddr is not a
 	// loopback address.
 	APIToken string
+	// HTTPCert and HTTPKey are PEM: with them the API and the status page
+	// are served over HTTPS (--http-cert, --http-key).
+	HTTPCert, HTTPKey string
 	// MaxAttempts for enqueued tasks that do not set one. Default
 	// tasks.DefaultMaxAttempts.
 	MaxAttempts int
@@ -120,13 +123,17 @@ func (c Config) Validate() error {
 			return fmt.Errorf("--api-token: %w", err)
 		}
 	}
+	if _, err := c.httpTLS().Server(); err != nil {
+		return err
+	}
 	if err := tasks.ValidateMaxAttempts(c.MaxAttempts); err != nil {
 		return err
 	}
 	if err := c.Retention.Validate(); err != nil {
 		return err
 	}
-	if err := c.Scheduler.Validate(); err != nil {
+	// No flag sets the scheduler's settings: checked with their defaults.
+	if err := c.Scheduler.WithDefaults().Validate(); err != nil {
 		return err
 	}
 	if c.Unhandled.After != 0 {
@@ -136,3 +143,5 @@ func (c Config) Validate() error {
 	}
 	return c.Sweep.Validate()
 }
+
+func (c Config) httpTLS() cli.TLS { return cli.TLS{Flag: "--http", Cert: c.HTTPCert, Key: c.HTTPKey} }

@@ -7,6 +7,7 @@ package coordinator
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/shardrun/shardrun/client"
+	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/maintenance"
@@ -183,13 +185,23 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if created {
 		c.log.Info("created cluster", "prefix", c.cfg.Prefix, "shard_count", c.cfg.ShardCount)
 	}
+	tlsConfig, err := c.cfg.httpTLS().Server()
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", c.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("--http-addr: listening on %s: %w", c.cfg.HTTPAddr, err)
 	}
 	c.addr = ln.Addr().String()
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	if w := cli.PlainTokenWarning("--http-addr", c.cfg.HTTPAddr, "--api-token", c.cfg.APIToken, "--http-cert", tlsConfig != nil); w != "" {
+		c.log.Warn(w)
+	}
 	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, TLSConfig: tlsConfig}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -61,6 +61,17 @@ type Config struct {
 	HandoffTimeout    time.Duration
 	RetryBase         time.Duration
 	RetryCap          time.Duration
+	// EtcdCA, EtcdCert and EtcdKey are PEM: the CA the etcd servers'
+	// certificates are checked with (the system's roots when only a
+	// certificate is given), and the client certificate and key of etcd's
+	// mutual TLS. --etcd-ca, --etcd-cert, --etcd-key, each also from a file
+	// (--etcd-ca-file, …; SHARDRUN_ETCD_CA, SHARDRUN_ETCD_CA_FILE, …). With
+	// any of them the endpoints must be https.
+	EtcdCA, EtcdCert, EtcdKey string
+	// AdminCert and AdminKey are PEM: with them the admin endpoint serves
+	// HTTPS. --admin-cert, --admin-key (or --admin-cert-file, …;
+	// SHARDRUN_ADMIN_CERT, …).
+	AdminCert, AdminKey string
 	// Version is published in the runner's etcd key and /status.
 	Version string
 	// Logger is the root logger; default hclog at info on stderr.
@@ -151,6 +162,12 @@ func (c Config) Validate() error {
 		if err := cli.CheckEndpoints(c.EtcdEndpoints); err != nil {
 			return err
 		}
+		if err := cli.CheckEtcdTLS(c.EtcdEndpoints, c.etcdTLS()); err != nil {
+			return err
+		}
+	}
+	if _, err := c.adminTLS().Server(); err != nil {
+		return err
 	}
 	if err := shard.CheckKeyPrefix(c.EtcdPrefix, c.Cluster); err != nil {
 		return err
@@ -194,4 +211,12 @@ func (c Config) checkDatabase() error {
 		return fmt.Errorf("--database-url (DATABASE_URL): %s", cli.OneLine(err))
 	}
 	return c.storeOptions().Validate()
+}
+
+func (c Config) etcdTLS() cli.TLS {
+	return cli.TLS{Flag: "--etcd", CA: c.EtcdCA, Cert: c.EtcdCert, Key: c.EtcdKey}
+}
+
+func (c Config) adminTLS() cli.TLS {
+	return cli.TLS{Flag: "--admin", Cert: c.AdminCert, Key: c.AdminKey}
 }

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -100,7 +101,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer closeStore()
 	etcd := cfg.Etcd
 	if etcd == nil {
-		if etcd, err = cli.NewEtcdClient(cfg.EtcdEndpoints); err != nil {
+		tlsConfig, err := cfg.etcdTLS().Client()
+		if err != nil {
+			return err
+		}
+		if etcd, err = cli.NewEtcdClient(cfg.EtcdEndpoints, tlsConfig); err != nil {
 			return err
 		}
 		defer etcd.Close()
@@ -131,7 +136,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	listener := st.NewListener(r.log.Named("listener"), func(n store.Notification) { r.exec.Wake(n.All, n.Shards) })
 	bg.Go(func() { _ = listener.Run(support) })
-	admin := r.serveAdmin(ln, &bg)
+	admin, err := r.serveAdmin(ln, &bg)
+	if err != nil {
+		return err
+	}
 	r.log.Info("runner started", "admin", r.adminAddr, "kinds", r.handlers.Kinds(), "shards", cfg.ShardCount,
 		"lease_ttl", cfg.LeaseTTL, "max_workers", cfg.MaxWorkers)
 	close(r.started)
@@ -156,16 +164,27 @@ func (r *Runner) Run(ctx context.Context) error {
 	return runErr
 }
 
-// serveAdmin serves the admin endpoint on ln until it is shut down.
-func (r *Runner) serveAdmin(ln net.Listener, bg *sync.WaitGroup) *http.Server {
-	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second,
+// serveAdmin serves the admin endpoint on ln until it is shut down, over
+// HTTPS with --admin-cert.
+func (r *Runner) serveAdmin(ln net.Listener, bg *sync.WaitGroup) (*http.Server, error) {
+	tlsConfig, err := r.cfg.adminTLS().Server()
+	if err != nil {
+		return nil, err
+	}
+	if w := cli.PlainTokenWarning("--admin-addr", r.cfg.AdminAddr, "--admin-token", r.cfg.AdminToken, "--admin-cert", tlsConfig != nil); w != "" {
+		r.log.Warn(w)
+	}
+	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConfig,
 		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
 	bg.Go(func() {
 		if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			r.log.Error("admin endpoint stopped", "error", err)
 		}
 	})
-	return admin
+	return admin, nil
 }
 
 // openStore opens the database (unless Config.Store gives one), migrates

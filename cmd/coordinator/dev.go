@@ -99,6 +99,9 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	}
 	o.embedDir, o.embedAddr = filepath.Join(tmp, "etcd"), fmt.Sprintf("127.0.0.1:%d", etcdPort)
 	o.endpoints = "http://" + o.embedAddr
+	if o.embedCert != "" {
+		o.endpoints = "https://" + o.embedAddr
+	}
 
 	coordCtx, stopCoord := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCoord()
@@ -313,6 +316,13 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 	// The database URL goes by environment, not on the command line, where
 	// every local user could read its password.
 	r.cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "DATABASE_URL_FILE"), "DATABASE_URL="+o.databaseURL)
+	// The etcd client's TLS, as this coordinator's: by environment too (the
+	// key is a secret).
+	for name, v := range map[string]string{"SHARDRUN_ETCD_CA": o.etcdCA, "SHARDRUN_ETCD_CERT": o.etcdCert, "SHARDRUN_ETCD_KEY": o.etcdKey} {
+		if v != "" {
+			r.cmd.Env = append(withoutEnv(r.cmd.Env, name, name+"_FILE"), name+"="+v)
+		}
+	}
 	w := linewriter.New(func(line string) { fmt.Fprintf(out, "%s | %s\n", r.id, line) })
 	r.cmd.Stdout, r.cmd.Stderr = w, w
 	if err := r.cmd.Start(); err != nil {
