@@ -53,9 +53,7 @@ type Config struct {
 // WithDefaults returns c with its zero fields replaced by the defaults.
 func (c Config) WithDefaults() Config {
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, tasks.DefaultMaxAttempts)
-	if c.Clock == nil {
-		c.Clock = clock.Real()
-	}
+	c.Clock = cmp.Or(c.Clock, clock.Real())
 	return c
 }
 

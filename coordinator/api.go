@@ -264,25 +264,9 @@ func badRequest(w http.ResponseWriter, err error, batch bool, index int) {
 	writeJSON(w, http.StatusBadRequest, e)
 }
 
-// readBody reads a request body of at most limit bytes; false means the
-// answer (413 or 400) was written.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
-	body, err := jsonbody.ReadRequest(w, r, limit)
-	if err != nil {
-		code := http.StatusBadRequest
-		var tooBig *jsonbody.TooLargeError
-		if errors.As(err, &tooBig) {
-			code = http.StatusRequestEntityTooLarge
-		}
-		writeJSON(w, code, apiError{Error: err.Error()})
-		return nil, false
-	}
-	return body, true
-}
-
 // handleEnqueue accepts one task (a JSON object) or a batch (an array).
 func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r, MaxRequestBody)
+	body, ok := httpjson.ReadBody(w, r, MaxRequestBody)
 	if !ok {
 		return
 	}

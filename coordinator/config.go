@@ -12,9 +12,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/maintenance"
-	"github.com/shardrun/shardrun/schedule"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/sweeper"
@@ -57,9 +55,6 @@ type Config struct {
 	// kinds no attached runner handles; it runs only when After
 	// (--unhandled-after) is set.
 	Unhandled maintenance.ReaperConfig
-	// Scheduler is the settings of the leader's enqueueing of schedule
-	// ticks.
-	Scheduler schedule.SchedulerConfig
 	// HTTPAddr serves the API and status page. Default DefaultHTTPAddr.
 	HTTPAddr string
 	// APIToken, when set, is required as a bearer token on every call that
@@ -86,7 +81,6 @@ func (c Config) WithDefaults() Config {
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, tasks.DefaultMaxAttempts)
 	c.Sweep = c.Sweep.WithDefaults()
 	c.Retention = c.Retention.WithDefaults()
-	c.Scheduler = c.Scheduler.WithDefaults()
 	if c.Unhandled.After != 0 {
 		c.Unhandled = c.Unhandled.WithDefaults()
 	}
@@ -111,29 +105,13 @@ func (c Config) Validate() error {
 	if c.ElectionTTL < time.Second || c.ElectionTTL > MaxElectionTTL || c.ElectionTTL%time.Second != 0 {
 		return fmt.Errorf("--election-ttl: must be a whole number of seconds from 1s to %s (nobody sweeps while a dead leader's session lives), got %s", MaxElectionTTL, c.ElectionTTL)
 	}
-	host, err := cli.CheckListenAddr("--http-addr", c.HTTPAddr)
-	if err != nil {
-		return err
-	}
-	if c.APIToken == "" && !cli.IsLoopback(host) {
-		return fmt.Errorf("--api-token (SHARDRUN_API_TOKEN or SHARDRUN_API_TOKEN_FILE): required when --http-addr (%s) is not a loopback address", c.HTTPAddr)
-	}
-	if c.APIToken != "" {
-		if err := httpauth.CheckToken(c.APIToken); err != nil {
-			return fmt.Errorf("--api-token: %w", err)
-		}
-	}
-	if _, err := c.httpTLS().Server(); err != nil {
+	if err := c.httpServer().Check(); err != nil {
 		return err
 	}
 	if err := tasks.ValidateMaxAttempts(c.MaxAttempts); err != nil {
 		return err
 	}
 	if err := c.Retention.Validate(); err != nil {
-		return err
-	}
-	// No flag sets the scheduler's settings: checked with their defaults.
-	if err := c.Scheduler.WithDefaults().Validate(); err != nil {
 		return err
 	}
 	if c.Unhandled.After != 0 {
@@ -144,4 +122,7 @@ func (c Config) Validate() error {
 	return c.Sweep.Validate()
 }
 
-func (c Config) httpTLS() cli.TLS { return cli.TLS{Flag: "--http", Cert: c.HTTPCert, Key: c.HTTPKey} }
+func (c Config) httpServer() cli.Server {
+	return cli.Server{AddrFlag: "--http-addr", Addr: c.HTTPAddr, TokenFlag: "--api-token", TokenVar: "SHARDRUN_API_TOKEN",
+		Token: c.APIToken, TLS: cli.TLS{Flag: "--http", Cert: c.HTTPCert, Key: c.HTTPKey}}
+}

@@ -6,6 +6,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -21,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/shardrun/shardrun/client"
-	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/maintenance"
@@ -78,12 +78,8 @@ func New(cfg Config) (*Coordinator, error) {
 	if cfg.Client == nil || cfg.Store == nil {
 		return nil, errors.New("coordinator: an etcd client and a store are required")
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
-	}
+	cfg.Clock = cmp.Or(cfg.Clock, clock.Real())
+	cfg.Logger = cmp.Or(cfg.Logger, hclog.NewNullLogger())
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -125,7 +121,7 @@ func (c *Coordinator) leaderServices(prep client.Config) ([]leader.Service, erro
 	if err != nil {
 		return nil, err
 	}
-	if c.scheduler, err = schedule.NewScheduler(c.cfg.Store, prep, c.cfg.Scheduler, c.reg); err != nil {
+	if c.scheduler, err = schedule.NewScheduler(c.cfg.Store, prep, c.reg); err != nil {
 		return nil, err
 	}
 	services := []leader.Service{sw, c.scheduler}
@@ -185,7 +181,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if created {
 		c.log.Info("created cluster", "prefix", c.cfg.Prefix, "shard_count", c.cfg.ShardCount)
 	}
-	tlsConfig, err := c.cfg.httpTLS().Server()
+	tlsConfig, err := c.cfg.httpServer().TLS.Server()
 	if err != nil {
 		return err
 	}
@@ -197,7 +193,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if tlsConfig != nil {
 		ln = tls.NewListener(ln, tlsConfig)
 	}
-	if w := cli.PlainTokenWarning("--http-addr", c.cfg.HTTPAddr, "--api-token", c.cfg.APIToken, "--http-cert", tlsConfig != nil); w != "" {
+	if w := c.cfg.httpServer().Warning(); w != "" {
 		c.log.Warn(w)
 	}
 	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,

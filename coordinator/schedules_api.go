@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/httpjson"
 	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/schedule"
 	"github.com/shardrun/shardrun/store"
@@ -98,7 +99,7 @@ func viewOf(sc store.Schedule) ScheduleView {
 func (c *Coordinator) Schedules() *schedule.Client { return c.schedules }
 
 func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r, maxScheduleBody)
+	body, ok := httpjson.ReadBody(w, r, maxScheduleBody)
 	if !ok {
 		return
 	}

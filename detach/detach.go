@@ -20,6 +20,7 @@
 package detach
 
 import (
+	"cmp"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -154,12 +155,8 @@ type Machine struct {
 
 // New returns an attached machine.
 func New(cfg Config) *Machine {
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
-	}
+	cfg.Clock = cmp.Or(cfg.Clock, clock.Real())
+	cfg.Logger = cmp.Or(cfg.Logger, hclog.NewNullLogger())
 	return &Machine{window: cfg.RecoveryWindow, clock: cfg.Clock, log: cfg.Logger}
 }
 

@@ -164,15 +164,9 @@ func (c *Config) fill() {
 	if c.Retry == (tasks.RetryPolicy{}) {
 		c.Retry = tasks.DefaultRetryPolicy()
 	}
-	if c.Clock == nil {
-		c.Clock = clock.Real()
-	}
-	if c.Logger == nil {
-		c.Logger = hclog.NewNullLogger()
-	}
-	if c.Metrics == nil {
-		c.Metrics = NewMetrics(nil)
-	}
+	c.Clock = cmp.Or(c.Clock, clock.Real())
+	c.Logger = cmp.Or(c.Logger, hclog.NewNullLogger())
+	c.Metrics = cmp.Or(c.Metrics, NewMetrics(nil))
 }
 
 // Validate reports the first bad setting, naming its flag.

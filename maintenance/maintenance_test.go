@@ -103,7 +103,7 @@ func TestRetainerDeletesInBatchesPerState(t *testing.T) {
 	exec(t, st, `INSERT INTO tasks (kind, shard, key) VALUES ('k', 1, 'ready')`)
 	fc := clock.NewFake()
 	r, err := NewRetainer(st, RetentionConfig{RetainCompleted: time.Hour, RetainFailed: 4 * time.Hour,
-		BatchSize: 10, BatchPause: 200 * time.Millisecond}, nil)
+		BatchSize: 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +219,7 @@ func TestReaperFailsKindsUnhandledForLongEnough(t *testing.T) {
 	fc := clock.NewFake()
 	kinds := &kindsOf{}
 	kinds.set("noop")
-	r, err := NewReaper(st, kinds.get, ReaperConfig{After: time.Hour, BatchSize: 5, BatchPause: time.Millisecond}, nil)
+	r, err := NewReaper(st, kinds.get, ReaperConfig{After: time.Hour, BatchSize: 5}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

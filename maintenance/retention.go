@@ -35,12 +35,16 @@ const (
 	// DefaultRetentionBatch is the rows one DELETE removes (see
 	// docs/architecture.md for the measurement behind it).
 	DefaultRetentionBatch = 5000
-	// DefaultStatementTimeout bounds one statement.
-	DefaultStatementTimeout = 30 * time.Second
-	// DefaultBatchPause is the longest pause between full batches; each
-	// pause is uniform in [BatchPause/2, BatchPause).
-	DefaultBatchPause = 100 * time.Millisecond
 )
+
+// The statements of both services: no flag changes these.
+var batching = leader.Batch{
+	// Timeout bounds one statement.
+	Timeout: 30 * time.Second,
+	// Pause is the longest pause between full batches; each pause is
+	// uniform in [Pause/2, Pause).
+	Pause: 100 * time.Millisecond,
+}
 
 // RetentionConfig is the Retainer's settings.
 type RetentionConfig struct {
@@ -58,10 +62,6 @@ type RetentionConfig struct {
 	Interval time.Duration
 	// BatchSize bounds the rows one statement deletes. Default 5000.
 	BatchSize int
-	// StatementTimeout bounds each statement. Default 30s.
-	StatementTimeout time.Duration
-	// BatchPause: the longest jittered pause between full batches.
-	BatchPause time.Duration
 }
 
 // Off reports whether c keeps every finished task forever: the
@@ -79,8 +79,6 @@ func (c RetentionConfig) WithDefaults() RetentionConfig {
 	}
 	c.Interval = cmp.Or(c.Interval, DefaultRetentionInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultRetentionBatch)
-	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
-	c.BatchPause = cmp.Or(c.BatchPause, DefaultBatchPause)
 	return c
 }
 
@@ -96,10 +94,6 @@ func (c RetentionConfig) Validate() error {
 		return fmt.Errorf("--retention-interval: must be positive, got %s", c.Interval)
 	case c.BatchSize < 1:
 		return fmt.Errorf("--retention-batch: must be at least 1, got %d", c.BatchSize)
-	case c.StatementTimeout < 0:
-		return fmt.Errorf("retention StatementTimeout: must not be negative (0: the default), got %s", c.StatementTimeout)
-	case c.BatchPause < 0:
-		return fmt.Errorf("retention BatchPause: must not be negative, got %s", c.BatchPause)
 	}
 	return nil
 }
@@ -152,7 +146,8 @@ func (r *Retainer) Begin(t leader.Term) {
 // Pass deletes, state by state, the finished tasks past their retention.
 func (r *Retainer) Pass(ctx context.Context, p *leader.Pass) leader.Result {
 	res := RetentionResult{Deleted: map[string]int64{}}
-	batch := leader.Batch{Size: r.cfg.BatchSize, Timeout: r.cfg.StatementTimeout, Pause: r.cfg.BatchPause}
+	batch := batching
+	batch.Size = r.cfg.BatchSize
 	var err error
 	for _, st := range tasks.FinalStates {
 		keep := r.cfg.RetainFailed

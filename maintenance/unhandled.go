@@ -35,10 +35,9 @@ type ReaperConfig struct {
 	// failed. Required (the coordinator runs no Reaper without it).
 	After time.Duration
 	// Interval between passes. Default 30s, at most After/2.
-	Interval         time.Duration
-	BatchSize        int
-	StatementTimeout time.Duration
-	BatchPause       time.Duration
+	Interval time.Duration
+	// BatchSize bounds the rows one statement fails. Default 1000.
+	BatchSize int
 }
 
 // WithDefaults returns c with its zero settings replaced by the defaults.
@@ -47,8 +46,6 @@ func (c ReaperConfig) WithDefaults() ReaperConfig {
 		c.Interval = min(DefaultReaperInterval, max(c.After/2, time.Millisecond))
 	}
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultReaperBatch)
-	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
-	c.BatchPause = cmp.Or(c.BatchPause, DefaultBatchPause)
 	return c
 }
 
@@ -58,7 +55,7 @@ func (c ReaperConfig) Validate() error {
 	switch {
 	case c.After <= 0:
 		return fmt.Errorf("--unhandled-after: must be positive (or not given), got %s", c.After)
-	case c.Interval < 0 || c.BatchSize < 0 || c.StatementTimeout < 0 || c.BatchPause < 0:
+	case c.Interval < 0 || c.BatchSize < 0:
 		return fmt.Errorf("reaper settings must not be negative (0: the default), got %+v", c)
 	}
 	return nil
@@ -123,7 +120,7 @@ func (r *Reaper) Pass(ctx context.Context, p *leader.Pass) leader.Result {
 }
 
 func (r *Reaper) reap(ctx context.Context, p *leader.Pass, res *ReaperResult) error {
-	qctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	qctx, cancel := context.WithTimeout(ctx, batching.Timeout)
 	defer cancel()
 	handled, err := r.kinds(qctx)
 	if err != nil {
@@ -144,7 +141,8 @@ func (r *Reaper) reap(ctx context.Context, p *leader.Pass, res *ReaperResult) er
 		}
 	}
 	maps.DeleteFunc(r.since, func(kind string, _ time.Time) bool { return !seen[kind] })
-	batch := leader.Batch{Size: r.cfg.BatchSize, Timeout: r.cfg.StatementTimeout, Pause: r.cfg.BatchPause}
+	batch := batching
+	batch.Size = r.cfg.BatchSize
 	for _, kc := range res.Unhandled {
 		if now.Sub(r.since[kc.Kind]) < r.cfg.After {
 			continue

@@ -18,7 +18,6 @@ import (
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
-	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -166,9 +165,6 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	if _, err := c.adminTLS().Server(); err != nil {
-		return err
-	}
 	if err := shard.CheckKeyPrefix(c.EtcdPrefix, c.Cluster); err != nil {
 		return err
 	}
@@ -186,19 +182,7 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	host, err := cli.CheckListenAddr("--admin-addr", c.AdminAddr)
-	if err != nil {
-		return err
-	}
-	if c.AdminToken == "" && !cli.IsLoopback(host) {
-		return fmt.Errorf("--admin-token (SHARDRUN_ADMIN_TOKEN or SHARDRUN_ADMIN_TOKEN_FILE): required when --admin-addr (%s) is not a loopback address", c.AdminAddr)
-	}
-	if c.AdminToken != "" {
-		if err := httpauth.CheckToken(c.AdminToken); err != nil {
-			return fmt.Errorf("--admin-token: %w", err)
-		}
-	}
-	return nil
+	return c.adminServer().Check()
 }
 
 // checkDatabase checks the settings of the database the runner opens
@@ -217,6 +201,7 @@ func (c Config) etcdTLS() cli.TLS {
 	return cli.TLS{Flag: "--etcd", CA: c.EtcdCA, Cert: c.EtcdCert, Key: c.EtcdKey}
 }
 
-func (c Config) adminTLS() cli.TLS {
-	return cli.TLS{Flag: "--admin", Cert: c.AdminCert, Key: c.AdminKey}
+func (c Config) adminServer() cli.Server {
+	return cli.Server{AddrFlag: "--admin-addr", Addr: c.AdminAddr, TokenFlag: "--admin-token", TokenVar: "SHARDRUN_ADMIN_TOKEN",
+		Token: c.AdminToken, TLS: cli.TLS{Flag: "--admin", Cert: c.AdminCert, Key: c.AdminKey}}
 }

@@ -167,11 +167,11 @@ func (r *Runner) Run(ctx context.Context) error {
 // serveAdmin serves the admin endpoint on ln until it is shut down, over
 // HTTPS with --admin-cert.
 func (r *Runner) serveAdmin(ln net.Listener, bg *sync.WaitGroup) (*http.Server, error) {
-	tlsConfig, err := r.cfg.adminTLS().Server()
+	tlsConfig, err := r.cfg.adminServer().TLS.Server()
 	if err != nil {
 		return nil, err
 	}
-	if w := cli.PlainTokenWarning("--admin-addr", r.cfg.AdminAddr, "--admin-token", r.cfg.AdminToken, "--admin-cert", tlsConfig != nil); w != "" {
+	if w := r.cfg.adminServer().Warning(); w != "" {
 		r.log.Warn(w)
 	}
 	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConfig,

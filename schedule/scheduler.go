@@ -1,7 +1,6 @@
 package schedule
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,57 +23,19 @@ type TickStore interface {
 		plan func(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error)
 }
 
-// Defaults of SchedulerConfig.
+// How the scheduler works; no flag changes these.
 const (
-	// DefaultMaxWait bounds the sleep between passes: schedules created on
+	// maxWait bounds the sleep between passes: schedules created on
 	// another coordinator are seen within it (their ticks are enqueued
 	// late, never skipped, since they come due during the term).
-	DefaultMaxWait = 5 * time.Second
-	// DefaultBatchSize is the schedules one transaction handles.
-	DefaultBatchSize = 100
-	// DefaultTimeout bounds one batch's transaction.
-	DefaultTimeout = 10 * time.Second
-	// DefaultBatchPause is the longest jittered pause between full batches.
-	DefaultBatchPause = 50 * time.Millisecond
+	maxWait = 5 * time.Second
+	// batchSize is the schedules one transaction handles.
+	batchSize = 100
+	// batchTimeout bounds one batch's transaction.
+	batchTimeout = 10 * time.Second
+	// batchPause is the longest jittered pause between full batches.
+	batchPause = 50 * time.Millisecond
 )
-
-// SchedulerConfig is the Scheduler's settings.
-type SchedulerConfig struct {
-	// MaxWait bounds the sleep between passes. Default DefaultMaxWait.
-	MaxWait time.Duration
-	// BatchSize is the schedules one transaction handles. Default
-	// DefaultBatchSize.
-	BatchSize int
-	// Timeout bounds one batch's transaction. Default DefaultTimeout.
-	Timeout time.Duration
-	// BatchPause is the longest jittered pause between full batches.
-	// Default DefaultBatchPause.
-	BatchPause time.Duration
-}
-
-// WithDefaults returns c with its zero settings replaced by the defaults.
-func (c SchedulerConfig) WithDefaults() SchedulerConfig {
-	c.MaxWait = cmp.Or(c.MaxWait, DefaultMaxWait)
-	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
-	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
-	c.BatchPause = cmp.Or(c.BatchPause, DefaultBatchPause)
-	return c
-}
-
-// Validate reports the first bad setting.
-func (c SchedulerConfig) Validate() error {
-	switch {
-	case c.MaxWait <= 0:
-		return fmt.Errorf("scheduler MaxWait: must be positive, got %s", c.MaxWait)
-	case c.BatchSize < 1:
-		return fmt.Errorf("scheduler BatchSize: must be at least 1, got %d", c.BatchSize)
-	case c.Timeout <= 0:
-		return fmt.Errorf("scheduler Timeout: must be positive, got %s", c.Timeout)
-	case c.BatchPause < 0:
-		return fmt.Errorf("scheduler BatchPause: must not be negative, got %s", c.BatchPause)
-	}
-	return nil
-}
 
 // Result is what one pass did (the Detail of its leader.Result).
 type Result struct {
@@ -94,7 +55,6 @@ type Result struct {
 // It sleeps until the earliest next tick, at most MaxWait, or until woken
 // (Wake: a schedule was created on this coordinator).
 type Scheduler struct {
-	cfg       SchedulerConfig
 	store     TickStore
 	prep      client.Config
 	wake      wake.Signal
@@ -106,15 +66,10 @@ type Scheduler struct {
 	errors func()
 }
 
-// NewScheduler fills the defaults of cfg, validates it, and registers the
-// scheduler's metrics with reg (nil: not registered). prep is the task
-// client's configuration: every tick's task is prepared as every enqueued
-// task is.
-func NewScheduler(st TickStore, prep client.Config, cfg SchedulerConfig, reg prometheus.Registerer) (*Scheduler, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
+// NewScheduler returns the scheduler and registers its metrics with reg
+// (nil: not registered). prep is the task client's configuration: every
+// tick's task is prepared as every enqueued task is.
+func NewScheduler(st TickStore, prep client.Config, reg prometheus.Registerer) (*Scheduler, error) {
 	prep = prep.WithDefaults()
 	if err := prep.Validate(); err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
@@ -122,7 +77,7 @@ func NewScheduler(st TickStore, prep client.Config, cfg SchedulerConfig, reg pro
 	if st == nil {
 		return nil, errors.New("scheduler: a store is required")
 	}
-	return &Scheduler{cfg: cfg, store: st, prep: prep, wake: wake.New(), m: newMetrics(reg)}, nil
+	return &Scheduler{store: st, prep: prep, wake: wake.New(), m: newMetrics(reg)}, nil
 }
 
 // Name is "schedule" (shardrun_schedule_errors_total).
@@ -144,7 +99,7 @@ func (s *Scheduler) Pass(ctx context.Context, p *leader.Pass) leader.Result {
 	var r Result
 	err := s.pass(ctx, p, &r)
 	r.TermStart = s.termStart
-	next := s.cfg.MaxWait
+	next := maxWait
 	if err == nil {
 		s.m.enqueued.Add(float64(r.Enqueued))
 		s.m.skipped.Add(float64(r.Skipped))
@@ -163,8 +118,8 @@ func (s *Scheduler) Pass(ctx context.Context, p *leader.Pass) leader.Result {
 
 func (s *Scheduler) pass(ctx context.Context, p *leader.Pass, r *Result) error {
 	for {
-		bctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-		res, err := s.store.EnqueueTicks(bctx, s.term.Epoch, s.cfg.BatchSize, s.plan)
+		bctx, cancel := context.WithTimeout(ctx, batchTimeout)
+		res, err := s.store.EnqueueTicks(bctx, s.term.Epoch, batchSize, s.plan)
 		cancel()
 		p.Statements++
 		if err != nil {
@@ -179,11 +134,11 @@ func (s *Scheduler) pass(ctx context.Context, p *leader.Pass, r *Result) error {
 		if !res.NextDue.IsZero() && res.NextDue.After(res.Now) {
 			r.NextIn = res.NextDue.Sub(res.Now)
 		}
-		if res.Schedules < s.cfg.BatchSize && r.NextIn > 0 || res.Schedules == 0 {
+		if res.Schedules < batchSize && r.NextIn > 0 || res.Schedules == 0 {
 			return nil
 		}
 		// More are due: a jittered pause lets other statements through.
-		if !clock.Pause(s.term.Clock, s.cfg.BatchPause, ctx.Done()) {
+		if !clock.Pause(s.term.Clock, batchPause, ctx.Done()) {
 			return ctx.Err()
 		}
 	}

@@ -55,7 +55,7 @@ func (s testScheduler) runOnce(ctx context.Context) passResult {
 
 func newScheduler(t *testing.T, st TickStore, epoch int64) testScheduler {
 	t.Helper()
-	s, err := NewScheduler(st, client.Config{ShardCount: 16}, SchedulerConfig{}, nil)
+	s, err := NewScheduler(st, client.Config{ShardCount: 16}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

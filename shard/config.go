@@ -138,18 +138,11 @@ const (
 	Attached
 )
 
+var eventKindNames = [...]string{Acquired: "acquired", Released: "released", Lost: "lost", Detached: "detached", Attached: "attached"}
+
 func (k EventKind) String() string {
-	switch k {
-	case Acquired:
-		return "acquired"
-	case Released:
-		return "released"
-	case Lost:
-		return "lost"
-	case Detached:
-		return "detached"
-	case Attached:
-		return "attached"
+	if int(k) >= 0 && int(k) < len(eventKindNames) && eventKindNames[k] != "" {
+		return eventKindNames[k]
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -173,15 +166,9 @@ func (c *Config) fill() {
 	c.HandoffTimeout = cmp.Or(c.HandoffTimeout, DefaultHandoffTimeout)
 	c.AcquireBatch = cmp.Or(c.AcquireBatch, DefaultAcquireBatch)
 	c.JoinSettle = cmp.Or(c.JoinSettle, DefaultJoinSettle)
-	if c.Clock == nil {
-		c.Clock = clock.Real()
-	}
-	if c.Logger == nil {
-		c.Logger = hclog.NewNullLogger()
-	}
-	if c.Metrics == nil {
-		c.Metrics = NewMetrics(nil)
-	}
+	c.Clock = cmp.Or(c.Clock, clock.Real())
+	c.Logger = cmp.Or(c.Logger, hclog.NewNullLogger())
+	c.Metrics = cmp.Or(c.Metrics, NewMetrics(nil))
 }
 
 // Validate reports the first bad setting in one line naming its flag. It

@@ -49,20 +49,11 @@ const (
 	lost
 )
 
+var termStateNames = [...]string{acquired: "acquired", fenced: "fenced", releasing: "releasing", cancelled: "cancelled", released: "released", lost: "lost"}
+
 func (s termState) String() string {
-	switch s {
-	case acquired:
-		return "acquired"
-	case fenced:
-		return "fenced"
-	case releasing:
-		return "releasing"
-	case cancelled:
-		return "cancelled"
-	case released:
-		return "released"
-	case lost:
-		return "lost"
+	if int(s) >= 0 && int(s) < len(termStateNames) && termStateNames[s] != "" {
+		return termStateNames[s]
 	}
 	return fmt.Sprintf("termState(%d)", int(s))
 }

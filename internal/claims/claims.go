@@ -37,16 +37,11 @@ const (
 	TaskGone
 )
 
+var outcomeNames = [...]string{Applied: "applied", FenceLost: "fence_lost", TaskMoved: "task_moved", TaskGone: "task_gone"}
+
 func (o Outcome) String() string {
-	switch o {
-	case Applied:
-		return "applied"
-	case FenceLost:
-		return "fence_lost"
-	case TaskMoved:
-		return "task_moved"
-	case TaskGone:
-		return "task_gone"
+	if int(o) >= 0 && int(o) < len(outcomeNames) && outcomeNames[o] != "" {
+		return outcomeNames[o]
 	}
 	return fmt.Sprintf("outcome(%d)", int(o))
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"github.com/shardrun/shardrun/internal/httpauth"
 	"net"
 	"net/url"
 )
@@ -47,19 +48,25 @@ func (t TLS) pool() (*x509.CertPool, error) {
 	return pool, nil
 }
 
+// parse returns the certificate (if given) and the CA pool (nil: the
+// system's roots); set is false when nothing is given.
+func (t TLS) parse() (certs []tls.Certificate, pool *x509.CertPool, set bool, err error) {
+	if !t.Set() {
+		return nil, nil, false, nil
+	}
+	if certs, err = t.pair(); err != nil {
+		return nil, nil, true, err
+	}
+	pool, err = t.pool()
+	return certs, pool, true, err
+}
+
 // Client is the configuration of a client that verifies the server with
 // CA (the system's roots without one) and presents the certificate, if
 // given (mutual TLS); nil when nothing is given.
 func (t TLS) Client() (*tls.Config, error) {
-	if !t.Set() {
-		return nil, nil
-	}
-	certs, err := t.pair()
-	if err != nil {
-		return nil, err
-	}
-	pool, err := t.pool()
-	if err != nil {
+	certs, pool, set, err := t.parse()
+	if !set || err != nil {
 		return nil, err
 	}
 	return &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool, Certificates: certs}, nil
@@ -69,20 +76,15 @@ func (t TLS) Client() (*tls.Config, error) {
 // (required) and, with a CA, requires clients to present one it signed;
 // nil when nothing is given.
 func (t TLS) Server() (*tls.Config, error) {
-	if !t.Set() {
-		return nil, nil
-	}
-	certs, err := t.pair()
-	if err != nil {
+	certs, pool, set, err := t.parse()
+	switch {
+	case !set || err != nil:
 		return nil, err
-	}
-	if certs == nil {
+	case certs == nil:
 		return nil, fmt.Errorf("%s-cert and %s-key: required to serve TLS", t.Flag, t.Flag)
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: certs}
-	if pool, err := t.pool(); err != nil {
-		return nil, err
-	} else if pool != nil {
+	if pool != nil {
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 	}
 	return cfg, nil
@@ -106,17 +108,48 @@ func CheckEtcdTLS(endpoints []string, t TLS) error {
 	return nil
 }
 
-// PlainTokenWarning says why a bearer token on a server without TLS
-// (tlsOn false) listening off loopback is readable off the network, or ""
-// when it is not. The token is not refused: TLS is often ended in front of
-// the server (a proxy, an ingress) or the network is private (the compose
-// deployment); the warning names the flags that give the server TLS.
-func PlainTokenWarning(addrFlag, addr, tokenFlag, token, certFlag string, tlsOn bool) string {
-	host, _, _ := net.SplitHostPort(addr)
-	if token == "" || tlsOn || IsLoopback(host) {
+// Server is what the flags say about one of the binaries' HTTP servers
+// (the runner's admin endpoint, the coordinator's API): where it listens,
+// its bearer token and its TLS. Flags name them in messages: AddrFlag
+// --admin-addr, TokenFlag --admin-token, TokenVar SHARDRUN_ADMIN_TOKEN,
+// TLS.Flag --admin.
+type Server struct {
+	AddrFlag, Addr             string
+	TokenFlag, TokenVar, Token string
+	TLS                        TLS
+}
+
+// Check validates the address, the token (required off loopback, where
+// anyone on the network could call the server) and the TLS pair.
+func (s Server) Check() error {
+	host, err := CheckListenAddr(s.AddrFlag, s.Addr)
+	if err != nil {
+		return err
+	}
+	if s.Token == "" && !IsLoopback(host) {
+		return fmt.Errorf("%s (%s or %s_FILE): required when %s (%s) is not a loopback address", s.TokenFlag, s.TokenVar, s.TokenVar, s.AddrFlag, s.Addr)
+	}
+	if s.Token != "" {
+		if err := httpauth.CheckToken(s.Token); err != nil {
+			return fmt.Errorf("%s: %w", s.TokenFlag, err)
+		}
+	}
+	_, err = s.TLS.Server()
+	return err
+}
+
+// Warning says why the bearer token of a server without TLS listening off
+// loopback is readable off the network, or "" when it is not. The token
+// is not refused: TLS is often ended in front of the server (a proxy, an
+// ingress) or the network is private (the compose deployment); the
+// warning names the flag that gives the server TLS.
+func (s Server) Warning() string {
+	host, _, _ := net.SplitHostPort(s.Addr)
+	if s.Token == "" || s.TLS.Set() || IsLoopback(host) {
 		return ""
 	}
-	return fmt.Sprintf("%s travels in clear text: %s (%s) is not loopback and the server has no TLS; give %s and its key, or end TLS in front of it", tokenFlag, addrFlag, addr, certFlag)
+	return fmt.Sprintf("%s travels in clear text: %s (%s) is not loopback and the server has no TLS; give %s-cert and %s-key, or end TLS in front of it",
+		s.TokenFlag, s.AddrFlag, s.Addr, s.TLS.Flag, s.TLS.Flag)
 }
 
 // EtcdTLSFlags declares the etcd client's TLS flags, the same for every

@@ -49,15 +49,22 @@ func TestTLSFlags(t *testing.T) {
 // A token on a plain HTTP server off loopback draws a warning naming the
 // flags; on loopback or with TLS it does not.
 func TestPlainTokenWarning(t *testing.T) {
-	if w := PlainTokenWarning("--admin-addr", "0.0.0.0:9090", "--admin-token", "t", "--admin-cert", false); !strings.Contains(w, "--admin-cert") || !strings.Contains(w, "clear text") {
+	srv := func(addr, token string, tls bool) Server {
+		s := Server{AddrFlag: "--admin-addr", Addr: addr, TokenFlag: "--admin-token", TokenVar: "SHARDRUN_ADMIN_TOKEN", Token: token, TLS: TLS{Flag: "--admin"}}
+		if tls {
+			s.TLS.Cert = "x"
+		}
+		return s
+	}
+	if w := srv("0.0.0.0:9090", "t", false).Warning(); !strings.Contains(w, "--admin-cert") || !strings.Contains(w, "clear text") {
 		t.Errorf("warning: %q", w)
 	}
-	for _, c := range []struct {
-		addr, token string
-		tls         bool
-	}{{"127.0.0.1:9090", "t", false}, {"0.0.0.0:9090", "t", true}, {"0.0.0.0:9090", "", false}, {"[::1]:9090", "t", false}} {
-		if w := PlainTokenWarning("--admin-addr", c.addr, "--admin-token", c.token, "--admin-cert", c.tls); w != "" {
-			t.Errorf("%+v: %q", c, w)
+	for _, s := range []Server{srv("127.0.0.1:9090", "t", false), srv("0.0.0.0:9090", "t", true), srv("0.0.0.0:9090", "", false), srv("[::1]:9090", "t", false)} {
+		if w := s.Warning(); w != "" {
+			t.Errorf("%+v: %q", s, w)
 		}
+	}
+	if err := srv("0.0.0.0:9090", "", false).Check(); err == nil || !strings.Contains(err.Error(), "--admin-token (SHARDRUN_ADMIN_TOKEN or SHARDRUN_ADMIN_TOKEN_FILE): required") {
+		t.Errorf("no token off loopback: %v", err)
 	}
 }

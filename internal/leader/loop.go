@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,12 +59,8 @@ type Loop struct {
 
 // New returns a loop over services; it registers their errors counters.
 func New(cfg Config, services ...Service) *Loop {
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
-	}
+	cfg.Clock = cmp.Or(cfg.Clock, clock.Real())
+	cfg.Logger = cmp.Or(cfg.Logger, hclog.NewNullLogger())
 	f := promauto.With(cfg.Registry)
 	l := &Loop{cfg: cfg}
 	for _, s := range services {
