@@ -106,7 +106,7 @@ func (f Filter) Empty() bool {
 }
 
 // Check validates the fields f gives with the rules of a task's fields
-// (NewTask.Prepare): text PostgreSQL can store, a shard of a cluster of
+// (NewTask.Check): text PostgreSQL can store, a shard of a cluster of
 // shardCount shards, a time before the year 10000. The *FieldError names
 // the field.
 func (f Filter) Check(shardCount int) error {
