@@ -201,8 +201,10 @@ func (o *options) validate() error {
 	if _, err := o.etcdTLS().Client(); err != nil {
 		return err
 	}
-	if _, err := o.embedTLS().Server(); err != nil {
-		return err
+	if o.embedCert != "" || o.embedKey != "" {
+		if _, err := o.embedTLS().Server(); err != nil {
+			return err
+		}
 	}
 	if o.embedDir != "" {
 		if _, port, err := net.SplitHostPort(o.embedAddr); err != nil {
