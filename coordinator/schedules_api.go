@@ -137,16 +137,11 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	sc, err := c.schedules.Create(ctx, d)
-	var fe *tasks.FieldError
-	switch {
-	case errors.As(err, &fe):
-		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error(), Field: fe.Field})
-		return
-	case errors.Is(err, store.ErrScheduleExists):
+	if errors.Is(err, store.ErrScheduleExists) {
 		writeJSON(w, http.StatusConflict, apiError{Error: fmt.Sprintf("a schedule named %q exists; delete it first to redefine it", req.Name), Field: "name"})
 		return
-	case err != nil:
-		c.storeError(w, r, "creating a schedule", err)
+	}
+	if c.failed(w, r, "creating a schedule", err) {
 		return
 	}
 	c.scheduler.Notify()
@@ -171,13 +166,7 @@ func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	page, err := c.schedules.List(ctx, req)
-	var fe *tasks.FieldError
-	switch {
-	case errors.As(err, &fe):
-		badRequest(w, err, false, -1)
-		return
-	case err != nil:
-		c.storeError(w, r, "listing schedules", err)
+	if c.failed(w, r, "listing schedules", err) {
 		return
 	}
 	resp := SchedulePage{Schedules: make([]ScheduleView, len(page.Schedules)), Next: page.Next}

@@ -102,16 +102,27 @@ func (c *Coordinator) enqueue(ctx context.Context, w http.ResponseWriter, r *htt
 // enqueueError answers a failed enqueue: 400 naming the field (and the
 // index in a batch) for an invalid task, a database error by its class.
 func (c *Coordinator) enqueueError(w http.ResponseWriter, r *http.Request, what string, err error) {
-	var be *client.BatchError
+	if be := (*client.BatchError)(nil); errors.As(err, &be) {
+		badRequest(w, be.Err, true, be.Index)
+		return
+	}
+	c.failed(w, r, what, err)
+}
+
+// failed answers err when there is one: 400 naming the field of a
+// *tasks.FieldError, a database error by its class (storeError). It
+// reports whether it answered.
+func (c *Coordinator) failed(w http.ResponseWriter, r *http.Request, what string, err error) bool {
 	var fe *tasks.FieldError
 	switch {
-	case errors.As(err, &be):
-		badRequest(w, be.Err, true, be.Index)
+	case err == nil:
+		return false
 	case errors.As(err, &fe):
 		badRequest(w, err, false, -1)
 	default:
 		c.storeError(w, r, what, err)
 	}
+	return true
 }
 
 // taskID reads the {id} of the path (ParseTaskID), answering 400 when it

@@ -279,16 +279,15 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg) // With(nil) creates them without registering
+	counter := func(name, help string) prometheus.Counter {
+		return f.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
 	return &metrics{
-		passes: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweeps_total",
-			Help: "Completed sweep passes."}),
+		passes: counter("shardrun_sweeps_total", "Completed sweep passes."),
 		duration: f.NewHistogram(prometheus.HistogramOpts{Name: "shardrun_sweep_duration_seconds",
 			Help: "Duration of sweep passes.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)}),
-		released: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_released_total",
-			Help: "Stale claims put back to ready."}),
-		deadlineFailed: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_deadline_failed_total",
-			Help: "Tasks failed because their deadline passed."}),
-		dead: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_dead_total",
-			Help: "Stale claims whose attempts were used up."}),
+		released:       counter("shardrun_sweep_released_total", "Stale claims put back to ready."),
+		deadlineFailed: counter("shardrun_sweep_deadline_failed_total", "Tasks failed because their deadline passed."),
+		dead:           counter("shardrun_sweep_dead_total", "Stale claims whose attempts were used up."),
 	}
 }
