@@ -8,10 +8,7 @@ package coordinator
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
-	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -181,23 +178,16 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if created {
 		c.log.Info("created cluster", "prefix", c.cfg.Prefix, "shard_count", c.cfg.ShardCount)
 	}
-	tlsConfig, err := c.cfg.httpServer().TLS.Server()
+	ln, err := c.cfg.httpServer().Listen()
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", c.cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("--http-addr: listening on %s: %w", c.cfg.HTTPAddr, err)
-	}
 	c.addr = ln.Addr().String()
-	if tlsConfig != nil {
-		ln = tls.NewListener(ln, tlsConfig)
-	}
 	if w := c.cfg.httpServer().Warning(); w != "" {
 		c.log.Warn(w)
 	}
 	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
-		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute, TLSConfig: tlsConfig}
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

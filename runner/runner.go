@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -87,9 +86,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	if len(r.handlers.Kinds()) == 0 {
 		return errors.New("no task handlers registered")
 	}
-	ln, err := net.Listen("tcp", cfg.AdminAddr)
+	ln, err := cfg.adminServer().Listen()
 	if err != nil {
-		return fmt.Errorf("--admin-addr: listening on %s: %w", cfg.AdminAddr, err)
+		return err
 	}
 	defer ln.Close()
 	r.adminAddr = ln.Addr().String()
@@ -136,10 +135,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	listener := st.NewListener(r.log.Named("listener"), func(n store.Notification) { r.exec.Wake(n.All, n.Shards) })
 	bg.Go(func() { _ = listener.Run(support) })
-	admin, err := r.serveAdmin(ln, &bg)
-	if err != nil {
-		return err
-	}
+	admin := r.serveAdmin(ln, &bg)
 	r.log.Info("runner started", "admin", r.adminAddr, "kinds", r.handlers.Kinds(), "shards", cfg.ShardCount,
 		"lease_ttl", cfg.LeaseTTL, "max_workers", cfg.MaxWorkers)
 	close(r.started)
@@ -164,27 +160,20 @@ func (r *Runner) Run(ctx context.Context) error {
 	return runErr
 }
 
-// serveAdmin serves the admin endpoint on ln until it is shut down, over
-// HTTPS with --admin-cert.
-func (r *Runner) serveAdmin(ln net.Listener, bg *sync.WaitGroup) (*http.Server, error) {
-	tlsConfig, err := r.cfg.adminServer().TLS.Server()
-	if err != nil {
-		return nil, err
-	}
+// serveAdmin serves the admin endpoint on ln (a TLS listener with
+// --admin-cert) until it is shut down.
+func (r *Runner) serveAdmin(ln net.Listener, bg *sync.WaitGroup) *http.Server {
 	if w := r.cfg.adminServer().Warning(); w != "" {
 		r.log.Warn(w)
 	}
-	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConfig,
+	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
-	if tlsConfig != nil {
-		ln = tls.NewListener(ln, tlsConfig)
-	}
 	bg.Go(func() {
 		if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			r.log.Error("admin endpoint stopped", "error", err)
 		}
 	})
-	return admin, nil
+	return admin
 }
 
 // openStore opens the database (unless Config.Store gives one), migrates

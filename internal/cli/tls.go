@@ -138,6 +138,23 @@ func (s Server) Check() error {
 	return err
 }
 
+// Listen listens on the server's address, with TLS when it has a
+// certificate.
+func (s Server) Listen() (net.Listener, error) {
+	tlsConfig, err := s.TLS.Server()
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", s.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s: listening on %s: %w", s.AddrFlag, s.Addr, err)
+	}
+	if tlsConfig != nil {
+		ln = tls.NewListener(ln, tlsConfig)
+	}
+	return ln, nil
+}
+
 // Warning says why the bearer token of a server without TLS listening off
 // loopback is readable off the network, or "" when it is not. The token
 // is not refused: TLS is often ended in front of the server (a proxy, an
