@@ -6,7 +6,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/sweeper"
 )
@@ -45,10 +49,14 @@ func (e *env) sweepSection(ctx context.Context, rep *Report, trials int) error {
 		if ok, err := st.RaiseLeaderFence(ctx, "bench", 1); err != nil || !ok {
 			return fmt.Errorf("fence: %v %v", ok, err)
 		}
-		sw, err := sweeper.New(sweeper.Config{Store: st, Epoch: 1, StaleThreshold: 30 * time.Second, HeartbeatInterval: 5 * time.Second})
+		sw, err := sweeper.New(st, sweeper.Config{StaleThreshold: 30 * time.Second, HeartbeatInterval: 5 * time.Second}, nil)
 		if err != nil {
 			return err
 		}
+		// A term that began a stale threshold ago: Pass applies both rules,
+		// as the leader's passes do once its grace has passed.
+		term := leader.Term{Epoch: 1, Start: time.Now().Add(-time.Minute), Clock: clock.Real(), Log: hclog.NewNullLogger()}
+		sw.Begin(term)
 		res := sweepResult{Rows: rows, Stale: 1000}
 		stale := `UPDATE tasks SET state = 'running', attempt = 1, run_after = now(), finished_at = NULL,
 			claimed_at = now() - interval '1 hour', heartbeat_at = now() - interval '1 hour' WHERE id <= 1000`
@@ -57,16 +65,14 @@ func (e *env) sweepSection(ctx context.Context, rep *Report, trials int) error {
 			ORDER BY coalesce(heartbeat_at, claimed_at) LIMIT 1000 FOR UPDATE SKIP LOCKED`)
 		res.DeadlnPlan, _ = explain(ctx, st, "", `SELECT id FROM tasks WHERE deadline < now() AND state IN ('ready', 'running')
 			ORDER BY deadline LIMIT 1000 FOR UPDATE SKIP LOCKED`)
-		// A sweeper that was never Run has no grace period: Pass applies both
-		// rules, as the leader's passes do once its grace has passed.
 		for range max(trials, 3) {
 			if _, err := st.Pool().Exec(ctx, stale); err != nil {
 				return err
 			}
 			start := time.Now()
-			r := sw.Pass(ctx)
+			r, _ := leader.Once(ctx, sw, term)
 			d := time.Since(start)
-			if r.Err != nil || r.Requeued != 1000 {
+			if r.Err != nil || r.Detail.(sweeper.Result).Requeued != 1000 {
 				return fmt.Errorf("sweep pass: %+v", r)
 			}
 			res.PassMS = append(res.PassMS, float64(d.Microseconds())/1000)

@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	srclient "github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -33,7 +34,7 @@ func summarize(what, ttl string, xs []float64) latencies {
 type faultDB struct {
 	dsn    string
 	st     *store.Store
-	client *tasks.Client
+	client *srclient.Client
 }
 
 func (e *env) faultDB(ctx context.Context, name string) (*faultDB, error) {
@@ -49,7 +50,7 @@ func (e *env) faultDB(ctx context.Context, name string) (*faultDB, error) {
 		st.Close()
 		return nil, err
 	}
-	client, _ := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	client, _ := srclient.New(st, srclient.Config{ShardCount: 256})
 	return &faultDB{dsn: dsn, st: st, client: client}, nil
 }
 

@@ -280,10 +280,10 @@ func (e *env) enqueueSection(ctx context.Context, rep *Report, trials int) error
 	const batch, batches = 1000, 100
 	res := enqueueResult{Batch: batch, Rows: batch * batches, PerS: map[string][]float64{}, Median: map[string]float64{},
 		Notes: "each trial in a fresh database with the full schema; the single-row paths insert 5,000 rows one statement each"}
-	mk := func(n, trial int, unique string) []tasks.Insert {
-		ins := make([]tasks.Insert, n)
+	mk := func(n, trial int, unique string) []store.Insert {
+		ins := make([]store.Insert, n)
 		for i := range ins {
-			ins[i] = tasks.Insert{Kind: "noop", Shard: i % 256, Key: fmt.Sprintf("k%d-%d", trial, i), Payload: []byte(`{}`), MaxAttempts: 5}
+			ins[i] = store.Insert{Kind: "noop", Shard: i % 256, Key: fmt.Sprintf("k%d-%d", trial, i), Payload: []byte(`{}`), MaxAttempts: 5}
 			switch unique {
 			case "new":
 				ins[i].UniqueKey = fmt.Sprintf("u%d-%d-%d", trial, i, rand.Int64())

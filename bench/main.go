@@ -190,7 +190,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		return err
 	}
 	defer etcd.Close()
-	etcdCli, err := cli.NewEtcdClient(etcd.Endpoints())
+	etcdCli, err := cli.NewEtcdClient(etcd.Endpoints(), nil)
 	if err != nil {
 		return err
 	}

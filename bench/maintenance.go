@@ -12,7 +12,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shardrun/shardrun/internal/testsignal"
+	srclient "github.com/shardrun/shardrun/client"
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/maintenance"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -140,10 +142,7 @@ func (e *env) deployedBurnDown(ctx context.Context, o trialOpts, setup unclaimab
 	if err := st.Migrate(ctx); err != nil {
 		return r, 0, err
 	}
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
-	if err != nil {
-		return r, 0, err
-	}
+	prep := srclient.Config{ShardCount: 256}.WithDefaults()
 	c := e.newCluster(fmt.Sprintf("uc-%d-%d", o.trial, time.Now().UnixNano()), dsn, 256)
 	defer c.stop()
 	coord, err := c.startCoordinator()
@@ -191,7 +190,7 @@ func (e *env) deployedBurnDown(ctx context.Context, o trialOpts, setup unclaimab
 		time.Sleep(setup.idle) // a fixed window of idleness, not a wait for a condition
 		idlePct = pgc.stop() / setup.idle.Seconds() * 100
 	}
-	if r.EnqueuePerS, err = enqueueNoopsAtOnce(ctx, st, client, o.n); err != nil {
+	if r.EnqueuePerS, err = enqueueNoopsAtOnce(ctx, st, prep, o.n); err != nil {
 		return r, idlePct, err
 	}
 	pgc := startPGCPU(postmaster)
@@ -266,7 +265,7 @@ type churn struct {
 
 // steady enqueues rate noop tasks per second in ten batches a second until
 // stop is closed, and returns how many it enqueued.
-func steady(ctx context.Context, client *tasks.Client, rate int, limit int, stop <-chan struct{}) (int, error) {
+func steady(ctx context.Context, client *srclient.Client, rate int, limit int, stop <-chan struct{}) (int, error) {
 	per := max(rate/10, 1)
 	batch := make([]tasks.NewTask, per)
 	for i := range batch {
@@ -358,7 +357,7 @@ func (e *env) retentionSection(ctx context.Context, rep *Report, rows, rate int)
 		return err
 	}
 	res.LoadSeconds = time.Since(start).Seconds()
-	client, _ := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	client, _ := srclient.New(st, srclient.Config{ShardCount: 256})
 	c := e.newCluster(fmt.Sprintf("ret-%d", time.Now().UnixNano()), dsn, 256)
 	defer c.stop()
 	if _, err := c.start("runner-1", runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: 256}); err != nil {
@@ -378,23 +377,18 @@ func (e *env) retentionSection(ctx context.Context, rep *Report, rows, rate int)
 	if ok, err := st.RaiseLeaderFence(ctx, "bench", 1); err != nil || !ok {
 		return fmt.Errorf("fence: %v %v", ok, err)
 	}
-	passes := testsignal.New[maintenance.RetentionResult]()
-	r, err := maintenance.NewRetainer(maintenance.RetentionConfig{Store: st, Epoch: 1, RetainCompleted: 24 * time.Hour,
-		Interval: time.Hour, Logger: hclog.NewNullLogger(), Passes: passes})
+	r, err := maintenance.NewRetainer(st, maintenance.RetentionConfig{RetainCompleted: 24 * time.Hour, Interval: time.Hour}, nil)
 	if err != nil {
 		return err
 	}
 	duringFrom := dbNow(ctx, st)
 	delStart := time.Now()
-	rctx, rcancel := context.WithCancel(ctx)
-	var rwg sync.WaitGroup
-	rwg.Go(func() { _ = r.Run(rctx) })
-	pass, ok := passes.Wait(30*time.Minute, func(maintenance.RetentionResult) bool { return true })
+	term := leader.Term{Epoch: 1, Start: time.Now(), Clock: clock.Real(), Log: hclog.NewNullLogger()}
+	r.Begin(term)
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Minute)
+	result, p := leader.Once(rctx, r, term)
 	rcancel()
-	rwg.Wait()
-	if !ok {
-		return fmt.Errorf("retention pass not done within 30 minutes")
-	}
+	pass := result.Detail.(maintenance.RetentionResult)
 	res.DeleteSeconds = time.Since(delStart).Seconds()
 	duringTo := dbNow(ctx, st)
 	c2, t2 := e.claimMean(ctx, st)
@@ -403,10 +397,10 @@ func (e *env) retentionSection(ctx context.Context, rep *Report, rows, rate int)
 	if prodErr != nil {
 		return prodErr
 	}
-	if pass.Err != nil {
-		return pass.Err
+	if result.Err != nil {
+		return result.Err
 	}
-	res.Statements = pass.Statements
+	res.Statements = p.Statements
 	res.DeletePerS = float64(pass.Deleted["completed"]) / res.DeleteSeconds
 	if pass.Deleted["completed"] != int64(rows) {
 		return fmt.Errorf("retention deleted %d of %d rows", pass.Deleted["completed"], rows)
@@ -474,7 +468,7 @@ func (e *env) churnOnce(ctx context.Context, n, rate int, name string, retain ti
 		}
 		res.Autovacuum = "scale factors 0.01 (vacuum, insert), 0.02 (analyze), threshold 1000, cost delay 0"
 	}
-	client, _ := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	client, _ := srclient.New(st, srclient.Config{ShardCount: 256})
 	c := e.newCluster(fmt.Sprintf("churn-%d", time.Now().UnixNano()), dsn, 256)
 	defer c.stop()
 	if _, err := c.start("runner-1", runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: 512}); err != nil {
@@ -488,13 +482,13 @@ func (e *env) churnOnce(ctx context.Context, n, rate int, name string, retain ti
 			rcancel()
 			return res, fmt.Errorf("fence: %v %v", ok, err)
 		}
-		r, err := maintenance.NewRetainer(maintenance.RetentionConfig{Store: st, Epoch: 1, RetainCompleted: retain,
-			Interval: time.Second, Logger: hclog.NewNullLogger()})
+		r, err := maintenance.NewRetainer(st, maintenance.RetentionConfig{RetainCompleted: retain, Interval: time.Second}, nil)
 		if err != nil {
 			rcancel()
 			return res, err
 		}
-		rwg.Go(func() { _ = r.Run(rctx) })
+		loop := leader.New(leader.Config{Logger: hclog.NewNullLogger()}, r)
+		rwg.Go(func() { _ = loop.Run(rctx, 1) })
 	}
 	from := dbNow(ctx, st)
 	start := time.Now()

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	srclient "github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -37,7 +38,7 @@ type notifyVariant struct {
 	baseline bool
 	// raw: the producers insert with plain SQL, as a producer without the
 	// client (or inside its own transaction) does, so the trigger notifies
-	// each statement; otherwise through tasks.Client.Enqueue, whose
+	// each statement; otherwise through client.Client.Enqueue, whose
 	// inserts skip the trigger and are notified after their commit,
 	// coalesced (store/notify.go).
 	raw bool
@@ -85,7 +86,7 @@ type notifyResult struct {
 // elsewhere on the machine affects them alike.
 func (e *env) notifySection(ctx context.Context, rep *Report) error {
 	res := &notifyResult{
-		What: fmt.Sprintf("single-row inserts (autocommit; plain SQL, or tasks.Client.Enqueue for the store's path), %ds per run, each producer a goroutine with its own connection, fresh database per run, one LISTEN connection", notifySeconds),
+		What: fmt.Sprintf("single-row inserts (autocommit; plain SQL, or client.Client.Enqueue for the store's path), %ds per run, each producer a goroutine with its own connection, fresh database per run, one LISTEN connection", notifySeconds),
 	}
 	for _, v := range notifyVariants {
 		if v.baseline {
@@ -153,7 +154,7 @@ func (e *env) notifyRun(ctx context.Context, v notifyVariant, producers int, d t
 	for _, c := range conns {
 		c.Release()
 	}
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	client, err := srclient.New(st, srclient.Config{ShardCount: 256})
 	if err != nil {
 		return r, err
 	}

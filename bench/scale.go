@@ -15,11 +15,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	srclient "github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
-	"github.com/shardrun/shardrun/tasks"
 )
 
 // scaleOpts are the scale section's flags.
@@ -271,10 +271,7 @@ func (e *env) scaleSection(ctx context.Context, rep *Report) error {
 // burn-down from the first claim to the last completion.
 func (e *env) scaleBurnDown(ctx context.Context, st *store.Store, c *cluster, runners int, o scaleOpts) (burnDown, error) {
 	r := burnDown{System: "shardrun", Processes: runners, Tasks: o.tasks}
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: o.shards})
-	if err != nil {
-		return r, err
-	}
+	prep := srclient.Config{ShardCount: o.shards}.WithDefaults()
 	before, err := e.counters(ctx, st.Pool())
 	if err != nil {
 		return r, err
@@ -285,7 +282,7 @@ func (e *env) scaleBurnDown(ctx context.Context, st *store.Store, c *cluster, ru
 			peak.watch(rp)
 		}
 	}
-	r.EnqueuePerS, err = enqueueNoopsAtOnce(ctx, st, client, o.tasks)
+	r.EnqueuePerS, err = enqueueNoopsAtOnce(ctx, st, prep, o.tasks)
 	if err != nil {
 		peak.stop()
 		return r, err

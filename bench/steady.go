@@ -16,6 +16,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	srclient "github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -138,7 +139,7 @@ func (e *env) steadyShardrun(ctx context.Context, procs int) (*steadySystem, err
 		st.Close()
 		return nil, err
 	}
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	client, err := srclient.New(st, srclient.Config{ShardCount: 256})
 	if err != nil {
 		st.Close()
 		return nil, err

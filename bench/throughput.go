@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	srclient "github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtmp"
 	"github.com/shardrun/shardrun/store"
@@ -131,7 +132,7 @@ func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, er
 	if err := st.Migrate(ctx); err != nil {
 		return r, err
 	}
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	client, err := srclient.New(st, srclient.Config{ShardCount: 256})
 	if err != nil {
 		return r, err
 	}
@@ -213,7 +214,7 @@ func runnerShares(ctx context.Context, pool *pgxpool.Pool, kind string) ([]runne
 
 // enqueueNoops inserts n noop tasks by COPY in batches of insertBatch, each
 // batch its own transaction, and returns the rows per second.
-func enqueueNoops(ctx context.Context, client *tasks.Client, n int) (float64, error) {
+func enqueueNoops(ctx context.Context, client *srclient.Client, n int) (float64, error) {
 	batch := make([]tasks.NewTask, insertBatch)
 	for i := range batch {
 		batch[i] = tasks.NewTask{Kind: "noop"}
@@ -230,14 +231,14 @@ func enqueueNoops(ctx context.Context, client *tasks.Client, n int) (float64, er
 // enqueueNoopsAtOnce inserts n noop tasks in one transaction (COPY in
 // batches of insertBatch), so that runners already running find them all
 // claimable at the same moment, and returns the rows per second.
-func enqueueNoopsAtOnce(ctx context.Context, st *store.Store, client *tasks.Client, n int) (float64, error) {
+func enqueueNoopsAtOnce(ctx context.Context, st *store.Store, prep srclient.Config, n int) (float64, error) {
 	start := time.Now()
 	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		ins := make([]tasks.Insert, 0, insertBatch)
+		ins := make([]store.Insert, 0, insertBatch)
 		for done := 0; done < n; done += insertBatch {
 			ins = ins[:0]
 			for range min(insertBatch, n-done) {
-				in, err := client.Prepare(tasks.NewTask{Kind: "noop"})
+				in, err := prep.Prepare(tasks.NewTask{Kind: "noop"}, time.Now())
 				if err != nil {
 					return err
 				}

@@ -3,7 +3,7 @@
 // the producer's own transaction so that a task commits or rolls back with
 // the business rows it belongs to), and inspect, cancel and retry them.
 //
-//	c, err := client.New(st, tasks.ClientConfig{ShardCount: 256})
+//	c, err := client.New(st, client.Config{ShardCount: 256})
 //	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 //		if _, err := tx.Exec(ctx, `INSERT INTO orders …`); err != nil {
 //			return err
@@ -11,6 +11,10 @@
 //		_, err := c.EnqueueTx(ctx, tx, tasks.NewTask{Kind: "send-receipt", Key: orderID, UniqueKey: "receipt/" + orderID})
 //		return err
 //	})
+//
+// It is the one way tasks are enqueued: the coordinator's HTTP API, the
+// --dev demo stream and the leader's scheduler (Config.Prepare) go through
+// it too.
 //
 // Errors about one task are typed: errors.Is(err, tasks.ErrNotFound) for a
 // task that does not exist, and a *tasks.ConflictError (errors.As) for
@@ -21,31 +25,103 @@
 package client
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
+// Config configures a Client.
+type Config struct {
+	// ShardCount is the cluster's shard count (etcd meta/shard-count);
+	// required, since it decides every task's shard.
+	ShardCount int
+	// MaxAttempts for tasks that do not set one. Default
+	// tasks.DefaultMaxAttempts.
+	MaxAttempts int
+	// Clock checks deadlines; default the real clock.
+	Clock clock.Clock
+}
+
+// WithDefaults returns c with its zero fields replaced by the defaults.
+func (c Config) WithDefaults() Config {
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, tasks.DefaultMaxAttempts)
+	c.Clock = cmp.Or(c.Clock, clock.Real())
+	return c
+}
+
+// Validate reports a bad setting as a *tasks.FieldError.
+func (c Config) Validate() error {
+	if c.ShardCount < 1 {
+		return &tasks.FieldError{Field: "shard_count", Problem: fmt.Sprintf("must be at least 1, got %d (unknown shard count)", c.ShardCount)}
+	}
+	if c.MaxAttempts < 1 || c.MaxAttempts > tasks.MaxAttemptsLimit {
+		return &tasks.FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d", tasks.MaxAttemptsLimit, c.MaxAttempts)}
+	}
+	return nil
+}
+
+// Prepare validates n against now (tasks.NewTask.Check) and fills in what
+// every enqueue fills in: a random key when none is given, {} for no
+// payload, the default max_attempts, queue and priority, and the shard of
+// the key (of the sequence key, for a task of a sequence). c must be
+// valid (WithDefaults, Validate). The leader's scheduler prepares the task
+// of every schedule tick with it, with the database's time as now.
+func (c Config) Prepare(n tasks.NewTask, now time.Time) (store.Insert, error) {
+	if err := n.Check(now); err != nil {
+		return store.Insert{}, err
+	}
+	in := store.Insert{Kind: n.Kind, Key: cmp.Or(n.Key, tasks.RandomKey()), Payload: n.Payload,
+		MaxAttempts: cmp.Or(n.MaxAttempts, c.MaxAttempts), UniqueKey: n.UniqueKey,
+		Queue: cmp.Or(n.Queue, tasks.DefaultQueue), Priority: cmp.Or(n.Priority, tasks.DefaultPriority),
+		SequenceKey: n.SequenceKey, SequenceBlocks: n.SequenceKey != "" && !n.SequenceContinue}
+	if len(in.Payload) == 0 {
+		in.Payload = json.RawMessage("{}")
+	}
+	if !n.RunAfter.IsZero() {
+		in.RunAfter = &n.RunAfter
+	}
+	if !n.Deadline.IsZero() {
+		in.Deadline = &n.Deadline
+	}
+	// A sequence's tasks share one shard, so one fenced owner runs it.
+	in.Shard = tasks.ShardOf(cmp.Or(in.SequenceKey, in.Key), c.ShardCount)
+	return in, nil
+}
+
+// BatchError names the task of a batch that is invalid; nothing of the
+// batch was enqueued.
+type BatchError struct {
+	Index, Len int
+	Err        error
+}
+
+func (e *BatchError) Error() string { return fmt.Sprintf("task %d of %d: %v", e.Index, e.Len, e.Err) }
+
+// Unwrap returns the task's error (a *tasks.FieldError).
+func (e *BatchError) Unwrap() error { return e.Err }
+
 // Client enqueues, inspects, cancels and retries tasks.
 type Client struct {
-	st         *store.Store
-	prep       *tasks.Client
-	shardCount int
+	st  *store.Store
+	cfg Config
 }
 
 // New returns a client on st. cfg gives the cluster's shard count, which
 // decides every task's shard, and the default max_attempts.
-func New(st *store.Store, cfg tasks.ClientConfig) (*Client, error) {
-	prep, err := tasks.NewClient(st, cfg)
-	if err != nil {
+func New(st *store.Store, cfg Config) (*Client, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Client{st: st, prep: prep, shardCount: cfg.ShardCount}, nil
+	return &Client{st: st, cfg: cfg}, nil
 }
 
 // Enqueue validates and inserts one task. With a unique key that an
@@ -62,32 +138,43 @@ func (c *Client) Enqueue(ctx context.Context, n tasks.NewTask) (tasks.Enqueued, 
 // cannot see a holder that committed after it began. A nil tx enqueues on
 // its own.
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, n tasks.NewTask) (tasks.Enqueued, error) {
-	in, err := c.prep.Prepare(n)
+	in, err := c.cfg.Prepare(n, c.cfg.Clock.Now())
 	if err != nil {
 		return tasks.Enqueued{}, err
 	}
-	return c.st.EnqueueIn(ctx, tx, in)
+	e, err := c.st.EnqueueIn(ctx, tx, in)
+	if err == nil && !e.Duplicate {
+		e.Shard, e.Key = in.Shard, in.Key
+	}
+	return e, err
 }
 
 // EnqueueBatch validates every task first and inserts none if any is
-// invalid (the error names the index of the first bad one). A batch with
-// unique keys reports each task's id and whether it was a duplicate; one
-// without goes by COPY and reports its count only.
+// invalid (a *BatchError names the first bad one). A batch with unique
+// keys reports each task's id and whether it was a duplicate; one without
+// goes by COPY and reports its count only.
 func (c *Client) EnqueueBatch(ctx context.Context, ns []tasks.NewTask) (tasks.BatchEnqueued, error) {
 	return c.EnqueueBatchTx(ctx, nil, ns)
 }
 
 // EnqueueBatchTx is EnqueueBatch inside tx, as EnqueueTx.
 func (c *Client) EnqueueBatchTx(ctx context.Context, tx pgx.Tx, ns []tasks.NewTask) (tasks.BatchEnqueued, error) {
-	ins := make([]tasks.Insert, len(ns))
+	ins := make([]store.Insert, len(ns))
+	now := c.cfg.Clock.Now()
 	for i, n := range ns {
-		in, err := c.prep.Prepare(n)
+		in, err := c.cfg.Prepare(n, now)
 		if err != nil {
-			return tasks.BatchEnqueued{}, fmt.Errorf("task %d of %d: %w", i, len(ns), err)
+			return tasks.BatchEnqueued{}, &BatchError{Index: i, Len: len(ns), Err: err}
 		}
 		ins[i] = in
 	}
-	return c.st.EnqueueBatchIn(ctx, tx, ins)
+	res, err := c.st.EnqueueBatchIn(ctx, tx, ins)
+	for i := range res.Tasks {
+		if !res.Tasks[i].Duplicate {
+			res.Tasks[i].Shard, res.Tasks[i].Key = ins[i].Shard, ins[i].Key
+		}
+	}
+	return res, err
 }
 
 // Get returns one task with its payload, history and result.
@@ -104,7 +191,7 @@ func (c *Client) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, e
 	if req.Limit < 0 || req.Limit > tasks.MaxListLimit {
 		return tasks.Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (0 for the default, %d), got %d", tasks.MaxListLimit, tasks.DefaultListLimit, req.Limit)}
 	}
-	if err := req.Filter.Check(c.shardCount); err != nil {
+	if err := req.Filter.Check(c.cfg.ShardCount); err != nil {
 		return tasks.Page{}, err
 	}
 	return c.st.List(ctx, req)
@@ -133,7 +220,7 @@ const bulkBudget = 10 * time.Second
 // filter on something), in bounded batches, and says how many it cancelled
 // at once and how many running ones it asked to cancel.
 func (c *Client) CancelMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
-	if err := f.Check(c.shardCount); err != nil {
+	if err := f.Check(c.cfg.ShardCount); err != nil {
 		return tasks.BulkResult{}, err
 	}
 	return bulk(ctx, f, c.st.CancelMatching)
@@ -143,7 +230,7 @@ func (c *Client) CancelMatching(ctx context.Context, f tasks.Filter) (tasks.Bulk
 // as Retry, in bounded batches. Of tasks sharing a unique key only the
 // newest is retried, and none whose key an unfinished task holds (Skipped).
 func (c *Client) RetryMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
-	if err := f.Check(c.shardCount); err != nil {
+	if err := f.Check(c.cfg.ShardCount); err != nil {
 		return tasks.BulkResult{}, err
 	}
 	return bulk(ctx, f, c.st.RetryMatching)

@@ -3,7 +3,9 @@ package client_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,7 +20,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 func TestClient(t *testing.T) {
 	ctx := context.Background()
 	st, _ := pgtest.NewStore(t, store.Options{})
-	c, err := client.New(st, tasks.ClientConfig{ShardCount: 16})
+	c, err := client.New(st, client.Config{ShardCount: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +93,7 @@ func TestClient(t *testing.T) {
 func TestFiltersAreChecked(t *testing.T) {
 	ctx := context.Background()
 	st, _ := pgtest.NewStore(t, store.Options{})
-	c, err := client.New(st, tasks.ClientConfig{ShardCount: 16})
+	c, err := client.New(st, client.Config{ShardCount: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,5 +123,28 @@ func TestFiltersAreChecked(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Field != tc.field {
 			t.Errorf("RetryMatching with %+v: %v, want an invalid %s", tc.f, err, tc.field)
 		}
+	}
+}
+
+func TestPrepareFillsDefaults(t *testing.T) {
+	cfg := client.Config{ShardCount: 256, MaxAttempts: 7}.WithDefaults()
+	now := time.Now()
+	in, err := cfg.Prepare(tasks.NewTask{Kind: "k", Key: "user-42"}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Shard != 203 || string(in.Payload) != "{}" || in.MaxAttempts != 7 || in.RunAfter != nil || in.Deadline != nil {
+		t.Fatalf("defaults: %+v", in)
+	}
+	a, _ := cfg.Prepare(tasks.NewTask{Kind: "k"}, now)
+	b, _ := cfg.Prepare(tasks.NewTask{Kind: "k"}, now)
+	if a.Key == "" || a.Key == b.Key {
+		t.Fatalf("empty keys must become distinct random keys: %q %q", a.Key, b.Key)
+	}
+	if err := (client.Config{ShardCount: 8, MaxAttempts: tasks.MaxAttemptsLimit + 1}).Validate(); err == nil {
+		t.Error("a default max_attempts beyond the limit was accepted")
+	}
+	if err := (client.Config{}).WithDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "shard_count") {
+		t.Errorf("a client without a shard count: %v", err)
 	}
 }

@@ -282,19 +282,14 @@ func badRequest(w http.ResponseWriter, err error, batch bool, index int) {
 
 // handleEnqueue accepts one task (a JSON object) or a batch (an array).
 func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
-	body, err := jsonbody.ReadRequest(w, r, MaxRequestBody)
-	if err != nil {
-		var tooBig *jsonbody.TooLargeError
-		if errors.As(err, &tooBig) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: err.Error()})
-			return
-		}
-		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error()})
+	body, ok := httpjson.ReadBody(w, r, MaxRequestBody)
+	if !ok {
 		return
 	}
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	batch := len(trimmed) > 0 && trimmed[0] == '['
 	var reqs []TaskRequest
+	var err error
 	if batch {
 		err = jsonbody.Decode(body, &reqs)
 	} else {
@@ -314,20 +309,16 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error(), Field: "unique_key"})
 		return
 	}
-	ins := make([]tasks.Insert, len(reqs))
+	ns := make([]tasks.NewTask, len(reqs))
 	for i, req := range reqs {
-		n, err := req.newTask()
-		if err == nil {
-			ins[i], err = c.client.Prepare(n)
-		}
-		if err != nil {
+		if ns[i], err = req.newTask(); err != nil {
 			badRequest(w, err, batch, i)
 			return
 		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	c.enqueue(ctx, w, r, ins, batch)
+	c.enqueue(ctx, w, r, ns, batch)
 }
 
 // retryAfter is the Retry-After (seconds) of a 503: about how long a
@@ -394,19 +385,6 @@ func ParseTaskID(s string) (int64, bool) {
 	return id, err == nil
 }
 
-func (c *Coordinator) handleGetTask(w http.ResponseWriter, r *http.Request) {
-	id, ok := taskID(w, r)
-	if !ok {
-		return
-	}
-	t, err := c.cfg.Store.Get(r.Context(), id)
-	if err != nil {
-		c.taskError(w, r, "reading a task", id, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, t)
-}
-
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
@@ -415,28 +393,32 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 // warnUnhandled adds "warnings" to an enqueue answer when no attached
 // runner handles one of the kinds just enqueued (unhandledWarnings).
-func (c *Coordinator) warnUnhandled(ctx context.Context, resp map[string]any, ins []tasks.Insert) {
-	if warnings := c.unhandledWarnings(ctx, ins); len(warnings) > 0 {
+func (c *Coordinator) warnUnhandled(ctx context.Context, resp map[string]any, ns []tasks.NewTask) {
+	kinds := make([]string, len(ns))
+	for i, n := range ns {
+		kinds[i] = n.Kind
+	}
+	if warnings := c.unhandledWarnings(ctx, kinds...); len(warnings) > 0 {
 		resp["warnings"] = warnings
 	}
 }
 
-// unhandledWarnings says which kinds of ins no attached runner handles:
-// such tasks stay ready until a runner that handles them attaches. It is
+// unhandledWarnings says which of kinds no attached runner handles: such
+// tasks stay ready until a runner that handles them attaches. It is
 // advice, so an etcd error says nothing.
-func (c *Coordinator) unhandledWarnings(ctx context.Context, ins []tasks.Insert) []string {
+func (c *Coordinator) unhandledWarnings(ctx context.Context, kinds ...string) []string {
 	handled, err := c.handledKinds(ctx)
 	if err != nil {
 		return nil
 	}
 	var warnings []string
 	seen := map[string]bool{}
-	for _, in := range ins {
-		if handled[in.Kind] || seen[in.Kind] {
+	for _, kind := range kinds {
+		if handled[kind] || seen[kind] {
 			continue
 		}
-		seen[in.Kind] = true
-		warnings = append(warnings, fmt.Sprintf("no attached runner handles kind %q: its tasks stay ready until one does", in.Kind))
+		seen[kind] = true
+		warnings = append(warnings, fmt.Sprintf("no attached runner handles kind %q: its tasks stay ready until one does", kind))
 	}
 	return warnings
 }

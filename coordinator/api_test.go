@@ -188,7 +188,7 @@ func TestGenericConflictCarriesTheState(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	id, err := e.store.Enqueue(ctx, tasks.Insert{Kind: "k", Key: "k", Payload: []byte("{}"), MaxAttempts: 1})
+	id, err := e.store.Enqueue(ctx, store.Insert{Kind: "k", Key: "k", Payload: []byte("{}"), MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/testutil"
@@ -47,16 +48,33 @@ func newEnv(t *testing.T) *env {
 // on one timeline, and each coordinator's sweep passes.
 type signals struct {
 	leadership *testsignal.Signal[Leadership]
-	passes     map[string]*testsignal.Signal[sweeper.Result]
+	// passes are every coordinator's leader passes, of every service.
+	passes map[string]*testsignal.Signal[leader.Event]
 }
 
 func newSignals() *signals {
-	return &signals{leadership: testsignal.New[Leadership](), passes: map[string]*testsignal.Signal[sweeper.Result]{}}
+	return &signals{leadership: testsignal.New[Leadership](), passes: map[string]*testsignal.Signal[leader.Event]{}}
 }
 
-// swept reports whether coordinator id ran a pass that applied.
-func (s *signals) swept(id string) bool {
+// sweeps are coordinator id's sweep passes.
+func (s *signals) sweeps(id string) []leader.Event {
+	return s.of(id, "sweep")
+}
+
+// of are coordinator id's passes of service.
+func (s *signals) of(id, service string) []leader.Event {
+	var out []leader.Event
 	for _, r := range s.passes[id].Events() {
+		if r.Service == service {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// swept reports whether coordinator id ran a sweep pass that applied.
+func (s *signals) swept(id string) bool {
+	for _, r := range s.sweeps(id) {
 		if r.Err == nil {
 			return true
 		}
@@ -78,16 +96,16 @@ func (e *env) start(id string, sig *signals, mut ...func(*Config)) *running {
 		Sweep:  sweeper.Config{Interval: 50 * time.Millisecond, StaleThreshold: time.Second, HeartbeatInterval: 200 * time.Millisecond},
 		Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{e.t}}),
 	}
-	if sig != nil {
-		sig.passes[id] = testsignal.New[sweeper.Result]()
-		cfg.Leadership, cfg.Sweep.Passes = sig.leadership, sig.passes[id]
-	}
 	for _, m := range mut {
 		m(&cfg)
 	}
 	c, err := New(cfg)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	if sig != nil {
+		sig.passes[id] = testsignal.New[leader.Event]()
+		c.elector.leadership, c.loop.Events = sig.leadership, sig.passes[id]
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{Coordinator: c, cancel: cancel, done: make(chan error, 1)}
@@ -126,8 +144,8 @@ func TestExactlyOneCoordinatorSweeps(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // sampling a steady state over time
 	}
 	passes := map[string]int{}
-	for id, p := range sig.passes {
-		passes[id] = len(p.Events())
+	for id := range sig.passes {
+		passes[id] = len(sig.sweeps(id))
 	}
 	if passes[leader.cfg.ID] == 0 || passes[standby.cfg.ID] != 0 {
 		t.Fatalf("sweep passes by coordinator: %v; only the leader (%s) may sweep", passes, leader.cfg.ID)
@@ -172,7 +190,7 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "a stopped leading", func() bool { return !a.IsLeader() })
 	t.Logf("a stopped sweeping %s after the kill; b raised fence %d and started %s after the kill",
 		aStopped.Sub(killed), bEpoch, bStarted.Sub(killed))
-	for _, pass := range sig.passes["coord-a"].Events() {
+	for _, pass := range sig.sweeps("coord-a") {
 		if pass.Started.After(bStarted) && pass.Err == nil {
 			t.Fatalf("a's pass started %s after b raised its fence and still applied: %+v", pass.Started.Sub(bStarted), pass)
 		}

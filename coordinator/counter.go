@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -200,17 +202,78 @@ func (c *counter) fullCount(ctx context.Context) {
 // Run refreshes the counts every countsRefresh until ctx ends, and the full
 // counts as they fall due.
 func (c *counter) Run(ctx context.Context) {
-	for {
-		qctx, cancel := context.WithTimeout(ctx, countsQueryTime)
+	refresh(ctx, c.clock, func(qctx context.Context) {
 		if _, err := c.View(qctx); err != nil && ctx.Err() == nil {
 			c.log.Warn("counting tasks failed", "error", err)
 		}
-		cancel()
 		fctx, cancel := context.WithTimeout(ctx, time.Minute)
 		c.fullCount(fctx)
 		cancel()
-		if !clock.Sleep(c.clock, countsRefresh, ctx.Done()) {
+	})
+}
+
+// refresh calls once with a context bounded by countsQueryTime, every
+// countsRefresh until ctx ends: the loop of the coordinator's cached
+// views.
+func refresh(ctx context.Context, clk clock.Clock, once func(qctx context.Context)) {
+	for {
+		qctx, cancel := context.WithTimeout(ctx, countsQueryTime)
+		once(qctx)
+		cancel()
+		if !clock.Sleep(clk, countsRefresh, ctx.Done()) {
 			return
 		}
 	}
+}
+
+// unhandledWatch is the loop that keeps the shardrun_unhandled_tasks{kind}
+// gauge current on every coordinator, and the cache the cluster view reads
+// the unhandled kinds from: ready tasks whose kind no attached runner
+// handles (runners publish their kinds in their runners/ key).
+type unhandledWatch struct {
+	store *store.Store
+	kinds func(ctx context.Context) (map[string]bool, error)
+	clock clock.Clock
+	log   hclog.Logger
+	gauge *prometheus.GaugeVec
+
+	mu   sync.Mutex
+	last []store.KindCount
+	at   time.Time
+}
+
+// Unhandled returns the ready tasks of unhandled kinds, at most
+// countsMaxAge old.
+func (u *unhandledWatch) Unhandled(ctx context.Context) ([]store.KindCount, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.last != nil && u.clock.Now().Sub(u.at) < countsMaxAge {
+		return u.last, nil
+	}
+	handled, err := u.kinds(ctx)
+	if err != nil {
+		return nil, err
+	}
+	got, err := u.store.ReadyKindsExcept(ctx, slices.Sorted(maps.Keys(handled)))
+	if err != nil {
+		return nil, err
+	}
+	if got == nil {
+		got = []store.KindCount{}
+	}
+	u.last, u.at = got, u.clock.Now()
+	u.gauge.Reset()
+	for _, kc := range got {
+		u.gauge.WithLabelValues(kc.Kind).Set(float64(kc.Ready))
+	}
+	return got, nil
+}
+
+// Run refreshes every countsRefresh until ctx ends.
+func (u *unhandledWatch) Run(ctx context.Context) {
+	refresh(ctx, u.clock, func(qctx context.Context) {
+		if _, err := u.Unhandled(qctx); err != nil && ctx.Err() == nil {
+			u.log.Warn("counting ready tasks of unhandled kinds failed", "error", err)
+		}
+	})
 }

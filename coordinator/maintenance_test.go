@@ -11,8 +11,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
-	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/maintenance"
 	"github.com/shardrun/shardrun/schedule"
@@ -26,14 +26,27 @@ import (
 func TestScheduleAcrossALeaderKill(t *testing.T) {
 	e := newEnv(t)
 	sig := newSignals()
-	passes := map[string]*testsignal.Signal[schedule.Result]{}
-	withPasses := func(id string) func(*Config) {
-		passes[id] = testsignal.New[schedule.Result]()
-		return func(c *Config) { c.Scheduler.Passes = passes[id] }
+	ticks := func(id string) func() []schedule.Result {
+		return func() []schedule.Result {
+			var out []schedule.Result
+			for _, ev := range sig.of(id, "schedule") {
+				if ev.Err == nil {
+					out = append(out, ev.Detail.(schedule.Result))
+				}
+			}
+			return out
+		}
 	}
-	a := e.start("coord-a", sig, withPasses("coord-a"))
+	firstPass := func(id string) (schedule.Result, bool) {
+		ev, ok := sig.passes[id].Wait(10*time.Second, func(ev leader.Event) bool { return ev.Service == "schedule" && ev.Err == nil })
+		if !ok {
+			return schedule.Result{}, false
+		}
+		return ev.Detail.(schedule.Result), true
+	}
+	a := e.start("coord-a", sig)
 	testutil.WaitFor(t, 10*time.Second, "a leads", a.IsLeader)
-	b := e.start("coord-b", sig, withPasses("coord-b"))
+	b := e.start("coord-b", sig)
 	ctx := context.Background()
 	start := time.Now().Add(time.Second).Truncate(time.Second)
 	if _, err := a.Schedules().Create(ctx, schedule.Definition{Name: "every-second", Kind: "noop",
@@ -49,7 +62,7 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "b leads", b.IsLeader)
 	// b's term starts when it raised the fence (its first pass says when);
 	// then three more ticks.
-	first, ok := passes["coord-b"].Wait(10*time.Second, func(r schedule.Result) bool { return r.Err == nil })
+	first, ok := firstPass("coord-b")
 	if !ok {
 		t.Fatal("b ran no scheduler pass")
 	}
@@ -63,7 +76,7 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 		}
 		return n >= 3
 	})
-	checkTicks(t, e.store, start, termStart, passes["coord-b"])
+	checkTicks(t, e.store, start, termStart, ticks("coord-b"))
 
 	// No leader at all for 2.5s: a is stopped, b is stopped, and c starts
 	// after a fixed gap (the fault being simulated, not a wait for a
@@ -71,22 +84,22 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 	a.stop()
 	b.stop()
 	time.Sleep(2500 * time.Millisecond)
-	c := e.start("coord-c", sig, withPasses("coord-c"))
+	c := e.start("coord-c", sig)
 	testutil.WaitFor(t, 10*time.Second, "c leads", c.IsLeader)
-	first, ok = passes["coord-c"].Wait(10*time.Second, func(r schedule.Result) bool { return r.Err == nil })
+	first, ok = firstPass("coord-c")
 	if !ok {
 		t.Fatal("c ran no scheduler pass")
 	}
 	if first.Skipped < 1 || first.Enqueued < 1 {
 		t.Fatalf("c's first pass after a 2.5s gap: %+v; want the missed ticks skipped but the latest enqueued", first)
 	}
-	checkTicks(t, e.store, start, first.TermStart, passes["coord-c"], passes["coord-b"])
+	checkTicks(t, e.store, start, first.TermStart, ticks("coord-c"), ticks("coord-b"))
 }
 
 // checkTicks checks the schedule's ticks: on the grid, none twice, every
 // tick from termStart on present, the latest before it present, and the
 // missing ones exactly the skipped ones the schedulers counted.
-func checkTicks(t *testing.T, st *store.Store, start, termStart time.Time, passes ...*testsignal.Signal[schedule.Result]) {
+func checkTicks(t *testing.T, st *store.Store, start, termStart time.Time, passes ...func() []schedule.Result) {
 	t.Helper()
 	got := pgtest.ScheduleTicks(t, st, "every-second")
 	present := map[time.Time]bool{}
@@ -117,7 +130,7 @@ func checkTicks(t *testing.T, st *store.Store, start, termStart time.Time, passe
 	}
 	var skipped int
 	for _, p := range passes {
-		for _, r := range p.Events() {
+		for _, r := range p() {
 			skipped += r.Skipped
 		}
 	}
@@ -230,9 +243,9 @@ func TestSchedulesAPI(t *testing.T) {
 func TestUnhandledKindsVisibleAndFailed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	reaped := testsignal.New[maintenance.ReaperResult]()
-	c := e.start("coord", nil, func(c *Config) {
-		c.Unhandled = maintenance.ReaperConfig{After: 2 * time.Second, Interval: 100 * time.Millisecond, Passes: reaped}
+	sig := newSignals()
+	c := e.start("coord", sig, func(c *Config) {
+		c.Unhandled = maintenance.ReaperConfig{After: 2 * time.Second, Interval: 100 * time.Millisecond}
 	})
 	ctx := context.Background()
 	// A runner handling noop and sleep is attached; one handling report
@@ -275,8 +288,11 @@ func TestUnhandledKindsVisibleAndFailed(t *testing.T) {
 		t.Error("a handled kind is listed as unhandled")
 	}
 	// After 2s unhandled, the leader fails them with a clear error.
-	if _, ok := reaped.Wait(15*time.Second, func(r maintenance.ReaperResult) bool { return r.Failed["mystery"] == 10 }); !ok {
-		t.Fatalf("--unhandled-after did not fail the mystery tasks: %+v", reaped.Events())
+	if _, ok := sig.passes["coord"].Wait(15*time.Second, func(ev leader.Event) bool {
+		r, ok := ev.Detail.(maintenance.ReaperResult)
+		return ok && r.Failed["mystery"] == 10
+	}); !ok {
+		t.Fatalf("--unhandled-after did not fail the mystery tasks: %+v", sig.of("coord", "unhandled"))
 	}
 	counts, _ := e.store.CountByState(ctx)
 	if counts["failed"] != 20 || counts["ready"] != 10 {

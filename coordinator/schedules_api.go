@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/httpjson"
 	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/schedule"
 	"github.com/shardrun/shardrun/store"
@@ -98,18 +99,13 @@ func viewOf(sc store.Schedule) ScheduleView {
 func (c *Coordinator) Schedules() *schedule.Client { return c.schedules }
 
 func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Request) {
-	body, err := jsonbody.ReadRequest(w, r, maxScheduleBody)
-	if err != nil {
-		var tooBig *jsonbody.TooLargeError
-		if errors.As(err, &tooBig) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, apiError{Error: err.Error()})
-			return
-		}
-		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error()})
+	body, ok := httpjson.ReadBody(w, r, maxScheduleBody)
+	if !ok {
 		return
 	}
 	var req ScheduleRequest
-	if err := jsonbody.Decode(body, &req); err != nil {
+	err := jsonbody.Decode(body, &req)
+	if err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}
@@ -141,21 +137,16 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	sc, err := c.schedules.Create(ctx, d)
-	var fe *tasks.FieldError
-	switch {
-	case errors.As(err, &fe):
-		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error(), Field: fe.Field})
-		return
-	case errors.Is(err, store.ErrScheduleExists):
+	if errors.Is(err, store.ErrScheduleExists) {
 		writeJSON(w, http.StatusConflict, apiError{Error: fmt.Sprintf("a schedule named %q exists; delete it first to redefine it", req.Name), Field: "name"})
 		return
-	case err != nil:
-		c.storeError(w, r, "creating a schedule", err)
+	}
+	if c.failed(w, r, "creating a schedule", err) {
 		return
 	}
-	c.schedWake.Notify()
+	c.scheduler.Notify()
 	writeJSON(w, http.StatusCreated, ScheduleCreated{ScheduleView: viewOf(sc),
-		Warnings: c.unhandledWarnings(ctx, []tasks.Insert{{Kind: sc.Kind}})})
+		Warnings: c.unhandledWarnings(ctx, sc.Kind)})
 }
 
 // handleListSchedules is GET /api/schedules: one page by name, with limit
@@ -175,13 +166,7 @@ func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	page, err := c.schedules.List(ctx, req)
-	var fe *tasks.FieldError
-	switch {
-	case errors.As(err, &fe):
-		badRequest(w, err, false, -1)
-		return
-	case err != nil:
-		c.storeError(w, r, "listing schedules", err)
+	if c.failed(w, r, "listing schedules", err) {
 		return
 	}
 	resp := SchedulePage{Schedules: make([]ScheduleView, len(page.Schedules)), Next: page.Next}

@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -37,9 +38,9 @@ func (c *Coordinator) taskRoutes(mux *http.ServeMux) {
 	auth := func(h http.HandlerFunc) http.HandlerFunc { return httpauth.Require(c.cfg.APIToken, "shardrun-api", h) }
 	mux.HandleFunc("POST /api/tasks", auth(c.handleEnqueue))
 	mux.HandleFunc("GET /api/tasks", auth(c.handleListTasks))
-	mux.HandleFunc("GET /api/tasks/{id}", auth(c.handleGetTask))
-	mux.HandleFunc("POST /api/tasks/{id}/cancel", auth(c.handleCancelTask))
-	mux.HandleFunc("POST /api/tasks/{id}/retry", auth(c.handleRetryTask))
+	mux.HandleFunc("GET /api/tasks/{id}", auth(c.handleTask("reading a task", c.client.Get, statusOK)))
+	mux.HandleFunc("POST /api/tasks/{id}/cancel", auth(c.handleTask("cancelling a task", c.client.Cancel, cancelled)))
+	mux.HandleFunc("POST /api/tasks/{id}/retry", auth(c.handleTask("retrying a task", c.client.Retry, statusOK)))
 	mux.HandleFunc("POST /api/tasks/cancel", auth(c.handleBulk("cancel", c.cfg.Store.CancelMatching)))
 	mux.HandleFunc("POST /api/tasks/retry", auth(c.handleBulk("retry", c.cfg.Store.RetryMatching)))
 }
@@ -60,41 +61,68 @@ func idempotencyKey(r *http.Request, reqs []TaskRequest, batch bool) error {
 	return nil
 }
 
-// enqueue inserts validated tasks and answers: 201 with the id (or the
-// count) when tasks were created; 200 with "duplicate": true and the
-// existing task's id when a unique key was held. A batch with unique keys
-// answers every task's id and duplicate flag in "tasks".
-func (c *Coordinator) enqueue(ctx context.Context, w http.ResponseWriter, r *http.Request, ins []tasks.Insert, batch bool) {
+// enqueue validates and inserts tasks through the client and answers:
+// 201 with the id (or the count) when tasks were created; 200 with
+// "duplicate": true and the existing task's id when a unique key was
+// held. A batch with unique keys answers every task's id and duplicate
+// flag in "tasks".
+func (c *Coordinator) enqueue(ctx context.Context, w http.ResponseWriter, r *http.Request, ns []tasks.NewTask, batch bool) {
 	if !batch {
-		e, err := c.cfg.Store.EnqueueIn(ctx, nil, ins[0])
+		e, err := c.client.Enqueue(ctx, ns[0])
 		if err != nil {
-			c.storeError(w, r, "enqueueing a task", err)
+			c.enqueueError(w, r, "enqueueing a task", err)
 			return
 		}
 		if e.Duplicate {
 			writeJSON(w, http.StatusOK, map[string]any{"id": e.ID, "duplicate": true})
 			return
 		}
-		resp := map[string]any{"id": e.ID, "shard": ins[0].Shard, "key": ins[0].Key}
-		c.warnUnhandled(ctx, resp, ins)
+		resp := map[string]any{"id": e.ID, "shard": e.Shard, "key": e.Key}
+		c.warnUnhandled(ctx, resp, ns)
 		writeJSON(w, http.StatusCreated, resp)
 		return
 	}
-	res, err := c.cfg.Store.EnqueueBatchIn(ctx, nil, ins)
+	res, err := c.client.EnqueueBatch(ctx, ns)
 	if err != nil {
-		c.storeError(w, r, "enqueueing a batch", err)
+		c.enqueueError(w, r, "enqueueing a batch", err)
 		return
 	}
 	resp := map[string]any{"enqueued": res.Inserted}
 	if res.Tasks != nil {
 		resp["duplicates"], resp["tasks"] = res.Duplicates, res.Tasks
 	}
-	c.warnUnhandled(ctx, resp, ins)
+	c.warnUnhandled(ctx, resp, ns)
 	code := http.StatusCreated
 	if res.Inserted == 0 {
 		code = http.StatusOK
 	}
 	writeJSON(w, code, resp)
+}
+
+// enqueueError answers a failed enqueue: 400 naming the field (and the
+// index in a batch) for an invalid task, a database error by its class.
+func (c *Coordinator) enqueueError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	if be := (*client.BatchError)(nil); errors.As(err, &be) {
+		badRequest(w, be.Err, true, be.Index)
+		return
+	}
+	c.failed(w, r, what, err)
+}
+
+// failed answers err when there is one: 400 naming the field of a
+// *tasks.FieldError, a database error by its class (storeError). It
+// reports whether it answered.
+func (c *Coordinator) failed(w http.ResponseWriter, r *http.Request, what string, err error) bool {
+	var fe *tasks.FieldError
+	switch {
+	case err == nil:
+		return false
+	case errors.As(err, &fe):
+		badRequest(w, err, false, -1)
+	default:
+		c.storeError(w, r, what, err)
+	}
+	return true
 }
 
 // taskID reads the {id} of the path (ParseTaskID), answering 400 when it
@@ -136,36 +164,34 @@ func (c *Coordinator) taskError(w http.ResponseWriter, r *http.Request, what str
 	}
 }
 
-// handleCancelTask: 200 with the task when it was ready and is cancelled;
-// 202 with the task when it runs and its runner was asked to cancel it.
-func (c *Coordinator) handleCancelTask(w http.ResponseWriter, r *http.Request) {
-	id, ok := taskID(w, r)
-	if !ok {
-		return
+// handleTask answers one operation on the task of the path's {id}
+// through the client: the task, with the status code the task's state
+// calls for, or the error (taskError).
+func (c *Coordinator) handleTask(what string, op func(context.Context, int64) (tasks.Task, error), code func(tasks.Task) int) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, ok := taskID(w, r)
+		if !ok {
+			return
+		}
+		t, err := op(r.Context(), id)
+		if err != nil {
+			c.taskError(w, r, what, id, err)
+			return
+		}
+		writeJSON(w, code(t), t)
 	}
-	t, err := c.cfg.Store.CancelTask(r.Context(), id)
-	if err != nil {
-		c.taskError(w, r, "cancelling a task", id, err)
-		return
-	}
-	code := http.StatusOK
-	if t.State == tasks.Running {
-		code = http.StatusAccepted
-	}
-	writeJSON(w, code, t)
 }
 
-func (c *Coordinator) handleRetryTask(w http.ResponseWriter, r *http.Request) {
-	id, ok := taskID(w, r)
-	if !ok {
-		return
+// statusOK is 200 whatever the task.
+func statusOK(tasks.Task) int { return http.StatusOK }
+
+// cancelled is 200 when the task was ready and is cancelled, 202 when it
+// runs and its runner was asked to cancel it.
+func cancelled(t tasks.Task) int {
+	if t.State == tasks.Running {
+		return http.StatusAccepted
 	}
-	t, err := c.cfg.Store.RetryTask(r.Context(), id)
-	if err != nil {
-		c.taskError(w, r, "retrying a task", id, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, t)
+	return http.StatusOK
 }
 
 // The query parameters of the listing and of the bulk operations.

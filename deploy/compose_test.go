@@ -28,8 +28,8 @@ func TestComposeFileIsValid(t *testing.T) {
 	config := string(out)
 	for _, want := range []string{"  etcd1:", "  etcd2:", "  etcd3:", "  postgres:", "  coordinator1:", "  coordinator2:", "  runner:",
 		"replicas: 3", "SHARDRUN_ADMIN_TOKEN: t1", "SHARDRUN_API_TOKEN: t2", "healthcheck:", "etcd1-data:", "pg-data:",
-		"condition: service_healthy", "SHARDRUN_ETCD_ENDPOINTS: http://etcd1:2379,http://etcd2:2379,http://etcd3:2379",
-		"ETCD_INITIAL_CLUSTER: etcd1=http://etcd1:2380,etcd2=http://etcd2:2380,etcd3=http://etcd3:2380"} {
+		"condition: service_healthy", "SHARDRUN_ETCD_ENDPOINTS: https://etcd1:2379,https://etcd2:2379,https://etcd3:2379", "SHARDRUN_ETCD_KEY_FILE: /certs/client.key", "ETCD_CLIENT_CERT_AUTH: \"true\"", "ETCD_PEER_CLIENT_CERT_AUTH: \"true\"",
+		"ETCD_INITIAL_CLUSTER: etcd1=https://etcd1:2380,etcd2=https://etcd2:2380,etcd3=https://etcd3:2380"} {
 		if !strings.Contains(config, want) {
 			t.Errorf("compose config lacks %q", want)
 		}

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -26,7 +27,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
+	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/testutil"
 )
 
@@ -449,7 +452,7 @@ func (d *deployment) up(t *testing.T) {
 	d.pgContainer = d.container(t, "postgres", 1)
 	// The client and the watch outlive this step: the test's cleanups
 	// stop the watch first (registered last), then close the client.
-	d.etcd = testutil.Client(d.t, d.etcdEndpoints(t)...)
+	d.etcd = etcdClient(d.t, d.etcdEndpoints(t)...)
 	d.view = &etcdView{prefix: d.prefix, owners: map[int]string{}, runners: map[string]string{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -540,11 +543,39 @@ func buildBase(t *testing.T) string {
 	return ""
 }
 
+// certsDir holds the deployment's certificates (docker-compose.yml mounts
+// it): deploy/standins/build.sh makes them with internal/cmd/certgen.
+const certsDir = "certs"
+
+// etcdClient talks to the members through their published ports, with
+// the deployment's client certificate: etcd requires one.
+func etcdClient(t testing.TB, endpoints ...string) *clientv3.Client {
+	t.Helper()
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(certsDir, name))
+		if err != nil {
+			t.Fatalf("the deployment's certificates (run deploy/standins/build.sh, or go run ./internal/cmd/certgen -out deploy/certs): %v", err)
+		}
+		return string(b)
+	}
+	tlsConfig, err := cli.TLS{Flag: "--etcd", CA: read("ca.crt"), Cert: read("client.crt"), Key: read("client.key")}.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: tlsConfig, Logger: zap.NewNop(),
+		DialTimeout: 2 * time.Second, DialKeepAliveTime: 500 * time.Millisecond, DialKeepAliveTimeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func (d *deployment) etcdEndpoints(t testing.TB) []string {
 	var eps []string
 	for i := 1; i <= 3; i++ {
 		if addr := d.hostAddr(d.container(t, fmt.Sprintf("etcd%d", i), 1), "2379"); addr != "" {
-			eps = append(eps, "http://"+addr)
+			eps = append(eps, "https://"+addr)
 		}
 	}
 	return eps

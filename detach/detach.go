@@ -20,6 +20,7 @@
 package detach
 
 import (
+	"cmp"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -33,16 +34,13 @@ import (
 // Kind is why the runner detached.
 type Kind int
 
-// The detach reasons.
+// The detach reasons. The brief's storage_error is not one: a failed etcd
+// call to acquire, release or publish is retried, and the lease clock
+// decides when to detach (docs/architecture.md).
 const (
-	// StorageError: a store that proves ownership failed in a way that
-	// leaves it unknown. The shard manager no longer uses it: a failed etcd
-	// call to acquire, release or publish is retried, and the lease clock
-	// decides when to detach (docs/architecture.md).
-	StorageError Kind = iota + 1
 	// KeepaliveFailure: no keep-alive succeeded for the threshold's number
 	// of keep-alive periods (TTL/3 each).
-	KeepaliveFailure
+	KeepaliveFailure Kind = iota + 1
 	// LeaseExpired: the lease deadline (minus the margin) passed without a
 	// newer successful keep-alive, or etcd says the lease is gone.
 	LeaseExpired
@@ -52,8 +50,6 @@ const (
 
 func (k Kind) String() string {
 	switch k {
-	case StorageError:
-		return "storage_error"
 	case KeepaliveFailure:
 		return "keepalive_failure"
 	case LeaseExpired:
@@ -70,14 +66,12 @@ type Reason struct {
 	// Streak is the number of keep-alive periods (TTL/3) without a
 	// successful keep-alive, for KeepaliveFailure.
 	Streak int
-	// Detail is free text: the storage error, or the operator's reason.
+	// Detail is free text: the lease's failure, or the operator's reason.
 	Detail string
 }
 
 func (r Reason) String() string {
 	switch r.Kind {
-	case StorageError:
-		return "storage error: " + r.Detail
 	case KeepaliveFailure:
 		return fmt.Sprintf("keep-alive failure streak: no keep-alive succeeded for %d keep-alive periods (TTL/3 each)", r.Streak)
 	case LeaseExpired:
@@ -161,12 +155,8 @@ type Machine struct {
 
 // New returns an attached machine.
 func New(cfg Config) *Machine {
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
-	}
+	cfg.Clock = cmp.Or(cfg.Clock, clock.Real())
+	cfg.Logger = cmp.Or(cfg.Logger, hclog.NewNullLogger())
 	return &Machine{window: cfg.RecoveryWindow, clock: cfg.Clock, log: cfg.Logger}
 }
 

@@ -40,7 +40,7 @@ func TestDetachSetsState(t *testing.T) {
 
 func TestDoubleDetachUpdatesReasonOnly(t *testing.T) {
 	m, c := newMachine(100 * time.Millisecond)
-	m.Detach(Reason{Kind: StorageError, Detail: "x"})
+	m.Detach(Reason{Kind: LeaseExpired, Detail: "x"})
 	since := m.Status().Since
 	c.Advance(time.Second)
 	if m.Detach(Reason{Kind: LeaseExpired}) {
@@ -95,7 +95,7 @@ func TestDetachDuringRecoveryResetsWindow(t *testing.T) {
 	m.Detach(Reason{Kind: LeaseExpired})
 	m.Healthy()
 	c.Advance(90 * time.Millisecond)
-	m.Detach(Reason{Kind: StorageError, Detail: "txn failed"})
+	m.Detach(Reason{Kind: KeepaliveFailure, Streak: 3})
 	c.Advance(20 * time.Millisecond)
 	if m.Healthy() {
 		t.Fatal("a new detach reason must restart the recovery window")
@@ -104,17 +104,16 @@ func TestDetachDuringRecoveryResetsWindow(t *testing.T) {
 
 func TestReasonStrings(t *testing.T) {
 	for r, want := range map[Reason]string{
-		{Kind: StorageError, Detail: "connection timeout"}: "storage error: connection timeout",
-		{Kind: KeepaliveFailure, Streak: 5}:                "keep-alive failure streak: no keep-alive succeeded for 5 keep-alive periods (TTL/3 each)",
-		{Kind: LeaseExpired}:                               "lease expired",
-		{Kind: Manual}:                                     "manual detachment",
-		{Kind: Manual, Detail: "maintenance"}:              "manual detachment: maintenance",
+		{Kind: KeepaliveFailure, Streak: 5}:   "keep-alive failure streak: no keep-alive succeeded for 5 keep-alive periods (TTL/3 each)",
+		{Kind: LeaseExpired}:                  "lease expired",
+		{Kind: Manual}:                        "manual detachment",
+		{Kind: Manual, Detail: "maintenance"}: "manual detachment: maintenance",
 	} {
 		if got := r.String(); got != want {
 			t.Errorf("%v: %q, want %q", r.Kind, got, want)
 		}
 	}
-	if StorageError.String() != "storage_error" || KeepaliveFailure.String() != "keepalive_failure" ||
+	if KeepaliveFailure.String() != "keepalive_failure" ||
 		LeaseExpired.String() != "lease_expired" || Manual.String() != "manual" {
 		t.Error("kind names are part of /status and metrics")
 	}
@@ -152,7 +151,7 @@ func TestManualWinsOverOtherReasons(t *testing.T) {
 	m, c := newMachine(10 * time.Millisecond)
 	m.Detach(Reason{Kind: LeaseExpired})
 	m.Detach(Reason{Kind: Manual})
-	m.Detach(Reason{Kind: StorageError, Detail: "later"})
+	m.Detach(Reason{Kind: LeaseExpired, Detail: "later"})
 	c.Advance(time.Second)
 	m.Healthy()
 	c.Advance(time.Second)
@@ -186,11 +185,11 @@ func TestSubscribersRunBeforeDetachReturns(t *testing.T) {
 	if len(events) != 1 || !events[0].Detached || !sawDetached[0] {
 		t.Fatalf("subscriber not called synchronously with the state already detached: %+v", events)
 	}
-	m.Detach(Reason{Kind: StorageError}) // no transition, no event
+	m.Detach(Reason{Kind: LeaseExpired}) // no transition, no event
 	m.Healthy()
 	c.Advance(10 * time.Millisecond)
 	m.Healthy()
-	if len(events) != 2 || events[1].Detached || events[1].Reason.Kind != StorageError || sawDetached[1] {
+	if len(events) != 2 || events[1].Detached || events[1].Reason.Kind != LeaseExpired || sawDetached[1] {
 		t.Fatalf("re-attach event: %+v %v", events, sawDetached)
 	}
 }

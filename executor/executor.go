@@ -32,6 +32,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -46,12 +47,17 @@ type Store interface {
 	// shards of terms in the order given.
 	Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
 	Claimed(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error)
-	Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)
-	Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)
-	Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error)
-	Fail(ctx context.Context, owner string, failed []tasks.Failure) ([]tasks.WriteResult, error)
-	Interrupt(ctx context.Context, owner string, cut []tasks.Interruption) ([]tasks.WriteResult, error)
-	CancelAttempts(ctx context.Context, owner string, cancelled []tasks.Cancellation) ([]tasks.WriteResult, error)
+	Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error)
+	Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error)
+	Complete(ctx context.Context, owner string, done []claims.Completion) ([]claims.WriteResult, error)
+	Fail(ctx context.Context, owner string, failed []claims.Failure) ([]claims.WriteResult, error)
+	Interrupt(ctx context.Context, owner string, cut []claims.Interruption) ([]claims.WriteResult, error)
+	CancelAttempts(ctx context.Context, owner string, cancelled []claims.Cancellation) ([]claims.WriteResult, error)
+	// Unavailable reports whether err, returned by one of the methods
+	// above, means that the database could not serve the statement now
+	// (no connection, shutdown, a timeout): the same write may succeed
+	// later. Only such writes are retried.
+	Unavailable(err error) bool
 }
 
 // Ownership is what the executor needs from shard ownership (shard.Manager).
@@ -93,7 +99,7 @@ type Hold interface {
 // Defaults of Config.
 const (
 	DefaultMaxWorkers        = 64
-	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultHeartbeatInterval = claims.DefaultHeartbeatInterval
 	DefaultPollInterval      = time.Second
 	DefaultFlushDelay        = 5 * time.Millisecond
 	DefaultShutdownTimeout   = 30 * time.Second
@@ -165,15 +171,9 @@ func (c *Config) fill() {
 	if c.Retry == (tasks.RetryPolicy{}) {
 		c.Retry = tasks.DefaultRetryPolicy()
 	}
-	if c.Clock == nil {
-		c.Clock = clock.Real()
-	}
-	if c.Logger == nil {
-		c.Logger = hclog.NewNullLogger()
-	}
-	if c.Metrics == nil {
-		c.Metrics = NewMetrics(nil)
-	}
+	c.Clock = cmp.Or(c.Clock, clock.Real())
+	c.Logger = cmp.Or(c.Logger, hclog.NewNullLogger())
+	c.Metrics = cmp.Or(c.Metrics, NewMetrics(nil))
 }
 
 // Validate reports the first bad setting, naming its flag.

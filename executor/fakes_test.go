@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -33,7 +33,7 @@ type fakeStore struct {
 	// connection dropped before the answer.
 	claimAnswersLost int
 	// failed records every failure written.
-	failed []tasks.Failure
+	failed []claims.Failure
 }
 
 type fence struct {
@@ -41,10 +41,14 @@ type fence struct {
 	owner string
 }
 
-var errDown = &store.Error{Class: store.ErrUnavailable, Err: errors.New("database unreachable")}
+var errDown = errors.New("database unreachable")
 
 // errRefused is the database refusing a value: retrying cannot help.
-var errRefused = &store.Error{Class: store.ErrInvalidInput, Code: "22P02", Err: errors.New("invalid input syntax for type json")}
+var errRefused = errors.New("invalid input syntax for type json (SQLSTATE 22P02)")
+
+// Unavailable is true for errDown only, as the store's classification is
+// for an unreachable database.
+func (s *fakeStore) Unavailable(err error) bool { return errors.Is(err, errDown) }
 
 func newFakeStore() *fakeStore {
 	return &fakeStore{tasks: map[int64]*tasks.Task{}, fences: map[int]fence{}, failures: map[string]int{}, calls: map[string]int{}}
@@ -168,23 +172,23 @@ func (s *fakeStore) Claimed(_ context.Context, owner string, terms []tasks.Shard
 
 // fenced applies write to each ref still running under exactly that claim
 // with the fence still the writer's; it reports the outcome per ref.
-func (s *fakeStore) fenced(op, owner string, refs []tasks.Ref, write func(t *tasks.Task, i int)) ([]tasks.WriteResult, error) {
+func (s *fakeStore) fenced(op, owner string, refs []tasks.Ref, write func(t *tasks.Task, i int)) ([]claims.WriteResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter(op); err != nil {
 		return nil, err
 	}
-	out := make([]tasks.WriteResult, len(refs))
+	out := make([]claims.WriteResult, len(refs))
 	for i, r := range refs {
 		out[i].Ref = r
 		t := s.tasks[r.ID]
 		switch {
 		case s.fences[r.Shard] != (fence{r.Epoch, owner}):
-			out[i].Outcome = tasks.FenceLost
+			out[i].Outcome = claims.FenceLost
 		case t == nil:
-			out[i].Outcome = tasks.TaskGone
+			out[i].Outcome = claims.TaskGone
 		case t.State != tasks.Running || t.ClaimedBy != owner || t.Epoch != r.Epoch || t.Attempt != r.Attempt:
-			out[i].Outcome = tasks.TaskMoved
+			out[i].Outcome = claims.TaskMoved
 		default:
 			write(t, i)
 			out[i].State, out[i].CancelRequested = t.State, t.CancelRequestedAt != nil
@@ -193,15 +197,15 @@ func (s *fakeStore) fenced(op, owner string, refs []tasks.Ref, write func(t *tas
 	return out, nil
 }
 
-func (s *fakeStore) Unclaim(_ context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
+func (s *fakeStore) Unclaim(_ context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
 	return s.fenced("unclaim", owner, refs, func(t *tasks.Task, _ int) { t.State, t.ClaimedBy, t.Epoch = tasks.Ready, "", 0 })
 }
 
-func (s *fakeStore) Heartbeat(_ context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
+func (s *fakeStore) Heartbeat(_ context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
 	return s.fenced("heartbeat", owner, refs, func(t *tasks.Task, _ int) { s.beats = append(s.beats, t.Ref()) })
 }
 
-func (s *fakeStore) Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error) {
+func (s *fakeStore) Complete(ctx context.Context, owner string, done []claims.Completion) ([]claims.WriteResult, error) {
 	if s.completing != nil {
 		if err := s.completing(ctx); err != nil {
 			return nil, err
@@ -220,7 +224,7 @@ func (s *fakeStore) Complete(ctx context.Context, owner string, done []tasks.Com
 	return s.fenced("complete", owner, refs, func(t *tasks.Task, i int) { t.State, t.Result = tasks.Completed, done[i].Result })
 }
 
-func (s *fakeStore) Fail(_ context.Context, owner string, failed []tasks.Failure) ([]tasks.WriteResult, error) {
+func (s *fakeStore) Fail(_ context.Context, owner string, failed []claims.Failure) ([]claims.WriteResult, error) {
 	refs := make([]tasks.Ref, len(failed))
 	for i, f := range failed {
 		refs[i] = f.Ref
@@ -241,7 +245,7 @@ func (s *fakeStore) Fail(_ context.Context, owner string, failed []tasks.Failure
 	})
 }
 
-func (s *fakeStore) Interrupt(_ context.Context, owner string, cut []tasks.Interruption) ([]tasks.WriteResult, error) {
+func (s *fakeStore) Interrupt(_ context.Context, owner string, cut []claims.Interruption) ([]claims.WriteResult, error) {
 	refs := make([]tasks.Ref, len(cut))
 	for i, c := range cut {
 		refs[i] = c.Ref
@@ -256,7 +260,7 @@ func (s *fakeStore) Interrupt(_ context.Context, owner string, cut []tasks.Inter
 	})
 }
 
-func (s *fakeStore) CancelAttempts(_ context.Context, owner string, cancelled []tasks.Cancellation) ([]tasks.WriteResult, error) {
+func (s *fakeStore) CancelAttempts(_ context.Context, owner string, cancelled []claims.Cancellation) ([]claims.WriteResult, error) {
 	refs := make([]tasks.Ref, len(cancelled))
 	for i, c := range cancelled {
 		refs[i] = c.Ref

@@ -6,6 +6,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -64,14 +65,14 @@ func (h *heartbeater) beat(ctx context.Context) {
 	}
 	for _, r := range res {
 		switch r.Outcome {
-		case tasks.Applied:
+		case claims.Applied:
 			if r.CancelRequested && h.pool.cancel(r.Ref, tasks.ErrCancelled) {
 				h.log.Info("cancelled a running task on request", "task", r.Ref.ID)
 			}
-		case tasks.FenceLost:
+		case claims.FenceLost:
 			h.m.FenceRejections.Inc()
 			h.own.FenceLost(r.Ref.Shard, r.Ref.Epoch)
-		case tasks.TaskMoved, tasks.TaskGone:
+		case claims.TaskMoved, claims.TaskGone:
 			if h.pool.cancel(r.Ref, errTakenBack) {
 				h.log.Warn("running task was taken back (stale claim swept); cancelled it", "task", r.Ref.ID, "outcome", r.Outcome.String())
 			}

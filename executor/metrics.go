@@ -7,14 +7,10 @@ import (
 
 // Metrics are the executor's metrics.
 type Metrics struct {
-	Claimed         prometheus.Counter
-	Finished        *prometheus.CounterVec
-	Duration        prometheus.Histogram
-	InFlight        prometheus.Gauge
-	FenceRejections prometheus.Counter
-	Stuck           prometheus.Gauge
-	StuckTotal      prometheus.Counter
-	WriteRefused    prometheus.Counter
+	Claimed, FenceRejections, StuckTotal, WriteRefused prometheus.Counter
+	InFlight, Stuck                                    prometheus.Gauge
+	Finished                                           *prometheus.CounterVec
+	Duration                                           prometheus.Histogram
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not

@@ -8,8 +8,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -83,22 +83,22 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 	if len(batch) == 0 {
 		return
 	}
-	var completions []tasks.Completion
-	var failures []tasks.Failure
-	var interruptions []tasks.Interruption
+	var completions []claims.Completion
+	var failures []claims.Failure
+	var interruptions []claims.Interruption
 	var cItems, fItems, iItems, cancelled []result
 	for _, r := range batch {
 		switch {
 		case r.cancelled:
 			cancelled = append(cancelled, r)
 		case r.err == nil:
-			completions = append(completions, tasks.Completion{Ref: r.task.Ref(), Result: r.task.Result})
+			completions = append(completions, claims.Completion{Ref: r.task.Ref(), Result: r.task.Result})
 			cItems = append(cItems, r)
 		case r.interrupted != nil:
-			interruptions = append(interruptions, tasks.Interruption{Ref: r.task.Ref(), Reason: "interrupted: " + r.interrupted.Error()})
+			interruptions = append(interruptions, claims.Interruption{Ref: r.task.Ref(), Reason: "interrupted: " + r.interrupted.Error()})
 			iItems = append(iItems, r)
 		default:
-			failures = append(failures, tasks.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.BudgetAttempt(), nil),
+			failures = append(failures, claims.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.BudgetAttempt(), nil),
 				Final: errors.Is(r.err, tasks.ErrPermanent), Expired: r.expired})
 			fItems = append(fItems, r)
 		}
@@ -120,11 +120,11 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 // its claim goes stale once done stops its heartbeats, and the sweeper
 // requeues it with its next attempt.
 func writeEach[T any](ctx context.Context, w *writer, what string, items []result, ins []T,
-	write func(context.Context, string, []T) ([]tasks.WriteResult, error)) {
+	write func(context.Context, string, []T) ([]claims.WriteResult, error)) {
 	if len(ins) == 0 {
 		return
 	}
-	res, err := w.write(ctx, what, func(c context.Context) ([]tasks.WriteResult, error) { return write(c, w.owner, ins) })
+	res, err := w.write(ctx, what, func(c context.Context) ([]claims.WriteResult, error) { return write(c, w.owner, ins) })
 	switch {
 	case err == nil:
 		w.account(items, res)
@@ -141,12 +141,12 @@ func writeEach[T any](ctx context.Context, w *writer, what string, items []resul
 
 // write retries a batch write while the database is unavailable: the
 // outcomes stay valid as long as the fence does, since the write is fenced.
-// Any other error is returned at once (store.Classify): retrying a value
+// Any other error is returned at once (Store.Unavailable): retrying a value
 // the database refuses would stop every later outcome. Statements run
 // under WithoutCancel(ctx): an outcome being written when shutdown begins
 // must land. Once ctx has ended, retries stop shutdownFlush later, with
 // nil results and no error.
-func (w *writer) write(ctx context.Context, what string, write func(context.Context) ([]tasks.WriteResult, error)) ([]tasks.WriteResult, error) {
+func (w *writer) write(ctx context.Context, what string, write func(context.Context) ([]claims.WriteResult, error)) ([]claims.WriteResult, error) {
 	backoff := dbRetry
 	var giveUpAt time.Time
 	for {
@@ -160,7 +160,7 @@ func (w *writer) write(ctx context.Context, what string, write func(context.Cont
 		if err == nil {
 			return res, nil
 		}
-		if err := store.Classify(err); !errors.Is(err, store.ErrUnavailable) {
+		if !w.store.Unavailable(err) {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		now := w.clock.Now()
@@ -181,11 +181,11 @@ func (w *writer) write(ctx context.Context, what string, write func(context.Cont
 }
 
 // account counts what each write did and reports refused ones.
-func (w *writer) account(items []result, res []tasks.WriteResult) {
+func (w *writer) account(items []result, res []claims.WriteResult) {
 	for i, r := range res {
 		it := items[i]
 		switch r.Outcome {
-		case tasks.Applied:
+		case claims.Applied:
 			outcome := string(r.State)
 			switch {
 			case it.interrupted != nil:
@@ -195,7 +195,7 @@ func (w *writer) account(items []result, res []tasks.WriteResult) {
 			}
 			w.m.Finished.WithLabelValues(it.task.Kind, outcome).Inc()
 			w.m.Duration.Observe(it.elapsed.Seconds())
-		case tasks.FenceLost:
+		case claims.FenceLost:
 			w.m.FenceRejections.Inc()
 			w.log.Warn("outcome refused: shard fence moved on", "task", it.task.ID, "shard", it.task.Shard, "epoch", it.task.Epoch)
 			w.own.FenceLost(it.task.Shard, it.task.Epoch)
@@ -214,7 +214,7 @@ func (w *writer) writeCancelled(ctx context.Context, items []result) {
 	if len(items) == 0 {
 		return
 	}
-	cs := make([]tasks.Cancellation, len(items))
+	cs := make([]claims.Cancellation, len(items))
 	for i, r := range items {
 		cs[i].Ref = r.task.Ref()
 		if r.err != nil {

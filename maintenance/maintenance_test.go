@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
 )
@@ -70,6 +72,28 @@ func drive[T any](t *testing.T, fc *clock.Fake, fn func() T) T {
 	}
 }
 
+// pass is one pass of a service outside the loop.
+type pass[T any] struct {
+	res        T
+	err        error
+	statements int
+	took       time.Duration
+}
+
+func termOn(c clock.Clock) leader.Term {
+	return leader.Term{Epoch: epoch, Start: c.Now(), Clock: c, Log: hclog.NewNullLogger()}
+}
+
+// once begins a term of s on c (when begin is set) and runs one pass.
+func once[T any](s leader.Service, c clock.Clock, begin bool) pass[T] {
+	t := termOn(c)
+	if begin {
+		s.Begin(t)
+	}
+	r, p := leader.Once(context.Background(), s, t)
+	return pass[T]{res: r.Detail.(T), err: r.Err, statements: p.Statements, took: c.Now().Sub(p.Started)}
+}
+
 func TestRetainerDeletesInBatchesPerState(t *testing.T) {
 	st := setup(t)
 	finished(t, st, "completed", 25, 3*time.Hour)
@@ -78,29 +102,28 @@ func TestRetainerDeletesInBatchesPerState(t *testing.T) {
 	finished(t, st, "dead", 6, 5*time.Hour)
 	exec(t, st, `INSERT INTO tasks (kind, shard, key) VALUES ('k', 1, 'ready')`)
 	fc := clock.NewFake()
-	m := NewRetentionMetrics(nil)
-	r, err := NewRetainer(RetentionConfig{Store: st, Epoch: epoch, RetainCompleted: time.Hour, RetainFailed: 4 * time.Hour,
-		BatchSize: 10, BatchPause: 200 * time.Millisecond, Clock: fc, Metrics: m})
+	r, err := NewRetainer(st, RetentionConfig{RetainCompleted: time.Hour, RetainFailed: 4 * time.Hour,
+		BatchSize: 10}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := drive(t, fc, func() RetentionResult { return r.runOnce(context.Background()) })
-	if res.Err != nil {
-		t.Fatal(res.Err)
+	res := drive(t, fc, func() pass[RetentionResult] { return once[RetentionResult](r, fc, true) })
+	if res.err != nil {
+		t.Fatal(res.err)
 	}
-	if res.Deleted["completed"] != 25 || res.Deleted["dead"] != 6 || res.Deleted["failed"] != 0 {
-		t.Fatalf("deleted %v, want completed 25 and dead 6", res.Deleted)
+	if res.res.Deleted["completed"] != 25 || res.res.Deleted["dead"] != 6 || res.res.Deleted["failed"] != 0 {
+		t.Fatalf("deleted %v, want completed 25 and dead 6", res.res.Deleted)
 	}
 	// completed: 10, 10, 5; failed: 0; dead: 6; cancelled: 0.
-	if res.Statements != 6 {
-		t.Fatalf("%d statements, want 6 (batches of 10)", res.Statements)
+	if res.statements != 6 {
+		t.Fatalf("%d statements, want 6 (batches of 10)", res.statements)
 	}
 	// Two pauses between the three completed batches, on the fake clock.
-	if res.Duration < 2*time.Second {
-		t.Fatalf("pass took %s on the fake clock, want the two pauses between full batches", res.Duration)
+	if res.took < 2*time.Second {
+		t.Fatalf("pass took %s on the fake clock, want the two pauses between full batches", res.took)
 	}
 	var metric dto.Metric
-	if err := m.Deleted.WithLabelValues("completed").Write(&metric); err != nil {
+	if err := r.deleted.WithLabelValues("completed").Write(&metric); err != nil {
 		t.Fatal(err)
 	}
 	if got := metric.GetCounter().GetValue(); got != 25 {
@@ -117,22 +140,19 @@ func TestRetentionZeroKeepsForever(t *testing.T) {
 	st := setup(t)
 	finished(t, st, "completed", 5, 48*time.Hour)
 	finished(t, st, "dead", 5, 30*24*time.Hour)
-	r, err := NewRetainer(RetentionConfig{Store: st, Epoch: epoch, KeepCompleted: true, RetainFailed: time.Hour})
+	r, err := NewRetainer(st, RetentionConfig{KeepCompleted: true, RetainFailed: time.Hour}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := r.runOnce(context.Background())
-	if res.Err != nil || res.Deleted["completed"] != 0 || res.Deleted["dead"] != 5 {
+	res := once[RetentionResult](r, clock.Real(), true)
+	if res.err != nil || res.res.Deleted["completed"] != 0 || res.res.Deleted["dead"] != 5 {
 		t.Fatalf("%+v", res)
 	}
-	both, _ := NewRetainer(RetentionConfig{Store: st, Epoch: epoch, KeepCompleted: true, KeepFailed: true})
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := both.Run(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if count(t, st, "completed") != 5 {
-		t.Fatal("retention off deleted tasks")
+		t.Fatal("a retention of 0 deleted tasks")
+	}
+	if !(RetentionConfig{KeepCompleted: true, KeepFailed: true}).WithDefaults().Off() {
+		t.Fatal("both retentions 0 is not off: the coordinator would run a retainer for nothing")
 	}
 }
 
@@ -142,9 +162,9 @@ func TestRetainerStopsWhenDeposed(t *testing.T) {
 	if ok, _ := st.RaiseLeaderFence(context.Background(), "next", epoch+1); !ok {
 		t.Fatal("fence")
 	}
-	r, _ := NewRetainer(RetentionConfig{Store: st, Epoch: epoch, Clock: clock.NewFake()})
-	if err := r.Run(context.Background()); !errors.Is(err, store.ErrNotLeader) {
-		t.Fatalf("Run under a moved fence: %v", err)
+	r, _ := NewRetainer(st, RetentionConfig{}, nil)
+	if res := once[RetentionResult](r, clock.NewFake(), true); !errors.Is(res.err, store.ErrNotLeader) {
+		t.Fatalf("a pass under a moved fence: %v", res.err)
 	}
 	if count(t, st, "completed") != 5 {
 		t.Fatal("a deposed leader deleted tasks")
@@ -160,12 +180,11 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 		{RetentionConfig{RetainFailed: -time.Second}, "--retain-failed"},
 		{RetentionConfig{BatchSize: -1}, "--retention-batch"},
 	} {
-		tc.cfg.Store = &store.Store{}
-		if _, err := NewRetainer(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.flag) {
+		if _, err := NewRetainer(&store.Store{}, tc.cfg, nil); err == nil || !strings.Contains(err.Error(), tc.flag) {
 			t.Errorf("%+v: %v, want an error naming %s", tc.cfg, err, tc.flag)
 		}
 	}
-	if _, err := NewReaper(ReaperConfig{After: -time.Second, Store: &store.Store{}}); err == nil || !strings.Contains(err.Error(), "--unhandled-after") {
+	if _, err := NewReaper(&store.Store{}, (&kindsOf{}).get, ReaperConfig{After: -time.Second}, nil); err == nil || !strings.Contains(err.Error(), "--unhandled-after") {
 		t.Errorf("negative --unhandled-after: %v", err)
 	}
 }
@@ -200,32 +219,32 @@ func TestReaperFailsKindsUnhandledForLongEnough(t *testing.T) {
 	fc := clock.NewFake()
 	kinds := &kindsOf{}
 	kinds.set("noop")
-	r, err := NewReaper(ReaperConfig{Store: st, Epoch: epoch, After: time.Hour, Kinds: kinds.get, BatchSize: 5,
-		BatchPause: time.Millisecond, Clock: fc})
+	r, err := NewReaper(st, kinds.get, ReaperConfig{After: time.Hour, BatchSize: 5}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	// First seen unhandled now: nothing fails yet.
-	res := r.runOnce(ctx)
-	if res.Err != nil || len(res.Unhandled) != 1 || res.Unhandled[0].Kind != "orphan" || res.Unhandled[0].Ready != 13 || len(res.Failed) != 0 {
-		t.Fatalf("first pass: %+v", res)
+	p := once[ReaperResult](r, fc, true)
+	if res := p.res; p.err != nil || len(res.Unhandled) != 1 || res.Unhandled[0].Kind != "orphan" || res.Unhandled[0].Ready != 13 || len(res.Failed) != 0 {
+		t.Fatalf("first pass: %+v", p)
 	}
 	// A runner handling it attaches for a moment: the clock starts over.
 	fc.Advance(50 * time.Minute)
 	kinds.set("noop", "orphan")
-	if res := r.runOnce(ctx); len(res.Unhandled) != 0 || len(res.Failed) != 0 {
-		t.Fatalf("while handled: %+v", res)
+	if p := once[ReaperResult](r, fc, false); len(p.res.Unhandled) != 0 || len(p.res.Failed) != 0 {
+		t.Fatalf("while handled: %+v", p)
 	}
 	kinds.set("noop")
 	fc.Advance(50 * time.Minute)
-	if res := r.runOnce(ctx); len(res.Failed) != 0 {
-		t.Fatalf("unhandled again for only a moment: %+v", res)
+	if p := once[ReaperResult](r, fc, false); len(p.res.Failed) != 0 {
+		t.Fatalf("unhandled again for only a moment: %+v", p)
 	}
 	fc.Advance(time.Hour)
-	res = drive(t, fc, func() ReaperResult { return r.runOnce(ctx) })
-	if res.Err != nil || res.Failed["orphan"] != 12 || res.Statements != 3 {
-		t.Fatalf("after an hour unhandled: %+v; want the 12 due for over an hour failed in 3 batches", res)
+	p = drive(t, fc, func() pass[ReaperResult] { return once[ReaperResult](r, fc, false) })
+	// The statements: the read of the ready kinds and three batches.
+	if res := p.res; p.err != nil || res.Failed["orphan"] != 12 || p.statements != 4 {
+		t.Fatalf("after an hour unhandled: %+v; want the 12 due for over an hour failed in 3 batches", p)
 	}
 	if count(t, st, "failed") != 12 || count(t, st, "ready") != 9 {
 		t.Fatalf("failed %d, ready %d", count(t, st, "failed"), count(t, st, "ready"))

@@ -160,22 +160,6 @@ func decodeAttach(body []byte) error {
 	return jsonbody.Decode(body, &struct{}{})
 }
 
-// readAdminBody reads an admin request body; false means the answer (413
-// or 400) was written.
-func readAdminBody(w http.ResponseWriter, req *http.Request) ([]byte, bool) {
-	body, err := jsonbody.ReadRequest(w, req, maxAdminBody)
-	if err != nil {
-		code := http.StatusBadRequest
-		var tooBig *jsonbody.TooLargeError
-		if errors.As(err, &tooBig) {
-			code = http.StatusRequestEntityTooLarge
-		}
-		writeJSON(w, code, map[string]string{"error": err.Error()})
-		return nil, false
-	}
-	return body, true
-}
-
 func badAdminBody(w http.ResponseWriter, err error) {
 	e := map[string]string{"error": err.Error()}
 	var je *jsonbody.Error
@@ -193,7 +177,7 @@ func badAdminBody(w http.ResponseWriter, err error) {
 }
 
 func (r *Runner) handleDetach(w http.ResponseWriter, req *http.Request) {
-	raw, ok := readAdminBody(w, req)
+	raw, ok := httpjson.ReadBody(w, req, maxAdminBody)
 	if !ok {
 		return
 	}
@@ -212,7 +196,7 @@ func (r *Runner) handleDetach(w http.ResponseWriter, req *http.Request) {
 }
 
 func (r *Runner) handleAttach(w http.ResponseWriter, req *http.Request) {
-	raw, ok := readAdminBody(w, req)
+	raw, ok := httpjson.ReadBody(w, req, maxAdminBody)
 	if !ok {
 		return
 	}

@@ -95,13 +95,8 @@ func decodeSleep(payload json.RawMessage) (time.Duration, bool, error) {
 		MS  int64 `json:"ms"`
 		Log bool  `json:"log"`
 	}
-	if err := decodeBuiltin(payload, &p); err != nil {
-		return 0, false, err
-	}
-	if p.MS < 0 || p.MS > MaxSleepMS {
-		return 0, false, fmt.Errorf("%w: ms must be 0 to %d (24h), got %d", tasks.ErrPayload, MaxSleepMS, p.MS)
-	}
-	return time.Duration(p.MS) * time.Millisecond, p.Log, nil
+	ms, err := decodeBounded(payload, &p, &p.MS, "ms", MaxSleepMS, " (24h)")
+	return time.Duration(ms) * time.Millisecond, p.Log, err
 }
 
 // decodeFail returns how many first attempts of a fail task fail.
@@ -109,13 +104,20 @@ func decodeFail(payload json.RawMessage) (int, error) {
 	var p struct {
 		Times int `json:"times"`
 	}
-	if err := decodeBuiltin(payload, &p); err != nil {
+	return decodeBounded(payload, &p, &p.Times, "times", MaxFailTimes, "")
+}
+
+// decodeBounded decodes a built-in's payload into p, a struct whose one
+// field *n is named field, and checks 0 <= *n <= max (note adds to the
+// bound in the message). Errors wrap tasks.ErrPayload.
+func decodeBounded[N int | int64](payload json.RawMessage, p any, n *N, field string, max N, note string) (N, error) {
+	if err := decodeBuiltin(payload, p); err != nil {
 		return 0, err
 	}
-	if p.Times < 0 || p.Times > MaxFailTimes {
-		return 0, fmt.Errorf("%w: times must be 0 to %d, got %d", tasks.ErrPayload, MaxFailTimes, p.Times)
+	if *n < 0 || *n > max {
+		return 0, fmt.Errorf("%w: %s must be 0 to %d%s, got %d", tasks.ErrPayload, field, max, note, *n)
 	}
-	return p.Times, nil
+	return *n, nil
 }
 
 // HandleBuiltins registers Builtins on r.

@@ -16,11 +16,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
-	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -67,10 +67,31 @@ type Config struct {
 	HandoffTimeout time.Duration
 	RetryBase      time.Duration
 	RetryCap       time.Duration
+	// EtcdCA, EtcdCert and EtcdKey are PEM: the CA the etcd servers'
+	// certificates are checked with (the system's roots when only a
+	// certificate is given), and the client certificate and key of etcd's
+	// mutual TLS. --etcd-ca, --etcd-cert, --etcd-key, each also from a file
+	// (--etcd-ca-file, …; SHARDRUN_ETCD_CA, SHARDRUN_ETCD_CA_FILE, …). With
+	// any of them the endpoints must be https.
+	EtcdCA, EtcdCert, EtcdKey string
+	// AdminCert and AdminKey are PEM: with them the admin endpoint serves
+	// HTTPS. --admin-cert, --admin-key (or --admin-cert-file, …;
+	// SHARDRUN_ADMIN_CERT, …).
+	AdminCert, AdminKey string
 	// Version is published in the runner's etcd key and /status.
 	Version string
 	// Logger is the root logger; default hclog at info on stderr.
 	Logger hclog.Logger
+	// Etcd, when set, is the etcd client the runner uses (with the TLS and
+	// dial settings of the program that embeds it), and EtcdEndpoints is
+	// not used; the runner does not close it. Give it gRPC keep-alives
+	// (DialKeepAliveTime), so that a dead connection is noticed.
+	Etcd *clientv3.Client
+	// Store, when set, is the database the runner uses (opened with the
+	// pool settings of the program that embeds it), and DatabaseURL and
+	// DBMaxConns are not used; the runner migrates it and does not close
+	// it.
+	Store *store.Store
 }
 
 // DefaultAdminAddr is the default admin endpoint address.
@@ -172,38 +193,51 @@ func ParseQueues(spec string) (map[string]int, error) {
 // checks only what is its own: the database URL and the admin address and
 // token.
 func (c Config) Validate() error {
-	if err := cli.CheckEndpoints(c.EtcdEndpoints); err != nil {
-		return err
+	if c.Etcd == nil {
+		if err := cli.CheckEndpoints(c.EtcdEndpoints); err != nil {
+			return err
+		}
+		if err := cli.CheckEtcdTLS(c.EtcdEndpoints, c.etcdTLS()); err != nil {
+			return err
+		}
 	}
 	if err := shard.CheckKeyPrefix(c.EtcdPrefix, c.Cluster); err != nil {
 		return err
 	}
+	if c.Store == nil {
+		if err := c.checkDatabase(); err != nil {
+			return err
+		}
+	}
+	if c.DetachMargin < 0 {
+		return fmt.Errorf("--detach-margin: must not be negative (0 means --lease-ttl/3), got %s", c.DetachMargin)
+	}
+	sc := c.shardConfig()
+	for _, v := range []interface{ Validate() error }{&sc, c.detachConfig(), c.executorConfig()} {
+		if err := v.Validate(); err != nil {
+			return err
+		}
+	}
+	return c.adminServer().Check()
+}
+
+// checkDatabase checks the settings of the database the runner opens
+// itself.
+func (c Config) checkDatabase() error {
 	if c.DatabaseURL == "" {
 		return fmt.Errorf("--database-url (DATABASE_URL or DATABASE_URL_FILE): required, e.g. postgres://user:pass@host:5432/db")
 	}
 	if err := store.CheckDSN(c.DatabaseURL); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %s", cli.OneLine(err))
 	}
-	if c.DetachMargin < 0 {
-		return fmt.Errorf("--detach-margin: must not be negative (0 means --lease-ttl/3), got %s", c.DetachMargin)
-	}
-	sc := c.shardConfig()
-	for _, v := range []interface{ Validate() error }{c.storeOptions(), &sc, c.detachConfig(), c.executorConfig()} {
-		if err := v.Validate(); err != nil {
-			return err
-		}
-	}
-	host, err := cli.CheckListenAddr("--admin-addr", c.AdminAddr)
-	if err != nil {
-		return err
-	}
-	if c.AdminToken == "" && !cli.IsLoopback(host) {
-		return fmt.Errorf("--admin-token (SHARDRUN_ADMIN_TOKEN or SHARDRUN_ADMIN_TOKEN_FILE): required when --admin-addr (%s) is not a loopback address", c.AdminAddr)
-	}
-	if c.AdminToken != "" {
-		if err := httpauth.CheckToken(c.AdminToken); err != nil {
-			return fmt.Errorf("--admin-token: %w", err)
-		}
-	}
-	return nil
+	return c.storeOptions().Validate()
+}
+
+func (c Config) etcdTLS() cli.TLS {
+	return cli.TLS{Flag: "--etcd", CA: c.EtcdCA, Cert: c.EtcdCert, Key: c.EtcdKey}
+}
+
+func (c Config) adminServer() cli.Server {
+	return cli.Server{AddrFlag: "--admin-addr", Addr: c.AdminAddr, TokenFlag: "--admin-token", TokenVar: "SHARDRUN_ADMIN_TOKEN",
+		Token: c.AdminToken, TLS: cli.TLS{Flag: "--admin", Cert: c.AdminCert, Key: c.AdminKey}}
 }

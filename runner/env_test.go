@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
@@ -34,18 +35,18 @@ type env struct {
 	etcd   *embedetcd.Server
 	admin  *clientv3.Client
 	store  *store.Store
-	client *tasks.Client
+	client *client.Client
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	st, dsn := pgtest.NewStore(t, store.Options{})
 	srv, admin := testutil.Etcd(t)
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: testShards})
+	c, err := client.New(st, client.Config{ShardCount: testShards})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, dsn: dsn, etcd: srv, admin: admin, store: st, client: client}
+	return &env{t: t, dsn: dsn, etcd: srv, admin: admin, store: st, client: c}
 }
 
 // testRunner is a runner started by the test.
@@ -144,7 +145,7 @@ func (e *env) enqueue(kind, payload string, n int) []int64 {
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		ids[i] = id
+		ids[i] = id.ID
 	}
 	return ids
 }

@@ -9,24 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
 
-func (e *env) ops() *client.Client {
-	e.t.Helper()
-	c, err := client.New(e.store, tasks.ClientConfig{ShardCount: testShards})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return c
-}
-
 func TestCancelAReadyTask(t *testing.T) {
 	e := newEnv(t)
 	e.start("a")
-	c := e.ops()
+	c := e.client
 	ctx := context.Background()
 	later, err := c.Enqueue(ctx, tasks.NewTask{Kind: "noop", RunAfter: time.Now().Add(time.Hour)})
 	if err != nil {
@@ -64,7 +54,7 @@ func TestCancelARunningTask(t *testing.T) {
 		ended <- end{time.Now(), context.Cause(ctx)}
 		return context.Cause(ctx)
 	}))
-	c := e.ops()
+	c := e.client
 	ctx := context.Background()
 	e.enqueue("stubborn", `{}`, 1)
 	id := <-started
@@ -111,7 +101,7 @@ func TestCancelARunningTask(t *testing.T) {
 func TestCancelRacesCompletionOnARunner(t *testing.T) {
 	e := newEnv(t)
 	a := e.start("a")
-	c := e.ops()
+	c := e.client
 	ctx := context.Background()
 	const n = 60
 	ids := make([]int64, n)
@@ -160,7 +150,7 @@ func TestCancelRacesCompletionOnARunner(t *testing.T) {
 func TestRetryADeadTaskAndSeeItComplete(t *testing.T) {
 	e := newEnv(t)
 	e.start("a")
-	c := e.ops()
+	c := e.client
 	ctx := context.Background()
 	enq, err := c.Enqueue(ctx, tasks.NewTask{Kind: "fail", Payload: []byte(`{"times": 2}`), MaxAttempts: 2})
 	if err != nil {
@@ -187,7 +177,7 @@ func TestConcurrentProducersOfOneUniqueKey(t *testing.T) {
 	e := newEnv(t)
 	var runs counting
 	e.start("a", withHandler("count", runs.handle))
-	c := e.ops()
+	c := e.client
 	const producers = 32
 	ids := make(chan tasks.Enqueued, producers)
 	var wg sync.WaitGroup

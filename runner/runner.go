@@ -86,32 +86,29 @@ func (r *Runner) Run(ctx context.Context) error {
 	if len(r.handlers.Kinds()) == 0 {
 		return errors.New("no task handlers registered")
 	}
-	ln, err := net.Listen("tcp", cfg.AdminAddr)
+	ln, err := cfg.adminServer().Listen()
 	if err != nil {
-		return fmt.Errorf("--admin-addr: listening on %s: %w", cfg.AdminAddr, err)
+		return err
 	}
 	defer ln.Close()
 	r.adminAddr = ln.Addr().String()
 
-	opts := cfg.storeOptions()
-	opts.Logger = r.log.Named("store")
-	st, err := store.Open(ctx, cfg.DatabaseURL, opts)
-	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
-	}
-	defer st.Close()
-	if err := st.Migrate(ctx); err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
-	}
-	if _, err := st.EnsureShardCount(ctx, cfg.ShardCount); err != nil {
-		return err
-	}
-
-	etcd, err := cli.NewEtcdClient(cfg.EtcdEndpoints)
+	st, closeStore, err := r.openStore(ctx)
 	if err != nil {
 		return err
 	}
-	defer etcd.Close()
+	defer closeStore()
+	etcd := cfg.Etcd
+	if etcd == nil {
+		tlsConfig, err := cfg.etcdTLS().Client()
+		if err != nil {
+			return err
+		}
+		if etcd, err = cli.NewEtcdClient(cfg.EtcdEndpoints, tlsConfig); err != nil {
+			return err
+		}
+		defer etcd.Close()
+	}
 
 	dc := cfg.detachConfig()
 	dc.Logger = r.log.Named("detach")
@@ -133,19 +130,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	listener := st.NewListener(r.log.Named("listener"), func(n store.Notification) { r.exec.Wake(n.All, n.Shards, n.Urgent) })
-	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
-
 	support, stopSupport := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSupport()
 	var bg sync.WaitGroup
+	listener := st.NewListener(r.log.Named("listener"), func(n store.Notification) { r.exec.Wake(n.All, n.Shards, n.Urgent) })
 	bg.Go(func() { _ = listener.Run(support) })
-	bg.Go(func() {
-		if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			r.log.Error("admin endpoint stopped", "error", err)
-		}
-	})
+	admin := r.serveAdmin(ln, &bg)
 	r.log.Info("runner started", "admin", r.adminAddr, "kinds", r.handlers.Kinds(), "shards", cfg.ShardCount,
 		"lease_ttl", cfg.LeaseTTL, "max_workers", cfg.MaxWorkers)
 	close(r.started)
@@ -168,6 +158,45 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.log.Info("runner stopped")
 	return runErr
+}
+
+// serveAdmin serves the admin endpoint on ln (a TLS listener with
+// --admin-cert) until it is shut down.
+func (r *Runner) serveAdmin(ln net.Listener, bg *sync.WaitGroup) *http.Server {
+	if w := r.cfg.adminServer().Warning(); w != "" {
+		r.log.Warn(w)
+	}
+	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+	bg.Go(func() {
+		if err := admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("admin endpoint stopped", "error", err)
+		}
+	})
+	return admin
+}
+
+// openStore opens the database (unless Config.Store gives one), migrates
+// it and checks its shard count. done closes what it opened.
+func (r *Runner) openStore(ctx context.Context) (st *store.Store, done func(), err error) {
+	st, done = r.cfg.Store, func() {}
+	if st == nil {
+		opts := r.cfg.storeOptions()
+		opts.Logger = r.log.Named("store")
+		if st, err = store.Open(ctx, r.cfg.DatabaseURL, opts); err != nil {
+			return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+		}
+		done = st.Close
+	}
+	if err := st.Migrate(ctx); err != nil {
+		done()
+		return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	}
+	if _, err := st.EnsureShardCount(ctx, r.cfg.ShardCount); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return st, done, nil
 }
 
 // ownership is the shard manager as the executor sees it. Go interfaces

@@ -237,12 +237,12 @@ func TestFailBuiltinRetriesThenCompletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Until(t, 15*time.Second, "retried task completed and doomed task dead", func() (bool, string) {
-		return e.task(retried).State == tasks.Completed && e.task(doomed).State == tasks.Dead, jsonString(e.counts())
+		return e.task(retried).State == tasks.Completed && e.task(doomed.ID).State == tasks.Dead, jsonString(e.counts())
 	})
 	if got := e.task(retried); got.Attempt != 3 || len(got.Errors) != 2 {
 		t.Fatalf("retried task: %+v", got)
 	}
-	if got := e.task(doomed); got.Attempt != 3 || len(got.Errors) != 3 {
+	if got := e.task(doomed.ID); got.Attempt != 3 || len(got.Errors) != 3 {
 		t.Fatalf("dead task: %+v", got)
 	}
 }
@@ -454,4 +454,25 @@ func grep(text, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// A runner given an etcd client and a store uses them (no endpoints, no
+// database URL) and leaves them open when it stops: the embedding program
+// owns their TLS and pool settings.
+func TestRunnerUsesTheGivenEtcdClientAndStore(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("injected", func(c *Config, _ *Runner) {
+		c.EtcdEndpoints, c.DatabaseURL, c.Etcd, c.Store = nil, "", e.admin, e.store
+	})
+	ids := e.enqueue("noop", `{}`, 5)
+	testutil.Until(t, 15*time.Second, "tasks completed by the runner on the given clients", func() (bool, string) {
+		return e.task(ids[4]).State == tasks.Completed, jsonString(e.counts())
+	})
+	r.stop()
+	if _, err := e.admin.Get(context.Background(), "/"); err != nil {
+		t.Fatalf("the runner closed the etcd client it was given: %v", err)
+	}
+	if err := e.store.Pool().Ping(context.Background()); err != nil {
+		t.Fatalf("the runner closed the store it was given: %v", err)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -31,6 +32,11 @@ type Definition struct {
 	Timezone string
 }
 
+// task is the task each tick enqueues.
+func (d Definition) task() tasks.NewTask {
+	return tasks.NewTask{Kind: d.Kind, Key: d.Key, Payload: d.Payload, MaxAttempts: d.MaxAttempts}
+}
+
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
 
 // Store is what the client needs from the database (store.Store).
@@ -40,29 +46,21 @@ type Store interface {
 	DeleteSchedule(ctx context.Context, name string) (bool, error)
 }
 
-// ClientConfig configures a Client.
-type ClientConfig struct {
-	// ShardCount is the cluster's; required (it validates the task).
-	ShardCount int
-	// MaxAttempts for ticks' tasks that do not set one. Default 5.
-	MaxAttempts int
-}
-
 // Client defines, lists and deletes schedules.
 type Client struct {
-	st  Store
-	cfg ClientConfig
+	st   Store
+	prep client.Config
 }
 
-// NewClient returns a client over st.
-func NewClient(st Store, cfg ClientConfig) (*Client, error) {
-	if cfg.ShardCount < 1 {
-		return nil, fmt.Errorf("schedule client: shard count must be at least 1, got %d", cfg.ShardCount)
+// NewClient returns a client over st. prep is the task client's
+// configuration (the shard count and the default max_attempts), with which
+// a definition's task is checked as every enqueued task is.
+func NewClient(st Store, prep client.Config) (*Client, error) {
+	prep = prep.WithDefaults()
+	if err := prep.Validate(); err != nil {
+		return nil, fmt.Errorf("schedule client: %w", err)
 	}
-	if cfg.MaxAttempts == 0 {
-		cfg.MaxAttempts = tasks.DefaultMaxAttempts
-	}
-	return &Client{st: st, cfg: cfg}, nil
+	return &Client{st: st, prep: prep}, nil
 }
 
 // Prepare validates d and returns the row to store, with its first tick:
@@ -73,7 +71,7 @@ func (c *Client) Prepare(d Definition, now time.Time) (store.Schedule, error) {
 		return store.Schedule{}, &tasks.FieldError{Field: "name", Problem: fmt.Sprintf("must be 1 to 200 letters, digits, '.', '_', '-' or ':', got %q", d.Name)}
 	}
 	// The task of a tick must be valid now, as it will be at every tick.
-	in, err := tasks.NewTask{Kind: d.Kind, Key: d.Key, Payload: d.Payload, MaxAttempts: d.MaxAttempts}.Prepare(now, c.cfg.ShardCount, c.cfg.MaxAttempts)
+	in, err := c.prep.Prepare(d.task(), now)
 	if err != nil {
 		return store.Schedule{}, err
 	}

@@ -1,18 +1,17 @@
 package schedule
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/wake"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -24,169 +23,105 @@ type TickStore interface {
 		plan func(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error)
 }
 
-// Defaults of SchedulerConfig.
+// How the scheduler works; no flag changes these.
 const (
-	// DefaultMaxWait bounds the sleep between passes: schedules created on
+	// maxWait bounds the sleep between passes: schedules created on
 	// another coordinator are seen within it (their ticks are enqueued
 	// late, never skipped, since they come due during the term).
-	DefaultMaxWait = 5 * time.Second
-	// DefaultBatchSize is the schedules one transaction handles.
-	DefaultBatchSize = 100
-	// DefaultTimeout bounds one batch's transaction.
-	DefaultTimeout = 10 * time.Second
-	// DefaultBatchPause is the longest jittered pause between full batches.
-	DefaultBatchPause = 50 * time.Millisecond
+	maxWait = 5 * time.Second
+	// batchSize is the schedules one transaction handles.
+	batchSize = 100
+	// batchTimeout bounds one batch's transaction.
+	batchTimeout = 10 * time.Second
+	// batchPause is the longest jittered pause between full batches.
+	batchPause = 50 * time.Millisecond
 )
 
-// SchedulerConfig configures a Scheduler.
-type SchedulerConfig struct {
-	Store TickStore
-	// Epoch is the leadership epoch the ticks are fenced with.
-	Epoch int64
-	// ShardCount decides the shard of each tick's task; required.
-	ShardCount int
-	// MaxAttempts for ticks' tasks of schedules that set none. Default 5.
-	MaxAttempts int
-	MaxWait     time.Duration
-	BatchSize   int
-	Timeout     time.Duration
-	BatchPause  time.Duration
-	// Wake, when set, ends the wait between passes early (a schedule was
-	// created on this coordinator).
-	Wake    wake.Signal
-	Clock   clock.Clock
-	Logger  hclog.Logger
-	Metrics *Metrics
-	// Passes, when set, receives every pass's result; tests wait on it.
-	Passes *testsignal.Signal[Result]
-}
-
-// Validate reports the first bad setting.
-func (c *SchedulerConfig) Validate() error {
-	switch {
-	case c.Store == nil:
-		return errors.New("scheduler: a store is required")
-	case c.ShardCount < 1:
-		return fmt.Errorf("--shard-count: must be at least 1, got %d", c.ShardCount)
-	case c.MaxWait <= 0:
-		return fmt.Errorf("scheduler MaxWait: must be positive, got %s", c.MaxWait)
-	case c.BatchSize < 1:
-		return fmt.Errorf("scheduler BatchSize: must be at least 1, got %d", c.BatchSize)
-	case c.Timeout <= 0:
-		return fmt.Errorf("scheduler Timeout: must be positive, got %s", c.Timeout)
-	}
-	return nil
-}
-
-// Result is what one pass did.
+// Result is what one pass did (the Detail of its leader.Result).
 type Result struct {
-	Started  time.Time
-	Duration time.Duration
 	// TermStart is the database time the leader raised the coordinator
 	// fence (zero until a pass succeeded): ticks before it were missed
 	// while no leader ran.
 	TermStart time.Time
 	// Due schedules handled, tasks Enqueued, ticks Skipped by the
 	// missed-tick policy, Duplicates refused by the unique index (never
-	// expected), Batches run.
-	Due, Enqueued, Skipped, Duplicates, Batches int
+	// expected).
+	Due, Enqueued, Skipped, Duplicates int
 	// NextIn is how long until the earliest next tick (0: none, or due).
-	NextIn    time.Duration
-	NotLeader bool
-	Err       error
+	NextIn time.Duration
 }
 
-// Scheduler enqueues the due ticks of every schedule, for one leadership
-// term.
+// Scheduler enqueues the due ticks of every schedule (a leader.Service).
+// It sleeps until the earliest next tick, at most MaxWait, or until woken
+// (Wake: a schedule was created on this coordinator).
 type Scheduler struct {
-	cfg       SchedulerConfig
-	log       hclog.Logger
-	clock     clock.Clock
-	m         *Metrics
+	store     TickStore
+	prep      client.Config
+	wake      wake.Signal
+	m         *metrics
+	term      leader.Term
 	termStart time.Time
+	// errors counts, on the loop's errors counter, schedules that stop
+	// ticking; set for each pass.
+	errors func()
 }
 
-// NewScheduler validates cfg and fills the defaults.
-func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
-	cfg.MaxWait = cmp.Or(cfg.MaxWait, DefaultMaxWait)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
-	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
-	cfg.BatchPause = cmp.Or(cfg.BatchPause, DefaultBatchPause)
-	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, tasks.DefaultMaxAttempts)
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+// NewScheduler returns the scheduler and registers its metrics with reg
+// (nil: not registered). prep is the task client's configuration: every
+// tick's task is prepared as every enqueued task is.
+func NewScheduler(st TickStore, prep client.Config, reg prometheus.Registerer) (*Scheduler, error) {
+	prep = prep.WithDefaults()
+	if err := prep.Validate(); err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real()
+	if st == nil {
+		return nil, errors.New("scheduler: a store is required")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = NewMetrics(nil)
-	}
-	return &Scheduler{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, m: cfg.Metrics}, nil
+	return &Scheduler{store: st, prep: prep, wake: wake.New(), m: newMetrics(reg)}, nil
 }
 
-// Run enqueues due ticks until ctx ends or the fence holds a newer leader
-// (store.ErrNotLeader). It sleeps until the earliest next tick, at most
-// MaxWait, or until woken.
-func (s *Scheduler) Run(ctx context.Context) error {
-	t := s.clock.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-		case <-s.cfg.Wake.C():
-			t.Stop()
-		}
-		r := s.runOnce(ctx)
-		if r.NotLeader {
-			return store.ErrNotLeader
-		}
-		wait := s.cfg.MaxWait
-		if r.Err == nil && r.NextIn > 0 {
-			wait = min(wait, r.NextIn)
-		}
-		t.Reset(wait)
-	}
-}
+// Name is "schedule" (shardrun_schedule_errors_total).
+func (s *Scheduler) Name() string { return "schedule" }
 
-// runOnce enqueues every due tick, in batches of schedules.
-func (s *Scheduler) runOnce(ctx context.Context) Result {
-	r := Result{Started: s.clock.Now()}
-	r.Err = s.pass(ctx, &r)
-	r.Duration = s.clock.Now().Sub(r.Started)
+// Wake is signalled by Notify.
+func (s *Scheduler) Wake() <-chan struct{} { return s.wake.C() }
+
+// Notify asks for a pass now (a schedule was created); it never blocks.
+func (s *Scheduler) Notify() { s.wake.Notify() }
+
+// Begin starts a term: its start is read from the database at its first
+// pass.
+func (s *Scheduler) Begin(t leader.Term) { s.term, s.termStart = t, time.Time{} }
+
+// Pass enqueues every due tick, in batches of schedules.
+func (s *Scheduler) Pass(ctx context.Context, p *leader.Pass) leader.Result {
+	s.errors = p.CountError
+	var r Result
+	err := s.pass(ctx, p, &r)
 	r.TermStart = s.termStart
-	switch {
-	case errors.Is(r.Err, store.ErrNotLeader):
-		r.NotLeader = true
-		s.log.Warn("the coordinator fence holds a newer leader; stopping", "epoch", s.cfg.Epoch)
-	case r.Err != nil && ctx.Err() == nil:
-		s.m.Errors.Inc()
-		s.log.Error("enqueueing schedule ticks failed", "error", r.Err, "duration", r.Duration)
-	case r.Err == nil:
-		s.m.Enqueued.Add(float64(r.Enqueued))
-		s.m.Skipped.Add(float64(r.Skipped))
+	next := maxWait
+	if err == nil {
+		s.m.enqueued.Add(float64(r.Enqueued))
+		s.m.skipped.Add(float64(r.Skipped))
 		if r.Duplicates > 0 {
-			s.log.Error("ticks refused as duplicates by the unique (schedule, tick) index", "duplicates", r.Duplicates)
+			s.term.Log.Error("ticks refused as duplicates by the unique (schedule, tick) index", "duplicates", r.Duplicates)
 		}
 		if r.Enqueued+r.Skipped > 0 {
-			s.log.Debug("enqueued schedule ticks", "schedules", r.Due, "enqueued", r.Enqueued, "skipped", r.Skipped, "duration", r.Duration)
+			s.term.Log.Debug("enqueued schedule ticks", "schedules", r.Due, "enqueued", r.Enqueued, "skipped", r.Skipped)
+		}
+		if r.NextIn > 0 {
+			next = min(next, r.NextIn)
 		}
 	}
-	s.cfg.Passes.Emit(r)
-	return r
+	return leader.Result{Next: next, Detail: r, Err: err}
 }
 
-func (s *Scheduler) pass(ctx context.Context, r *Result) error {
+func (s *Scheduler) pass(ctx context.Context, p *leader.Pass, r *Result) error {
 	for {
-		bctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-		res, err := s.cfg.Store.EnqueueTicks(bctx, s.cfg.Epoch, s.cfg.BatchSize, s.plan)
+		bctx, cancel := context.WithTimeout(ctx, batchTimeout)
+		res, err := s.store.EnqueueTicks(bctx, s.term.Epoch, batchSize, s.plan)
 		cancel()
-		r.Batches++
+		p.Statements++
 		if err != nil {
 			return err
 		}
@@ -199,11 +134,11 @@ func (s *Scheduler) pass(ctx context.Context, r *Result) error {
 		if !res.NextDue.IsZero() && res.NextDue.After(res.Now) {
 			r.NextIn = res.NextDue.Sub(res.Now)
 		}
-		if res.Schedules < s.cfg.BatchSize && r.NextIn > 0 || res.Schedules == 0 {
+		if res.Schedules < batchSize && r.NextIn > 0 || res.Schedules == 0 {
 			return nil
 		}
 		// More are due: a jittered pause lets other statements through.
-		if !clock.Pause(s.clock, s.cfg.BatchPause, ctx.Done()) {
+		if !clock.Pause(s.term.Clock, batchPause, ctx.Done()) {
 			return ctx.Err()
 		}
 	}
@@ -218,46 +153,40 @@ func (s *Scheduler) plan(sc store.Schedule, now, termStart time.Time) (store.Tic
 	if err != nil {
 		// A stored schedule that no longer compiles (its time zone left the
 		// zone database) must not block the others: it stops ticking.
-		s.m.Errors.Inc()
-		s.log.Error("schedule does not compile; it stops ticking", "schedule", sc.Name, "error", err)
+		s.errors()
+		s.term.Log.Error("schedule does not compile; it stops ticking", "schedule", sc.Name, "error", err)
 		return store.TickPlan{Next: Never}, nil
 	}
 	ticks, next, skipped := Plan(timer, sc.NextTick, now, termStart)
 	p := store.TickPlan{Next: next, Skipped: skipped}
 	for _, at := range ticks {
-		in, err := tasks.NewTask{Kind: sc.Kind, Key: sc.Key, Payload: sc.Payload, MaxAttempts: sc.MaxAttempts}.
-			Prepare(now, s.cfg.ShardCount, s.cfg.MaxAttempts)
+		in, err := s.prep.Prepare(tasks.NewTask{Kind: sc.Kind, Key: sc.Key, Payload: sc.Payload, MaxAttempts: sc.MaxAttempts}, now)
 		if err != nil {
-			s.m.Errors.Inc()
-			s.log.Error("the task of a schedule is invalid; it stops ticking", "schedule", sc.Name, "error", err)
+			s.errors()
+			s.term.Log.Error("the task of a schedule is invalid; it stops ticking", "schedule", sc.Name, "error", err)
 			return store.TickPlan{Next: Never}, nil
 		}
 		p.Ticks = append(p.Ticks, store.Tick{At: at, Task: in})
 	}
 	if skipped > 0 {
-		s.log.Warn("ticks missed while no leader ran were skipped; enqueued the latest", "schedule", sc.Name,
+		s.term.Log.Warn("ticks missed while no leader ran were skipped; enqueued the latest", "schedule", sc.Name,
 			"skipped", skipped, "from", sc.NextTick, "term_start", termStart)
 	}
 	return p, nil
 }
 
-// Metrics are the scheduler's metrics.
-type Metrics struct {
-	Enqueued prometheus.Counter
-	Skipped  prometheus.Counter
-	Errors   prometheus.Counter
+// metrics are the scheduler's own metrics; its errors counter is the
+// loop's.
+type metrics struct {
+	enqueued, skipped prometheus.Counter
 }
 
-// NewMetrics creates the metrics and registers them with reg (nil: not
-// registered).
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
-	return &Metrics{
-		Enqueued: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_schedule_ticks_enqueued_total",
+	return &metrics{
+		enqueued: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_schedule_ticks_enqueued_total",
 			Help: "Schedule ticks whose task was enqueued."}),
-		Skipped: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_schedule_ticks_skipped_total",
+		skipped: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_schedule_ticks_skipped_total",
 			Help: "Schedule ticks missed while no leader ran and not enqueued (only the latest missed tick is)."}),
-		Errors: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_schedule_errors_total",
-			Help: "Scheduler passes that failed."}),
 	}
 }

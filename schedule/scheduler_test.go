@@ -6,7 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
 )
@@ -24,20 +28,40 @@ func setup(t *testing.T) bundle {
 	if ok, err := st.RaiseLeaderFence(context.Background(), "leader", 1); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	c, err := NewClient(st, ClientConfig{ShardCount: 16})
+	c, err := NewClient(st, client.Config{ShardCount: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return bundle{st: st, client: c}
 }
 
-func newScheduler(t *testing.T, st *store.Store, epoch int64) *Scheduler {
+// testScheduler is a scheduler in a term of its own, whose passes the
+// test runs one at a time.
+type testScheduler struct {
+	*Scheduler
+	term leader.Term
+}
+
+// passResult is one pass: the scheduler's result and its error.
+type passResult struct {
+	Result
+	Err error
+}
+
+func (s testScheduler) runOnce(ctx context.Context) passResult {
+	r, _ := leader.Once(ctx, s.Scheduler, s.term)
+	return passResult{Result: r.Detail.(Result), Err: r.Err}
+}
+
+func newScheduler(t *testing.T, st TickStore, epoch int64) testScheduler {
 	t.Helper()
-	s, err := NewScheduler(SchedulerConfig{Store: st, Epoch: epoch, ShardCount: 16, Clock: clock.NewFake()})
+	s, err := NewScheduler(st, client.Config{ShardCount: 16}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	term := leader.Term{Epoch: epoch, Start: time.Now(), Clock: clock.NewFake(), Log: hclog.NewNullLogger()}
+	s.Begin(term)
+	return testScheduler{Scheduler: s, term: term}
 }
 
 // A schedule whose ticks came due before the term began enqueues the
@@ -82,11 +106,8 @@ func TestSchedulerEnqueuesEachTickOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := newScheduler(t, b.st, 1)
-	if r := old.runOnce(ctx); !r.NotLeader || r.Enqueued != 0 {
+	if r := old.runOnce(ctx); !errors.Is(r.Err, store.ErrNotLeader) || r.Enqueued != 0 {
 		t.Fatalf("deposed leader's pass: %+v", r)
-	}
-	if err := old.Run(ctx); !errors.Is(err, store.ErrNotLeader) {
-		t.Fatalf("deposed leader's Run: %v", err)
 	}
 	if n := len(pgtest.ScheduleTicks(t, b.st, "nightly")); n != 1 {
 		t.Fatalf("%d tasks after the deposed leader's pass, want 1", n)
@@ -221,10 +242,7 @@ func TestTermStartsWhenLeadershipStarted(t *testing.T) {
 		start_at = now() - interval '5.5 seconds'`); err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewScheduler(SchedulerConfig{Store: &failFirst{TickStore: b.st}, Epoch: 1, ShardCount: 16, Clock: clock.NewFake()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newScheduler(t, &failFirst{TickStore: b.st}, 1)
 	if r := s.runOnce(ctx); r.Err == nil {
 		t.Fatal("the first pass did not fail")
 	}
@@ -257,7 +275,7 @@ func (f fixedNow) CreateSchedule(_ context.Context, prepare func(now time.Time) 
 // its now() to the client, and the client computes the first tick from it.
 func TestFirstTickComesFromTheDatabaseClock(t *testing.T) {
 	dbNow := time.Date(2020, 5, 17, 10, 20, 30, 0, time.UTC)
-	c, err := NewClient(fixedNow{at: dbNow}, ClientConfig{ShardCount: 16})
+	c, err := NewClient(fixedNow{at: dbNow}, client.Config{ShardCount: 16})
 	if err != nil {
 		t.Fatal(err)
 	}

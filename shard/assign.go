@@ -82,49 +82,56 @@ func Assign(members []string, current []string) []string {
 		deficit[i] = quota[i] - len(shards)
 	}
 
-	// Pool: the greedy over (shard, member) pairs in descending score,
-	// computed lazily. Each pool shard sits in a max-heap under its best
-	// member that still had room when it was scored; a member only loses
-	// room, so a popped pair whose member is still short is the best pair
-	// left, and one whose member filled up is re-scored and pushed back.
-	var short []int
-	for i := range deficit {
-		if deficit[i] > 0 {
-			short = append(short, i)
-		}
-	}
-	if len(short) > 0 {
-		h := make(candidates, 0, S)
-		for s := range assigned {
-			if assigned[s] == 0 {
-				if c, ok := best(s, short, deficit, hashes); ok {
-					h = append(h, c)
-				}
-			}
-		}
-		heap.Init(&h)
-		for h.Len() > 0 {
-			c := h[0]
-			if deficit[c.member] > 0 {
-				heap.Pop(&h)
-				assigned[c.shard] = c.member + 1
-				deficit[c.member]--
-				continue
-			}
-			if next, ok := best(c.shard, short, deficit, hashes); ok {
-				h[0] = next
-				heap.Fix(&h, 0)
-			} else {
-				heap.Pop(&h)
-			}
-		}
-	}
+	fillPool(assigned, deficit, hashes)
 	for s, a := range assigned {
 		if a > 0 {
 			target[s] = ms[a-1]
 		}
 	}
 	return target
+}
+
+// fillPool gives the pool's shards (assigned 0) to the members short of
+// their quota (deficit), by the greedy over (shard, member) pairs in
+// descending score, computed lazily. Each pool shard sits in a max-heap
+// under its best member that still had room when it was scored; a member
+// only loses room, so a popped pair whose member is still short is the
+// best pair left, and one whose member filled up is re-scored and pushed
+// back.
+func fillPool(assigned, deficit []int, hashes []uint64) {
+	var short []int
+	for i := range deficit {
+		if deficit[i] > 0 {
+			short = append(short, i)
+		}
+	}
+	if len(short) == 0 {
+		return
+	}
+	h := make(candidates, 0, len(assigned))
+	for s := range assigned {
+		if assigned[s] == 0 {
+			if c, ok := best(s, short, deficit, hashes); ok {
+				h = append(h, c)
+			}
+		}
+	}
+	heap.Init(&h)
+	for h.Len() > 0 {
+		c := h[0]
+		if deficit[c.member] > 0 {
+			heap.Pop(&h)
+			assigned[c.shard] = c.member + 1
+			deficit[c.member]--
+			continue
+		}
+		if next, ok := best(c.shard, short, deficit, hashes); ok {
+			h[0] = next
+			heap.Fix(&h, 0)
+		} else {
+			heap.Pop(&h)
+		}
+	}
 }
 
 // candidate is a pool shard with the member it would go to.

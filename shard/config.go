@@ -23,7 +23,6 @@ import (
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/testsignal"
 )
 
 // Defaults of Config, and of the flags that make it.
@@ -125,16 +124,12 @@ type Config struct {
 	Logger hclog.Logger
 	// Metrics defaults to unregistered metrics.
 	Metrics *Metrics
-	// Events, when set, receives every ownership event as it happens; tests
-	// share one among members to check invariants on one timeline. Nil in
-	// production.
-	Events *testsignal.Signal[Event]
 }
 
 // EventKind is what happened to a shard or to the runner.
 type EventKind int
 
-// Event kinds given to Config.Events.
+// Event kinds of the ownership events tests follow.
 const (
 	Acquired EventKind = iota + 1 // Sent: when the acquiring Txn was sent
 	Released                      // the key was deleted after the work stopped; At is when the delete was sent
@@ -143,18 +138,11 @@ const (
 	Attached
 )
 
+var eventKindNames = [...]string{Acquired: "acquired", Released: "released", Lost: "lost", Detached: "detached", Attached: "attached"}
+
 func (k EventKind) String() string {
-	switch k {
-	case Acquired:
-		return "acquired"
-	case Released:
-		return "released"
-	case Lost:
-		return "lost"
-	case Detached:
-		return "detached"
-	case Attached:
-		return "attached"
+	if int(k) >= 0 && int(k) < len(eventKindNames) && eventKindNames[k] != "" {
+		return eventKindNames[k]
 	}
 	return fmt.Sprintf("EventKind(%d)", int(k))
 }
@@ -178,15 +166,9 @@ func (c *Config) fill() {
 	c.HandoffTimeout = cmp.Or(c.HandoffTimeout, DefaultHandoffTimeout)
 	c.AcquireBatch = cmp.Or(c.AcquireBatch, DefaultAcquireBatch)
 	c.JoinSettle = cmp.Or(c.JoinSettle, DefaultJoinSettle)
-	if c.Clock == nil {
-		c.Clock = clock.Real()
-	}
-	if c.Logger == nil {
-		c.Logger = hclog.NewNullLogger()
-	}
-	if c.Metrics == nil {
-		c.Metrics = NewMetrics(nil)
-	}
+	c.Clock = cmp.Or(c.Clock, clock.Real())
+	c.Logger = cmp.Or(c.Logger, hclog.NewNullLogger())
+	c.Metrics = cmp.Or(c.Metrics, NewMetrics(nil))
 }
 
 // Validate reports the first bad setting in one line naming its flag. It

@@ -100,7 +100,6 @@ func (c *cluster) start(id string, throughProxy bool, opts ...memberOpt) (*membe
 		Client: m.client, Prefix: testPrefix, RunnerID: id, ShardCount: c.shards,
 		LeaseTTL: c.ttl, HandoffTimeout: time.Second, Detach: m.machine,
 		Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{c.t}}),
-		Events: c.log.Signal,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -111,6 +110,7 @@ func (c *cluster) start(id string, throughProxy bool, opts ...memberOpt) (*membe
 		return nil, err
 	}
 	m.mgr = mgr
+	mgr.ledger.events = c.log.Signal
 	if err := mgr.Start(context.Background()); err != nil {
 		m.close()
 		return nil, err

@@ -111,7 +111,7 @@ func New(cfg Config) (*Manager, error) {
 		// Short enough to re-acquire within a lease TTL, long enough not
 		// to add load to an etcd that is electing a leader.
 		storageRetry: clock.Backoff{Min: 200 * time.Millisecond, Max: 2 * time.Second},
-		ledger:       newLedger(cfg.RunnerID, cfg.Clock, cfg.Logger, cfg.Metrics, cfg.Events),
+		ledger:       newLedger(cfg.RunnerID, cfg.Clock, cfg.Logger, cfg.Metrics),
 	}
 	m.keeper = &keeper{client: cfg.Client, cfg: cfg, machine: cfg.Detach, clock: cfg.Clock, log: cfg.Logger,
 		metrics: cfg.Metrics, newLease: m.ledger.kick.Notify}
@@ -270,19 +270,10 @@ func (m *Manager) Orphan() {
 // re-created by someone else (the lease was revoked, or an operator deleted
 // the key): the runner no longer owns them, whatever its keep-alives say.
 func (m *Manager) dropVanished() {
-	now := m.clock.Now()
-	var gone []*term
-	m.ledger.mu.Lock()
-	for s, t := range m.ledger.terms {
+	gone := m.ledger.loseVanished(m.clock.Now(), func(s int, epoch int64) bool {
 		e := m.view.shards[s]
-		if e.owner == m.cfg.RunnerID && e.createRev == t.epoch {
-			continue
-		}
-		if m.ledger.move(t, lost, now, "shard key vanished") {
-			gone = append(gone, t)
-		}
-	}
-	m.ledger.mu.Unlock()
+		return e.owner == m.cfg.RunnerID && e.createRev == epoch
+	})
 	for _, t := range gone {
 		m.log.Warn("shard key vanished while owned; work cancelled", "shard", t.shard, "epoch", t.epoch)
 	}
@@ -305,35 +296,15 @@ func (m *Manager) nextWake(drainBy time.Time) time.Duration {
 	if !drainBy.IsZero() && drainBy.Before(wake) {
 		wake = drainBy
 	}
-	m.ledger.mu.Lock()
-	for _, t := range m.ledger.terms {
-		var at time.Time
-		switch t.state {
-		case releasing:
-			at = t.since.Add(m.cfg.HandoffTimeout)
-		case cancelled:
-			at = t.since.Add(cancelGrace)
-		default:
-			continue
-		}
-		if storageBlocked && !at.After(now) {
-			// Due already, so only a release failed on etcd holds it:
-			// retry with that backoff rather than spin.
-			continue
-		}
-		if at.Before(wake) {
-			wake = at
-		}
+	// A term due already is held only by a failed release on etcd: it is
+	// retried with that backoff rather than spun on.
+	if at := m.ledger.nextDeadline(now, m.cfg.HandoffTimeout, storageBlocked); !at.IsZero() && at.Before(wake) {
+		wake = at
 	}
-	m.ledger.mu.Unlock()
 	return max(wake.Sub(now), time.Millisecond)
 }
 
-func (m *Manager) drained() bool {
-	m.ledger.mu.Lock()
-	defer m.ledger.mu.Unlock()
-	return len(m.ledger.terms) == 0
-}
+func (m *Manager) drained() bool { return m.ledger.empty() }
 
 // finishDrain revokes the lease, which deletes the runner key and any shard
 // key that could not be released in time.
@@ -346,13 +317,7 @@ func (m *Manager) finishDrain(ctx context.Context) {
 	if _, err := m.client.Revoke(cctx, lease); err != nil {
 		m.log.Warn("revoking the lease failed; it will expire by itself", "error", err)
 	}
-	m.ledger.mu.Lock()
-	left := len(m.ledger.terms)
-	for _, t := range m.ledger.terms {
-		m.ledger.move(t, lost, now, "lease revoked at the end of the drain")
-	}
-	m.ledger.mu.Unlock()
-	if left > 0 {
+	if left := m.ledger.loseAll(now, "lease revoked at the end of the drain"); left > 0 {
 		m.log.Warn("drain bound reached with shards still held; revoked the lease", "shards", left)
 	}
 	m.metrics.ShardsOwned.Set(0)
@@ -365,10 +330,10 @@ func (m *Manager) onDetachEvent(ev detach.Event) {
 	if ev.Detached {
 		m.ledger.cancelAll(ev.At, "detached: "+ev.Reason.String())
 		m.metrics.Detached.Set(1)
-		m.cfg.Events.Emit(Event{Kind: Detached, Runner: m.cfg.RunnerID, Shard: -1, At: ev.At})
+		m.ledger.events.Emit(Event{Kind: Detached, Runner: m.cfg.RunnerID, Shard: -1, At: ev.At})
 	} else {
 		m.metrics.Detached.Set(0)
-		m.cfg.Events.Emit(Event{Kind: Attached, Runner: m.cfg.RunnerID, Shard: -1, At: ev.At})
+		m.ledger.events.Emit(Event{Kind: Attached, Runner: m.cfg.RunnerID, Shard: -1, At: ev.At})
 	}
 	m.ledger.kick.Notify()
 }
@@ -446,19 +411,7 @@ func (m *Manager) Status() Status {
 	default:
 		st.State = StateAttached
 	}
-	m.ledger.mu.Lock()
-	st.Assigned = slices.Clone(m.ledger.assigned)
-	for _, t := range m.ledger.terms {
-		switch t.state {
-		case acquired, fenced:
-			st.Owned = append(st.Owned, t.ref())
-		default:
-			st.Releasing = append(st.Releasing, t.shard)
-		}
-	}
-	m.ledger.mu.Unlock()
-	slices.Sort(st.Releasing)
-	slices.SortFunc(st.Owned, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	st.Assigned, st.Owned, st.Releasing = m.ledger.snapshot()
 	if st.State == StateDetached {
 		st.Owned = nil
 	}

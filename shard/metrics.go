@@ -23,26 +23,22 @@ type Metrics struct {
 // registered, for tests that run many members in one process).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	f := promauto.With(reg) // With(nil) creates them without registering
+	counter := func(name, help string) prometheus.Counter {
+		return f.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return f.NewGauge(prometheus.GaugeOpts{Name: name, Help: help})
+	}
 	return &Metrics{
-		Detached: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_detached",
-			Help: "1 while the runner is detached from the cluster and runs no shard work."}),
-		KeepaliveFailures: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_lease_keepalive_failures_total",
-			Help: "Lease keep-alive attempts that failed or got no answer in time (each is retried at once)."}),
-		KeepaliveStreak: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_keepalive_failure_streak",
-			Help: "Whole periods of TTL/3 since the newest successful keep-alive was sent."}),
-		LeaseDeadline: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_lease_deadline_seconds",
-			Help: "Seconds until the earliest time etcd may expire the runner's lease (from keep-alive send times)."}),
-		ShardsOwned: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_shards_owned",
-			Help: "Shards this runner owns and may work on."}),
-		ShardsAssigned: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_shards_assigned",
-			Help: "Shards the assignment gives this runner; alert when it differs from shards_owned for long."}),
-		Acquisitions: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_shard_acquisitions_total",
-			Help: "Shard keys acquired."}),
-		Releases: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_shard_releases_total",
-			Help: "Shard keys released after their work stopped."}),
-		AcquireRetries: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_acquire_retry_attempts_total",
-			Help: "Retries to acquire an assigned shard that was still held elsewhere."}),
-		EtcdErrors: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_etcd_errors_total",
-			Help: "Failed etcd calls to acquire, release or publish (retried; the lease clock decides detaching)."}),
+		Detached:          gauge("shardrun_detached", "1 while the runner is detached from the cluster and runs no shard work."),
+		KeepaliveFailures: counter("shardrun_lease_keepalive_failures_total", "Lease keep-alive attempts that failed or got no answer in time (each is retried at once)."),
+		KeepaliveStreak:   gauge("shardrun_lease_keepalive_failure_streak", "Whole periods of TTL/3 since the newest successful keep-alive was sent."),
+		LeaseDeadline:     gauge("shardrun_lease_deadline_seconds", "Seconds until the earliest time etcd may expire the runner's lease (from keep-alive send times)."),
+		ShardsOwned:       gauge("shardrun_shards_owned", "Shards this runner owns and may work on."),
+		ShardsAssigned:    gauge("shardrun_shards_assigned", "Shards the assignment gives this runner; alert when it differs from shards_owned for long."),
+		Acquisitions:      counter("shardrun_shard_acquisitions_total", "Shard keys acquired."),
+		Releases:          counter("shardrun_shard_releases_total", "Shard keys released after their work stopped."),
+		AcquireRetries:    counter("shardrun_acquire_retry_attempts_total", "Retries to acquire an assigned shard that was still held elsewhere."),
+		EtcdErrors:        counter("shardrun_etcd_errors_total", "Failed etcd calls to acquire, release or publish (retried; the lease clock decides detaching)."),
 	}
 }

@@ -74,9 +74,7 @@ func (m *Manager) target(ctx context.Context) plan {
 		}
 	}
 	p.acquire = desired == StateAttached && published && !p.settling
-	m.ledger.mu.Lock()
-	m.ledger.assigned = p.mine
-	m.ledger.mu.Unlock()
+	m.ledger.setAssigned(p.mine)
 	m.metrics.ShardsAssigned.Set(float64(len(p.mine)))
 	return p
 }
@@ -87,22 +85,12 @@ func (m *Manager) target(ctx context.Context) plan {
 // this lease that the runner does not track.
 func (m *Manager) releaseStep(ctx context.Context, p plan) {
 	me := m.cfg.RunnerID
-	var ready []*term
-	m.ledger.mu.Lock()
-	for s, t := range m.ledger.terms {
-		if (t.state == acquired || t.state == fenced) && p.leaving(s, me) {
-			m.ledger.move(t, releasing, p.now, "assigned to "+orNobody(p.target[s]))
+	ready := m.ledger.releaseStep(p.now, m.cfg.HandoffTimeout, func(s int) string {
+		if !p.leaving(s, me) {
+			return ""
 		}
-		if t.state == releasing && t.inflight > 0 && p.now.Sub(t.since) >= m.cfg.HandoffTimeout {
-			m.log.Warn("handoff timeout: cancelling in-flight work", "shard", s, "inflight", t.inflight)
-			m.ledger.move(t, cancelled, p.now, "handoff timeout")
-		}
-		if (t.state == releasing && t.inflight == 0) ||
-			(t.state == cancelled && (t.inflight == 0 || p.now.Sub(t.since) >= cancelGrace)) {
-			ready = append(ready, t)
-		}
-	}
-	m.ledger.mu.Unlock()
+		return "assigned to " + orNobody(p.target[s])
+	})
 	if p.now.Before(m.storageRetryAt) {
 		return // etcd failed a moment ago: the keys wait for the retry
 	}
@@ -334,7 +322,6 @@ func (m *Manager) release(ctx context.Context, terms []*term) {
 		}
 		m.storageOK()
 		rev := resp.Header.Revision
-		m.ledger.mu.Lock()
 		for i, r := range resp.Responses {
 			t := batch[i]
 			deleted := r.GetResponseTxn().Succeeded
@@ -343,23 +330,11 @@ func (m *Manager) release(ctx context.Context, terms []*term) {
 					m.view.shards[t.shard] = shardEntry{modRev: rev}
 				}
 			}
-			if m.ledger.terms[t.shard] != t {
-				continue // a stray key: no term to end
-			}
-			if deleted {
-				m.ledger.move(t, released, sent, "key deleted")
-			} else {
-				m.ledger.move(t, lost, sent, "the key was no longer this term's")
-			}
+			m.ledger.released(t, deleted, sent)
 		}
-		m.ledger.mu.Unlock()
 		terms = terms[n:]
 	}
 }
 
 // holds reports whether the runner has a term on shard s.
-func (m *Manager) holds(s int) bool {
-	m.ledger.mu.Lock()
-	defer m.ledger.mu.Unlock()
-	return m.ledger.terms[s] != nil
-}
+func (m *Manager) holds(s int) bool { return m.ledger.holds(s) }

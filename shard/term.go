@@ -49,20 +49,11 @@ const (
 	lost
 )
 
+var termStateNames = [...]string{acquired: "acquired", fenced: "fenced", releasing: "releasing", cancelled: "cancelled", released: "released", lost: "lost"}
+
 func (s termState) String() string {
-	switch s {
-	case acquired:
-		return "acquired"
-	case fenced:
-		return "fenced"
-	case releasing:
-		return "releasing"
-	case cancelled:
-		return "cancelled"
-	case released:
-		return "released"
-	case lost:
-		return "lost"
+	if int(s) >= 0 && int(s) < len(termStateNames) && termStateNames[s] != "" {
+		return termStateNames[s]
 	}
 	return fmt.Sprintf("termState(%d)", int(s))
 }
@@ -107,7 +98,10 @@ type ledger struct {
 	clock   clock.Clock
 	log     hclog.Logger
 	metrics *Metrics
-	events  *testsignal.Signal[Event]
+	// events, when a test sets it before the manager starts, receives
+	// every ownership event as it happens; tests share one among members
+	// to check invariants on one timeline. Nil in production.
+	events *testsignal.Signal[Event]
 	// changes wakes the executor when the claimable terms change; kick
 	// wakes the Run loop when a term needs its attention.
 	changes wake.Signal
@@ -122,8 +116,8 @@ type ledger struct {
 	assigned []int
 }
 
-func newLedger(runner string, clk clock.Clock, log hclog.Logger, m *Metrics, events *testsignal.Signal[Event]) *ledger {
-	return &ledger{runner: runner, clock: clk, log: log, metrics: m, events: events,
+func newLedger(runner string, clk clock.Clock, log hclog.Logger, m *Metrics) *ledger {
+	return &ledger{runner: runner, clock: clk, log: log, metrics: m,
 		changes: wake.New(), kick: wake.New(), terms: map[int]*term{}}
 }
 
@@ -314,4 +308,142 @@ func (h *Hold) Release() {
 			h.l.end(t)
 		}
 	})
+}
+
+// loseVanished ends, as lost, the terms for which ours says the key is no
+// longer this term's (deleted, or re-created by someone else), and returns
+// them.
+func (l *ledger) loseVanished(now time.Time, ours func(shard int, epoch int64) bool) []*term {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var gone []*term
+	for s, t := range l.terms {
+		if !ours(s, t.epoch) && l.move(t, lost, now, "shard key vanished") {
+			gone = append(gone, t)
+		}
+	}
+	return gone
+}
+
+// loseAll ends every term as lost (the lease was revoked) and returns how
+// many there were.
+func (l *ledger) loseAll(now time.Time, why string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := len(l.terms)
+	for _, t := range l.terms {
+		l.move(t, lost, now, why)
+	}
+	return n
+}
+
+// nextDeadline is the earliest time a releasing term's handoff times out
+// or a cancelled term's grace ends, after the zero time when none; a
+// deadline already due is left out when skipDue (only a failed etcd call
+// holds it, and that has a backoff of its own).
+func (l *ledger) nextDeadline(now time.Time, handoff time.Duration, skipDue bool) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var next time.Time
+	for _, t := range l.terms {
+		var at time.Time
+		switch t.state {
+		case releasing:
+			at = t.since.Add(handoff)
+		case cancelled:
+			at = t.since.Add(cancelGrace)
+		default:
+			continue
+		}
+		if skipDue && !at.After(now) {
+			continue
+		}
+		if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	return next
+}
+
+// empty reports whether no term is left.
+func (l *ledger) empty() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.terms) == 0
+}
+
+// holds reports whether there is a term on shard s.
+func (l *ledger) holds(s int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.terms[s] != nil
+}
+
+// setAssigned records the shards the assignment gives this runner.
+func (l *ledger) setAssigned(shards []int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.assigned = shards
+}
+
+// snapshot returns the assigned shards, the terms that may work (acquired
+// or fenced) ordered by shard, and the shards of the others.
+func (l *ledger) snapshot() (assigned []int, owned []tasks.ShardEpoch, releasing []int) {
+	l.mu.Lock()
+	assigned = slices.Clone(l.assigned)
+	for _, t := range l.terms {
+		switch t.state {
+		case acquired, fenced:
+			owned = append(owned, t.ref())
+		default:
+			releasing = append(releasing, t.shard)
+		}
+	}
+	l.mu.Unlock()
+	slices.Sort(releasing)
+	slices.SortFunc(owned, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	return assigned, owned, releasing
+}
+
+// releaseStep moves the terms leaving gives a reason to release (not "")
+// to releasing,
+// cancels the work of releasing terms whose handoff timed out, and
+// returns the terms whose key may be deleted now: releasing with no work
+// in flight, or cancelled with none or past the cancel grace.
+func (l *ledger) releaseStep(now time.Time, handoff time.Duration, leaving func(shard int) string) []*term {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ready []*term
+	for s, t := range l.terms {
+		if t.state == acquired || t.state == fenced {
+			if why := leaving(s); why != "" {
+				l.move(t, releasing, now, why)
+			}
+		}
+		if t.state == releasing && t.inflight > 0 && now.Sub(t.since) >= handoff {
+			l.log.Warn("handoff timeout: cancelling in-flight work", "shard", s, "inflight", t.inflight)
+			l.move(t, cancelled, now, "handoff timeout")
+		}
+		if (t.state == releasing && t.inflight == 0) ||
+			(t.state == cancelled && (t.inflight == 0 || now.Sub(t.since) >= cancelGrace)) {
+			ready = append(ready, t)
+		}
+	}
+	return ready
+}
+
+// released ends t after the conditional delete of its key was answered:
+// released when it deleted the key, lost when the key was no longer this
+// term's. A stray key (t is not a term of the ledger) ends nothing.
+func (l *ledger) released(t *term, deleted bool, sent time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.terms[t.shard] != t {
+		return
+	}
+	if deleted {
+		l.move(t, released, sent, "key deleted")
+	} else {
+		l.move(t, lost, sent, "the key was no longer this term's")
+	}
 }

@@ -19,7 +19,9 @@ import (
 
 func newTestLedger() (*ledger, *testsignal.Signal[Event]) {
 	events := testsignal.New[Event]()
-	return newLedger("me", clock.NewFake(), hclog.NewNullLogger(), NewMetrics(nil), events), events
+	l := newLedger("me", clock.NewFake(), hclog.NewNullLogger(), NewMetrics(nil))
+	l.events = events
+	return l, events
 }
 
 // TestTermMoves: exactly the moves in the termState table are accepted;

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/claims"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -14,7 +16,7 @@ import (
 func BenchmarkEnqueueCopy(b *testing.B) {
 	s := setup(b)
 	ctx := context.Background()
-	batch := make([]tasks.Insert, 1000)
+	batch := make([]store.Insert, 1000)
 	for i := range batch {
 		batch[i] = insert("k", i%256, 3)
 	}
@@ -35,7 +37,7 @@ func BenchmarkEnqueueCopy(b *testing.B) {
 func BenchmarkEnqueueUnique(b *testing.B) {
 	s := setup(b)
 	ctx := context.Background()
-	batch := make([]tasks.Insert, 1000)
+	batch := make([]store.Insert, 1000)
 	b.ResetTimer()
 	start := time.Now()
 	round := 0
@@ -85,7 +87,7 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 	}
 	// Enough ready work for the loop, plus a backlog the claim
 	// index has to skip past.
-	ins := make([]tasks.Insert, 20000+size*2000)
+	ins := make([]store.Insert, 20000+size*2000)
 	for i := range ins {
 		ins[i] = insert("k", i%64, 3)
 	}
@@ -106,9 +108,9 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 		if len(got) == 0 {
 			b.Fatal("ran out of tasks")
 		}
-		done := make([]tasks.Completion, len(got))
+		done := make([]claims.Completion, len(got))
 		for i, t := range got {
-			done[i] = tasks.Completion{Ref: t.Ref()}
+			done[i] = claims.Completion{Ref: t.Ref()}
 		}
 		if _, err := s.Complete(ctx, "r", done); err != nil {
 			b.Fatal(err)

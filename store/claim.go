@@ -24,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -223,12 +224,12 @@ const claimEvidence = `claimed_by = k.owner, claim_epoch = k.epoch, claimed_at =
 // its claims matching refs (task, owner, epoch, attempt) are deleted, and
 // their tasks updated with set (see endClaims), in one statement.
 func (s *Store) endClaimsOf(ctx context.Context, what, name, owner string, refs []tasks.Ref,
-	set string, extra ...inputCol) ([]tasks.WriteResult, error) {
+	set string, extra ...inputCol) ([]claims.WriteResult, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
 	if rounds := distinctRounds(refs); len(rounds) > 1 {
-		return s.inRounds(ctx, refs, extra, rounds, func(refs []tasks.Ref, extra []inputCol) ([]tasks.WriteResult, error) {
+		return s.inRounds(ctx, refs, extra, rounds, func(refs []tasks.Ref, extra []inputCol) ([]claims.WriteResult, error) {
 			return s.endClaimsOf(ctx, what, name, owner, refs, set, extra...)
 		})
 	}
@@ -266,8 +267,8 @@ func distinctRounds(refs []tasks.Ref) [][]int {
 // inRounds runs write once per round of refs (and of the extra columns'
 // values) and puts the results back in refs' order.
 func (s *Store) inRounds(ctx context.Context, refs []tasks.Ref, extra []inputCol, rounds [][]int,
-	write func([]tasks.Ref, []inputCol) ([]tasks.WriteResult, error)) ([]tasks.WriteResult, error) {
-	results := make([]tasks.WriteResult, len(refs))
+	write func([]tasks.Ref, []inputCol) ([]claims.WriteResult, error)) ([]claims.WriteResult, error) {
+	results := make([]claims.WriteResult, len(refs))
 	for _, round := range rounds {
 		sub := make([]tasks.Ref, len(round))
 		for j, i := range round {
@@ -290,7 +291,7 @@ func (s *Store) inRounds(ctx context.Context, refs []tasks.Ref, extra []inputCol
 
 // claimResults runs a write about the claims of refs and says, for each,
 // whether it applied and why not.
-func (s *Store) claimResults(ctx context.Context, what, owner string, refs []tasks.Ref, sql string, args []any) ([]tasks.WriteResult, error) {
+func (s *Store) claimResults(ctx context.Context, what, owner string, refs []tasks.Ref, sql string, args []any) ([]claims.WriteResult, error) {
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
@@ -317,7 +318,7 @@ func (s *Store) claimResults(ctx context.Context, what, owner string, refs []tas
 	if err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
 	}
-	results := make([]tasks.WriteResult, len(refs))
+	results := make([]claims.WriteResult, len(refs))
 	var missed []int
 	for i, r := range refs {
 		results[i].Ref = r
@@ -337,7 +338,7 @@ func (s *Store) claimResults(ctx context.Context, what, owner string, refs []tas
 
 // classify explains why writes did not apply: the fence moved (or was never
 // ours), the task is gone, or the task moved on.
-func (s *Store) classify(ctx context.Context, owner string, results []tasks.WriteResult, missed []int) error {
+func (s *Store) classify(ctx context.Context, owner string, results []claims.WriteResult, missed []int) error {
 	ids := make([]int64, len(missed))
 	shards := make([]int32, len(missed))
 	for i, m := range missed {
@@ -361,11 +362,11 @@ func (s *Store) classify(ctx context.Context, owner string, results []tasks.Writ
 		i++
 		switch {
 		case fenceEpoch != res.Ref.Epoch || fenceOwner != owner:
-			res.Outcome = tasks.FenceLost
+			res.Outcome = claims.FenceLost
 		case !exists:
-			res.Outcome = tasks.TaskGone
+			res.Outcome = claims.TaskGone
 		default:
-			res.Outcome = tasks.TaskMoved
+			res.Outcome = claims.TaskMoved
 		}
 		return nil
 	})
@@ -380,12 +381,12 @@ func (s *Store) classify(ctx context.Context, owner string, results []tasks.Writ
 // whether an operator asked to cancel the task meanwhile (CancelRequested):
 // that is how a cancel request reaches whichever runner runs the task,
 // within one heartbeat interval.
-func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
+func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
 	if rounds := distinctRounds(refs); len(rounds) > 1 {
-		return s.inRounds(ctx, refs, nil, rounds, func(refs []tasks.Ref, _ []inputCol) ([]tasks.WriteResult, error) {
+		return s.inRounds(ctx, refs, nil, rounds, func(refs []tasks.Ref, _ []inputCol) ([]claims.WriteResult, error) {
 			return s.Heartbeat(ctx, owner, refs)
 		})
 	}
@@ -442,7 +443,7 @@ func requeueOrCancel(runAfter string) string {
 // to move between the claim and the start): ready again with the same
 // attempt, since no attempt was made; or cancelled when an operator asked
 // to cancel the task meanwhile.
-func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
+func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
 	return s.endClaimsOf(ctx, "unclaiming", "unclaim", owner, refs, requeueOrCancel("t.run_after"))
 }
 
@@ -453,7 +454,7 @@ func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]
 // the cancellation changes nothing, so each attempt has exactly one
 // outcome. The attempt is recorded in the task's errors with what the
 // handler returned.
-func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []tasks.Cancellation) ([]tasks.WriteResult, error) {
+func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []claims.Cancellation) ([]claims.WriteResult, error) {
 	refs := make([]tasks.Ref, len(cancelled))
 	msgs := make([]string, len(cancelled))
 	for i, c := range cancelled {
@@ -474,7 +475,7 @@ func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []ta
 // same attempt, since the handler did not fail, and the interruption
 // appended to the task's history. If a newer owner has the shard already,
 // its orphan requeue took the claim and this changes nothing.
-func (s *Store) Interrupt(ctx context.Context, owner string, cut []tasks.Interruption) ([]tasks.WriteResult, error) {
+func (s *Store) Interrupt(ctx context.Context, owner string, cut []claims.Interruption) ([]claims.WriteResult, error) {
 	refs := make([]tasks.Ref, len(cut))
 	msgs := make([]string, len(cut))
 	for i, c := range cut {
@@ -487,7 +488,7 @@ func (s *Store) Interrupt(ctx context.Context, owner string, cut []tasks.Interru
 }
 
 // Complete records successful attempts, in one statement.
-func (s *Store) Complete(ctx context.Context, owner string, done []tasks.Completion) ([]tasks.WriteResult, error) {
+func (s *Store) Complete(ctx context.Context, owner string, done []claims.Completion) ([]claims.WriteResult, error) {
 	refs := make([]tasks.Ref, len(done))
 	results := make([]*string, len(done))
 	for i, d := range done {
@@ -506,7 +507,7 @@ func (s *Store) Complete(ctx context.Context, owner string, done []tasks.Complet
 // ready with attempt+1 after its RetryAfter, or to dead when its attempts are
 // used up (or the failure is Final), or to failed when its deadline passed
 // (Expired). The error text is appended to the task's errors.
-func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) ([]tasks.WriteResult, error) {
+func (s *Store) Fail(ctx context.Context, owner string, failed []claims.Failure) ([]claims.WriteResult, error) {
 	refs := make([]tasks.Ref, len(failed))
 	msgs := make([]string, len(failed))
 	delays := make([]int64, len(failed))

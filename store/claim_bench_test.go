@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -37,21 +38,21 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 			b.ResetTimer()
 			start := time.Now()
 			var claimTime time.Duration
-			n, claims := 0, 0
+			n, rounds := 0, 0
 			for b.Loop() {
 				t0 := time.Now()
 				got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, kinds, 512)
 				claimTime += time.Since(t0)
-				claims++
+				rounds++
 				if err != nil {
 					b.Fatal(err)
 				}
 				if len(got) == 0 {
 					b.Fatal("ran out of tasks")
 				}
-				done := make([]tasks.Completion, len(got))
+				done := make([]claims.Completion, len(got))
 				for i, t := range got {
-					done[i] = tasks.Completion{Ref: t.Ref()}
+					done[i] = claims.Completion{Ref: t.Ref()}
 				}
 				if _, err := s.Complete(ctx, "r", done); err != nil {
 					b.Fatal(err)
@@ -59,7 +60,7 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 				n += len(got)
 			}
 			b.ReportMetric(float64(n)/time.Since(start).Seconds(), "tasks/s")
-			b.ReportMetric(float64(claimTime.Microseconds())/1000/float64(claims), "ms/claim")
+			b.ReportMetric(float64(claimTime.Microseconds())/1000/float64(rounds), "ms/claim")
 		})
 	}
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -26,6 +27,24 @@ import (
 // is simply tried again. The insert trigger files every inserted task into
 // its lane of task_ready.
 
+// Insert is a task ready for the store: validated, with its key, payload,
+// max_attempts and shard filled in (client.Config.Prepare makes one).
+type Insert struct {
+	Kind        string
+	Shard       int
+	Key         string
+	Payload     json.RawMessage
+	MaxAttempts int
+	RunAfter    *time.Time
+	Deadline    *time.Time
+	UniqueKey   string // empty: none
+	Queue       string
+	Priority    int
+	SequenceKey string // empty: none
+	// SequenceBlocks: this task, dead or failed, blocks its sequence.
+	SequenceBlocks bool
+}
+
 // querier is where the producer statements run: the pool, or a producer's
 // own transaction.
 type querier interface {
@@ -48,7 +67,7 @@ var errHolderInvisible = errors.New("another transaction holds the unique key bu
 
 // Enqueue inserts one task and returns its id. A task whose unique key an
 // unfinished task holds is not inserted: that task's id is returned.
-func (s *Store) Enqueue(ctx context.Context, in tasks.Insert) (int64, error) {
+func (s *Store) Enqueue(ctx context.Context, in Insert) (int64, error) {
 	e, err := s.EnqueueIn(ctx, nil, in)
 	return e.ID, err
 }
@@ -58,7 +77,7 @@ func (s *Store) Enqueue(ctx context.Context, in tasks.Insert) (int64, error) {
 // runners are notified only when tx commits (NOTIFY is transactional). A nil
 // tx runs on the pool. With a unique key an unfinished task holds, nothing is
 // inserted and that task's id is returned with Duplicate set.
-func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (tasks.Enqueued, error) {
+func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in Insert) (tasks.Enqueued, error) {
 	var q querier = s.pool
 	// On the pool the insert is quiet and notified after its commit (see
 	// notify.go); in the producer's transaction the trigger notifies at
@@ -76,7 +95,7 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 		queueOf(in), priorityOf(in), nullable(in.SequenceKey), sequenceBlocks(in)}
 	done := func(id int64) (tasks.Enqueued, error) {
 		if tx == nil {
-			s.notifyReady([]tasks.Insert{in}, func(int) bool { return true })
+			s.notifyReady([]Insert{in}, func(int) bool { return true })
 		}
 		return tasks.Enqueued{ID: id}, nil
 	}
@@ -119,11 +138,11 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 
 // queueOf, priorityOf and sequenceBlocks are an insert's column values,
 // with the defaults of an Insert made without tasks.NewTask.Prepare.
-func queueOf(in tasks.Insert) string { return cmp.Or(in.Queue, tasks.DefaultQueue) }
+func queueOf(in Insert) string { return cmp.Or(in.Queue, tasks.DefaultQueue) }
 
-func priorityOf(in tasks.Insert) int16 { return int16(cmp.Or(in.Priority, tasks.DefaultPriority)) }
+func priorityOf(in Insert) int16 { return int16(cmp.Or(in.Priority, tasks.DefaultPriority)) }
 
-func sequenceBlocks(in tasks.Insert) *bool {
+func sequenceBlocks(in Insert) *bool {
 	if in.SequenceKey == "" {
 		return nil
 	}
@@ -161,7 +180,7 @@ func uniqueHolders(ctx context.Context, q querier, keys []string) (map[string]in
 // EnqueueBatch inserts many tasks in one transaction and returns how many
 // it inserted (tasks whose unique key an unfinished task holds are not).
 // Tasks without RunAfter get the database's now().
-func (s *Store) EnqueueBatch(ctx context.Context, ins []tasks.Insert) (int64, error) {
+func (s *Store) EnqueueBatch(ctx context.Context, ins []Insert) (int64, error) {
 	r, err := s.EnqueueBatchIn(ctx, nil, ins)
 	return r.Inserted, err
 }
@@ -173,7 +192,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, ins []tasks.Insert) (int64, er
 // NOTHING (COPY has no ON CONFLICT) and reports every task's id in order,
 // the duplicates marked; a unique key given twice in one batch creates one
 // task, and the second entry is its duplicate.
-func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []tasks.Insert) (tasks.BatchEnqueued, error) {
+func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (tasks.BatchEnqueued, error) {
 	if len(ins) == 0 {
 		return tasks.BatchEnqueued{}, nil
 	}
@@ -218,7 +237,7 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []tasks.Inser
 
 // copyTasks inserts tasks with COPY: one COPY for those that start now and
 // one for those with a RunAfter.
-func copyTasks(ctx context.Context, q querier, ins []tasks.Insert) (int64, error) {
+func copyTasks(ctx context.Context, q querier, ins []Insert) (int64, error) {
 	var now, later [][]any
 	for _, in := range ins {
 		row := []any{in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts), in.Deadline,
@@ -253,27 +272,13 @@ func copyTasks(ctx context.Context, q querier, ins []tasks.Insert) (int64, error
 // is known whether or not it was inserted (RETURNING cannot name the input
 // row), then the holders of the keys not inserted are looked up. Keys whose
 // holder finished in between are inserted again, in the next round.
-func insertUnique(ctx context.Context, q querier, ins []tasks.Insert) (tasks.BatchEnqueued, error) {
+func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqueued, error) {
 	res := tasks.BatchEnqueued{Tasks: make([]tasks.Enqueued, len(ins))}
 	todo := make([]int, len(ins)) // indexes of ins still to insert
 	for i := range todo {
 		todo[i] = i
 	}
 	for range uniqueTries {
-		n := len(todo)
-		kinds, keys, payloads, queues := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		shards, maxAttempts := make([]int32, n), make([]int32, n)
-		priorities := make([]int16, n)
-		runAfters, deadlines := make([]*time.Time, n), make([]*time.Time, n)
-		uniqueKeys, sequenceKeys := make([]*string, n), make([]*string, n)
-		blocks := make([]*bool, n)
-		for j, i := range todo {
-			in := ins[i]
-			kinds[j], shards[j], keys[j], payloads[j], maxAttempts[j] = in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts)
-			runAfters[j], deadlines[j] = in.RunAfter, in.Deadline
-			uniqueKeys[j], sequenceKeys[j] = nullable(in.UniqueKey), nullable(in.SequenceKey)
-			queues[j], priorities[j], blocks[j] = queueOf(in), priorityOf(in), sequenceBlocks(in)
-		}
 		rows, err := q.Query(ctx, `/* shardrun.enqueue_batch_unique */
 			WITH u AS MATERIALIZED (
 				SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id, x.*
@@ -297,7 +302,7 @@ func insertUnique(ctx context.Context, q querier, ins []tasks.Insert) (tasks.Bat
 				RETURNING id
 			)
 			SELECT u.id, ins.id IS NOT NULL FROM u LEFT JOIN ins ON ins.id = u.id ORDER BY u.n`,
-			kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys, queues, priorities, sequenceKeys, blocks)
+			uniqueArgs(ins, todo)...)
 		if err != nil {
 			return tasks.BatchEnqueued{}, err
 		}
@@ -342,4 +347,25 @@ func insertUnique(ctx context.Context, q querier, ins []tasks.Insert) (tasks.Bat
 		}
 	}
 	return tasks.BatchEnqueued{}, errHolderInvisible
+}
+
+// uniqueArgs are the arrays of insertUnique's statement for the tasks
+// ins[todo]: kinds, shards, keys, payloads, max_attempts, run_after,
+// deadlines, unique keys.
+func uniqueArgs(ins []Insert, todo []int) []any {
+	n := len(todo)
+	kinds, keys, payloads, queues := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	shards, maxAttempts := make([]int32, n), make([]int32, n)
+	priorities := make([]int16, n)
+	runAfters, deadlines := make([]*time.Time, n), make([]*time.Time, n)
+	uniqueKeys, sequenceKeys := make([]*string, n), make([]*string, n)
+	blocks := make([]*bool, n)
+	for j, i := range todo {
+		in := ins[i]
+		kinds[j], shards[j], keys[j], payloads[j], maxAttempts[j] = in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts)
+		runAfters[j], deadlines[j] = in.RunAfter, in.Deadline
+		uniqueKeys[j], sequenceKeys[j] = nullable(in.UniqueKey), nullable(in.SequenceKey)
+		queues[j], priorities[j], blocks[j] = queueOf(in), priorityOf(in), sequenceBlocks(in)
+	}
+	return []any{kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys, queues, priorities, sequenceKeys, blocks}
 }

@@ -84,6 +84,11 @@ func Classify(err error) error {
 	return &Error{Class: ErrInternal, Err: err}
 }
 
+// Unavailable reports whether err, from one of the store's methods, means
+// that the database could not serve the statement now (Classify gives it
+// ErrUnavailable): the executor retries only such writes.
+func (s *Store) Unavailable(err error) bool { return errors.Is(Classify(err), ErrUnavailable) }
+
 func classOf(code string) error {
 	switch {
 	case code == "23505":

@@ -11,9 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
-	"github.com/shardrun/shardrun/tasks"
 )
 
 func TestClassifyBySQLState(t *testing.T) {
@@ -53,24 +53,24 @@ func TestClassifyBySQLState(t *testing.T) {
 func TestClassifyRealErrors(t *testing.T) {
 	ctx := context.Background()
 	st, dsn := pgtest.NewStore(t, store.Options{})
-	bad := func(mut func(*tasks.Insert)) tasks.Insert {
-		in := tasks.Insert{Kind: "k", Key: "key", Payload: json.RawMessage(`{}`), MaxAttempts: 1}
+	bad := func(mut func(*store.Insert)) store.Insert {
+		in := store.Insert{Kind: "k", Key: "key", Payload: json.RawMessage(`{}`), MaxAttempts: 1}
 		mut(&in)
 		return in
 	}
-	for name, in := range map[string]tasks.Insert{
-		"NUL in kind":          bad(func(in *tasks.Insert) { in.Kind = "a\x00b" }),
-		"invalid UTF-8 in key": bad(func(in *tasks.Insert) { in.Key = "a\xffb" }),
-		"\\u0000 in payload":   bad(func(in *tasks.Insert) { in.Payload = json.RawMessage(`{"a": "\u0000"}`) }),
-		"lone surrogate":       bad(func(in *tasks.Insert) { in.Payload = json.RawMessage(`{"a": "\ud800"}`) }),
-		"numeric overflow":     bad(func(in *tasks.Insert) { in.Payload = json.RawMessage(`{"a": 1e200000}`) }),
-		"empty kind":           bad(func(in *tasks.Insert) { in.Kind = "" }),
+	for name, in := range map[string]store.Insert{
+		"NUL in kind":          bad(func(in *store.Insert) { in.Kind = "a\x00b" }),
+		"invalid UTF-8 in key": bad(func(in *store.Insert) { in.Key = "a\xffb" }),
+		"\\u0000 in payload":   bad(func(in *store.Insert) { in.Payload = json.RawMessage(`{"a": "\u0000"}`) }),
+		"lone surrogate":       bad(func(in *store.Insert) { in.Payload = json.RawMessage(`{"a": "\ud800"}`) }),
+		"numeric overflow":     bad(func(in *store.Insert) { in.Payload = json.RawMessage(`{"a": 1e200000}`) }),
+		"empty kind":           bad(func(in *store.Insert) { in.Kind = "" }),
 	} {
 		_, err := st.Enqueue(ctx, in)
 		if err = store.Classify(err); !errors.Is(err, store.ErrInvalidInput) {
 			t.Errorf("%s, one: %v, want invalid input", name, err)
 		}
-		_, err = st.EnqueueBatch(ctx, []tasks.Insert{bad(func(*tasks.Insert) {}), in})
+		_, err = st.EnqueueBatch(ctx, []store.Insert{bad(func(*store.Insert) {}), in})
 		if err = store.Classify(err); !errors.Is(err, store.ErrInvalidInput) {
 			t.Errorf("%s, batch: %v, want invalid input", name, err)
 		}
@@ -142,8 +142,8 @@ func TestFailureMessagesAreStorable(t *testing.T) {
 	id := enqueue(t, s, insert("k", 3, 2))
 	raise(t, s, "r1", 3, 10)
 	task := claim(t, s, "r1", 3, 10, 1)[0]
-	res := one(t)(s.Fail(ctx, "r1", []tasks.Failure{{Ref: task.Ref(), Error: "bad\x00news\xff" + strings.Repeat("x", store.MaxMessage)}}))
-	if res.Outcome != tasks.Applied {
+	res := one(t)(s.Fail(ctx, "r1", []claims.Failure{{Ref: task.Ref(), Error: "bad\x00news\xff" + strings.Repeat("x", store.MaxMessage)}}))
+	if res.Outcome != claims.Applied {
 		t.Fatalf("failure not recorded: %+v", res)
 	}
 	got := get(t, s, id).Errors[0].Error

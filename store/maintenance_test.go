@@ -126,7 +126,7 @@ func TestShardCountIsRecordedAndEnforced(t *testing.T) {
 	if _, err := s.Enqueue(ctx, insert("k", 16, 3)); err == nil || !strings.Contains(err.Error(), "tasks_shard_in_range") {
 		t.Fatalf("enqueue into shard 16 of 16: %v", err)
 	}
-	if _, err := s.EnqueueBatch(ctx, []tasks.Insert{insert("k", 3, 3), insert("k", 99, 3)}); err == nil {
+	if _, err := s.EnqueueBatch(ctx, []store.Insert{insert("k", 3, 3), insert("k", 99, 3)}); err == nil {
 		t.Fatal("COPY into shard 99 of 16 was accepted")
 	}
 	if _, err := s.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key) VALUES ('k', 1000, 'x')`); err == nil {

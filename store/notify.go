@@ -10,8 +10,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/shardrun/shardrun/tasks"
 )
 
 // Enqueue notifications.
@@ -167,7 +165,7 @@ func notifyPayload(shards []int) string {
 
 // notifyReady notifies the shards of committed quiet inserts whose tasks
 // are ready now; a task due later is found by polling.
-func (s *Store) notifyReady(ins []tasks.Insert, inserted func(i int) bool) {
+func (s *Store) notifyReady(ins []Insert, inserted func(i int) bool) {
 	now := time.Now()
 	var shards []int
 	for i, in := range ins {

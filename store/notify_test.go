@@ -11,7 +11,6 @@ import (
 
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
-	"github.com/shardrun/shardrun/tasks"
 )
 
 // The store's own inserts are quiet: the insert trigger does not notify
@@ -32,7 +31,7 @@ func TestStoreEnqueueSuppressesTheTriggersNotification(t *testing.T) {
 	if _, err := conn.Exec(ctx, "LISTEN "+store.NotifyChannel); err != nil {
 		t.Fatal(err)
 	}
-	on := func(shard int, unique string) tasks.Insert {
+	on := func(shard int, unique string) store.Insert {
 		in := insert("k", shard, 3)
 		in.Key, in.UniqueKey = "key-"+strconv.Itoa(shard)+unique, unique
 		return in
@@ -43,10 +42,10 @@ func TestStoreEnqueueSuppressesTheTriggersNotification(t *testing.T) {
 	if _, err := s.Enqueue(ctx, on(12, "u12")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.EnqueueBatch(ctx, []tasks.Insert{on(13, ""), on(13, ""), on(14, "")}); err != nil {
+	if _, err := s.EnqueueBatch(ctx, []store.Insert{on(13, ""), on(13, ""), on(14, "")}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.EnqueueBatch(ctx, []tasks.Insert{on(15, "u15"), on(16, "u16")}); err != nil {
+	if _, err := s.EnqueueBatch(ctx, []store.Insert{on(15, "u15"), on(16, "u16")}); err != nil {
 		t.Fatal(err)
 	}
 	// Close sends what the notifier holds; a marker sent after it comes

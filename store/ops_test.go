@@ -12,11 +12,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
-func uniqueInsert(key string) tasks.Insert {
+func uniqueInsert(key string) store.Insert {
 	in := insert("k", 1, 3)
 	in.UniqueKey = key
 	return in
@@ -60,11 +61,11 @@ func TestCancel(t *testing.T) {
 	if again, err := s.CancelTask(ctx, run.ID); err != nil || !again.CancelRequestedAt.Equal(first) {
 		t.Fatalf("a second cancel of a running task: %+v %v", again, err)
 	}
-	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{run.Ref()})); r.Outcome != tasks.Applied || !r.CancelRequested {
+	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{run.Ref()})); r.Outcome != claims.Applied || !r.CancelRequested {
 		t.Fatalf("the heartbeat must carry the cancel request: %+v", r)
 	}
-	r := one(t)(s.CancelAttempts(ctx, "a", []tasks.Cancellation{{Ref: run.Ref(), Error: "context canceled"}}))
-	if r.Outcome != tasks.Applied || r.State != tasks.Cancelled {
+	r := one(t)(s.CancelAttempts(ctx, "a", []claims.Cancellation{{Ref: run.Ref(), Error: "context canceled"}}))
+	if r.Outcome != claims.Applied || r.State != tasks.Cancelled {
 		t.Fatalf("recording the cancelled attempt: %+v", r)
 	}
 	got = get(t, s, run.ID)
@@ -72,7 +73,7 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("cancelled task: %+v", got)
 	}
 	// Exactly one outcome: a completion arriving later changes nothing.
-	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: run.Ref()}})); r.Outcome != tasks.TaskMoved {
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: run.Ref()}})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("completion after the cancellation: %+v", r)
 	}
 
@@ -85,7 +86,7 @@ func TestCancel(t *testing.T) {
 	}
 	// A heartbeat of a task nobody asked to cancel says so.
 	other := runningTask(t, s, 3)
-	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{other.Ref()})); r.Outcome != tasks.Applied || r.CancelRequested {
+	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{other.Ref()})); r.Outcome != claims.Applied || r.CancelRequested {
 		t.Fatalf("heartbeat without a request: %+v", r)
 	}
 }
@@ -112,7 +113,7 @@ func TestCancelRequestedTaskIsNeverRequeued(t *testing.T) {
 	}
 
 	failed := requested()
-	if r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: failed.Ref(), Error: "boom"}})); r.State != tasks.Cancelled {
+	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: failed.Ref(), Error: "boom"}})); r.State != tasks.Cancelled {
 		t.Errorf("a failure with attempts left: %+v", r)
 	}
 	check("failed", failed.ID)
@@ -124,7 +125,7 @@ func TestCancelRequestedTaskIsNeverRequeued(t *testing.T) {
 	check("unclaimed", given.ID)
 
 	cut := requested()
-	if r := one(t)(s.Interrupt(ctx, "a", []tasks.Interruption{{Ref: cut.Ref(), Reason: "interrupted: detached"}})); r.State != tasks.Cancelled {
+	if r := one(t)(s.Interrupt(ctx, "a", []claims.Interruption{{Ref: cut.Ref(), Reason: "interrupted: detached"}})); r.State != tasks.Cancelled {
 		t.Errorf("interrupt: %+v", r)
 	}
 	check("interrupted", cut.ID)
@@ -159,8 +160,8 @@ func TestCancelRacesCompletion(t *testing.T) {
 		t.Fatalf("claimed %d", len(claimed))
 	}
 	var wg sync.WaitGroup
-	completed := make([]tasks.Outcome, n)
-	cancelled := make([]tasks.Outcome, n)
+	completed := make([]claims.Outcome, n)
+	cancelled := make([]claims.Outcome, n)
 	start := make(chan struct{})
 	for i, task := range claimed {
 		// The completion starts with the request (i%3 == 0), once the
@@ -168,7 +169,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 		stages := []chan struct{}{start, make(chan struct{}), make(chan struct{})}
 		wg.Go(func() {
 			<-stages[i%3]
-			completed[i] = outcome(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: task.Ref(), Result: []byte(`{"ok": true}`)}}))
+			completed[i] = outcome(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: task.Ref(), Result: []byte(`{"ok": true}`)}}))
 		})
 		wg.Go(func() {
 			<-start
@@ -187,11 +188,11 @@ func TestCancelRacesCompletion(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			if beat[0].Outcome != tasks.Applied || !beat[0].CancelRequested {
-				cancelled[i] = tasks.TaskMoved // the completion landed first
+			if beat[0].Outcome != claims.Applied || !beat[0].CancelRequested {
+				cancelled[i] = claims.TaskMoved // the completion landed first
 				return
 			}
-			cancelled[i] = outcome(t)(s.CancelAttempts(ctx, "a", []tasks.Cancellation{{Ref: task.Ref()}}))
+			cancelled[i] = outcome(t)(s.CancelAttempts(ctx, "a", []claims.Cancellation{{Ref: task.Ref()}}))
 		})
 	}
 	close(start)
@@ -201,11 +202,11 @@ func TestCancelRacesCompletion(t *testing.T) {
 		got := get(t, s, task.ID)
 		won[got.State]++
 		switch {
-		case (completed[i] == tasks.Applied) == (cancelled[i] == tasks.Applied):
+		case (completed[i] == claims.Applied) == (cancelled[i] == claims.Applied):
 			t.Fatalf("task %d: completion %s, cancellation %s: want exactly one applied", task.ID, completed[i], cancelled[i])
-		case completed[i] == tasks.Applied && (got.State != tasks.Completed || got.Result == nil):
+		case completed[i] == claims.Applied && (got.State != tasks.Completed || got.Result == nil):
 			t.Fatalf("task %d: the completion applied but the task is %+v", task.ID, got)
-		case cancelled[i] == tasks.Applied && (got.State != tasks.Cancelled || got.Result != nil):
+		case cancelled[i] == claims.Applied && (got.State != tasks.Cancelled || got.Result != nil):
 			t.Fatalf("task %d: the cancellation applied but the task is %+v", task.ID, got)
 		}
 	}
@@ -214,11 +215,11 @@ func TestCancelRacesCompletion(t *testing.T) {
 
 // outcome is one for goroutines: it reports an error without stopping the
 // test and returns the single result's outcome.
-func outcome(t *testing.T) func([]tasks.WriteResult, error) tasks.Outcome {
-	return func(rs []tasks.WriteResult, err error) tasks.Outcome {
+func outcome(t *testing.T) func([]claims.WriteResult, error) claims.Outcome {
+	return func(rs []claims.WriteResult, err error) claims.Outcome {
 		if err != nil || len(rs) != 1 {
 			t.Errorf("want one result: %v %v", rs, err)
-			return tasks.TaskGone
+			return claims.TaskGone
 		}
 		return rs[0].Outcome
 	}
@@ -230,9 +231,9 @@ func TestRetry(t *testing.T) {
 	ctx := context.Background()
 	raise(t, s, "a", 1, 5)
 	task := runningTask(t, s, 2)
-	one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: task.Ref(), Error: "first"}}))
+	one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: task.Ref(), Error: "first"}}))
 	task = claim(t, s, "a", 1, 5, 1)[0]
-	if r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: task.Ref(), Error: "second"}})); r.State != tasks.Dead {
+	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: task.Ref(), Error: "second"}})); r.State != tasks.Dead {
 		t.Fatalf("want dead after two attempts: %+v", r)
 	}
 	got, err := s.RetryTask(ctx, task.ID)
@@ -249,7 +250,7 @@ func TestRetry(t *testing.T) {
 		if len(c) != 1 || c[0].ID != task.ID {
 			t.Fatalf("the retried task was not claimed: %+v", c)
 		}
-		one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: c[0].Ref(), Error: msg}}))
+		one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: c[0].Ref(), Error: msg}}))
 	}
 	if got = get(t, s, task.ID); got.State != tasks.Dead || got.Attempt != 4 || len(got.Errors) != 4 {
 		t.Fatalf("after the second budget: %+v", got)
@@ -333,7 +334,7 @@ func TestUniqueKeyUnderConcurrentProducers(t *testing.T) {
 					}
 					// The key twice in one batch, among tasks of their own.
 					own := uniqueInsert(fmt.Sprintf("own-%d", p))
-					res, err := s.EnqueueBatchIn(ctx, nil, []tasks.Insert{uniqueInsert(key), own, insert("k", 1, 3), uniqueInsert(key)})
+					res, err := s.EnqueueBatchIn(ctx, nil, []store.Insert{uniqueInsert(key), own, insert("k", 1, 3), uniqueInsert(key)})
 					if err != nil {
 						t.Error(err)
 						return
@@ -384,7 +385,7 @@ func TestUniqueKeyWindow(t *testing.T) {
 	if again, err := s.EnqueueIn(ctx, nil, uniqueInsert("u")); err != nil || !again.Duplicate || again.ID != first.ID {
 		t.Fatalf("enqueue while running: %+v %v", again, err)
 	}
-	one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: c[0].Ref()}}))
+	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: c[0].Ref()}}))
 	second, err := s.EnqueueIn(ctx, nil, uniqueInsert("u"))
 	if err != nil || second.Duplicate || second.ID == first.ID {
 		t.Fatalf("enqueue after completion: %+v %v", second, err)
@@ -415,7 +416,7 @@ func TestTransactionalEnqueue(t *testing.T) {
 			if _, err := s.EnqueueIn(ctx, tx, insert("k", shard, 3)); err != nil {
 				return err
 			}
-			if _, err := s.EnqueueBatchIn(ctx, tx, []tasks.Insert{insert("k", shard, 3), uniqueInsert(fmt.Sprint("order-", order))}); err != nil {
+			if _, err := s.EnqueueBatchIn(ctx, tx, []store.Insert{insert("k", shard, 3), uniqueInsert(fmt.Sprint("order-", order))}); err != nil {
 				return err
 			}
 			if !commit {

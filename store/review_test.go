@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -40,7 +41,7 @@ func TestCancelRequestFreesTheUniqueKey(t *testing.T) {
 	if err != nil || again.Duplicate || again.ID == old.ID {
 		t.Fatalf("enqueueing the key again while its holder is being cancelled: %+v %v", again, err)
 	}
-	if r := one(t)(s.CancelAttempts(ctx, "a", []tasks.Cancellation{{Ref: running[0].Ref(), Error: "context canceled"}})); r.State != tasks.Cancelled {
+	if r := one(t)(s.CancelAttempts(ctx, "a", []claims.Cancellation{{Ref: running[0].Ref(), Error: "context canceled"}})); r.State != tasks.Cancelled {
 		t.Fatalf("the old task's attempt: %+v", r)
 	}
 	if got := claim(t, s, "a", 2, 1, 1); len(got) != 1 || got[0].ID != again.ID {
@@ -158,7 +159,7 @@ func TestStaleBackoffCountsFromTheLastRetry(t *testing.T) {
 	raise(t, s, "a", 4, 1)
 	for range 2 {
 		got := claim(t, s, "a", 4, 1, 1)
-		one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: got[0].Ref(), Error: "boom"}}))
+		one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "boom"}}))
 	}
 	if _, err := s.RetryTask(ctx, id); err != nil { // attempt 3 of 4
 		t.Fatal(err)

@@ -16,8 +16,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/shardrun/shardrun/tasks"
 )
 
 // ErrScheduleExists is returned by CreateSchedule for a name in use.
@@ -139,7 +137,7 @@ func (s *Store) DeleteSchedule(ctx context.Context, name string) (bool, error) {
 // Tick is one tick of a schedule to enqueue, with its task.
 type Tick struct {
 	At   time.Time
-	Task tasks.Insert
+	Task Insert
 }
 
 // TickPlan is what to do with one due schedule: enqueue Ticks (in order),
@@ -198,46 +196,23 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 			return err
 		}
 		res.Schedules = len(due)
-		var (
-			schedIDs, nexts       = make([]int64, 0, len(due)), make([]time.Time, 0, len(due))
-			lastTicks             = make([]*time.Time, 0, len(due))
-			skipped               = make([]int64, 0, len(due))
-			tIDs                  []int64
-			tTicks                []time.Time
-			kinds, keys, payloads []string
-			shards, maxAttempts   []int32
-		)
-		for _, sc := range due {
-			p, err := plan(sc, res.Now, res.TermStart)
-			if err != nil {
-				return fmt.Errorf("planning the ticks of schedule %q: %w", sc.Name, err)
-			}
-			if !p.Next.After(sc.NextTick) {
-				return fmt.Errorf("planning the ticks of schedule %q: next tick %s does not move past %s", sc.Name, p.Next, sc.NextTick)
-			}
-			var last *time.Time
-			for _, t := range p.Ticks {
-				at := t.At
-				last = &at
-				tIDs, tTicks = append(tIDs, sc.ID), append(tTicks, t.At)
-				kinds, keys, payloads = append(kinds, t.Task.Kind), append(keys, t.Task.Key), append(payloads, string(t.Task.Payload))
-				shards, maxAttempts = append(shards, int32(t.Task.Shard)), append(maxAttempts, int32(t.Task.MaxAttempts))
-			}
-			schedIDs, nexts, lastTicks, skipped = append(schedIDs, sc.ID), append(nexts, p.Next), append(lastTicks, last), append(skipped, p.Skipped)
-			res.Skipped += int(p.Skipped)
+		r, err := planTicks(due, plan, res.Now, res.TermStart)
+		if err != nil {
+			return err
 		}
+		res.Skipped = r.skippedTotal
 		if len(due) == 0 {
 			return tx.QueryRow(ctx, `SELECT coalesce(min(next_tick), 'epoch') FROM schedules`).Scan(&res.NextDue)
 		}
 		inserted := map[int64]int64{} // schedule -> newest task id inserted
-		if len(tIDs) > 0 {
+		if len(r.tIDs) > 0 {
 			rows, err := tx.Query(ctx, `
 				INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, schedule_id, schedule_tick)
 				SELECT kind, shard, key, payload::jsonb, max_attempts, tick, sid, tick
 				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[])
 					AS u(kind, shard, key, payload, max_attempts, sid, tick)
 				ON CONFLICT (schedule_id, schedule_tick) WHERE schedule_id IS NOT NULL DO NOTHING
-				RETURNING id, schedule_id`, kinds, shards, keys, payloads, maxAttempts, tIDs, tTicks)
+				RETURNING id, schedule_id`, r.kinds, r.shards, r.keys, r.payloads, r.maxAttempts, r.tIDs, r.tTicks)
 			if err != nil {
 				return err
 			}
@@ -249,20 +224,15 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 			}); err != nil {
 				return err
 			}
-			res.Duplicates = len(tIDs) - res.Enqueued
+			res.Duplicates = len(r.tIDs) - res.Enqueued
 		}
-		lastTask := make([]*int64, len(schedIDs))
-		for i, sid := range schedIDs {
-			if id, ok := inserted[sid]; ok {
-				lastTask[i] = &id
-			}
-		}
+		lastTask := r.lastTasks(inserted)
 		_, err = tx.Exec(ctx, `
 			UPDATE schedules s SET next_tick = u.next, skipped = s.skipped + u.skipped,
 				last_tick = coalesce(u.last_tick, s.last_tick), last_task_id = coalesce(u.last_task, s.last_task_id)
 			FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::bigint[], $5::bigint[])
 				AS u(id, next, last_tick, last_task, skipped)
-			WHERE s.id = u.id`, schedIDs, nexts, lastTicks, lastTask, skipped)
+			WHERE s.id = u.id`, r.schedIDs, r.nexts, r.lastTicks, lastTask, r.skipped)
 		if err != nil {
 			return err
 		}
@@ -278,4 +248,57 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 		res.NextDue = time.Time{}
 	}
 	return res, nil
+}
+
+// tickRows are the planned ticks of one batch of due schedules, as the
+// arrays of the batch's two statements: per schedule its next tick, last
+// tick and skipped count; per tick its schedule, time and task.
+type tickRows struct {
+	schedIDs              []int64
+	nexts                 []time.Time
+	lastTicks             []*time.Time
+	skipped               []int64
+	skippedTotal          int
+	tIDs                  []int64
+	tTicks                []time.Time
+	kinds, keys, payloads []string
+	shards, maxAttempts   []int32
+}
+
+// planTicks applies plan to each due schedule.
+func planTicks(due []Schedule, plan func(sc Schedule, now, termStart time.Time) (TickPlan, error), now, termStart time.Time) (tickRows, error) {
+	r := tickRows{schedIDs: make([]int64, 0, len(due)), nexts: make([]time.Time, 0, len(due)),
+		lastTicks: make([]*time.Time, 0, len(due)), skipped: make([]int64, 0, len(due))}
+	for _, sc := range due {
+		p, err := plan(sc, now, termStart)
+		if err != nil {
+			return r, fmt.Errorf("planning the ticks of schedule %q: %w", sc.Name, err)
+		}
+		if !p.Next.After(sc.NextTick) {
+			return r, fmt.Errorf("planning the ticks of schedule %q: next tick %s does not move past %s", sc.Name, p.Next, sc.NextTick)
+		}
+		var last *time.Time
+		for _, t := range p.Ticks {
+			at := t.At
+			last = &at
+			r.tIDs, r.tTicks = append(r.tIDs, sc.ID), append(r.tTicks, t.At)
+			r.kinds, r.keys, r.payloads = append(r.kinds, t.Task.Kind), append(r.keys, t.Task.Key), append(r.payloads, string(t.Task.Payload))
+			r.shards, r.maxAttempts = append(r.shards, int32(t.Task.Shard)), append(r.maxAttempts, int32(t.Task.MaxAttempts))
+		}
+		r.schedIDs, r.nexts, r.lastTicks, r.skipped = append(r.schedIDs, sc.ID), append(r.nexts, p.Next), append(r.lastTicks, last), append(r.skipped, p.Skipped)
+		r.skippedTotal += int(p.Skipped)
+	}
+	return r, nil
+}
+
+// lastTasks is, per schedule of r, the newest task id inserted for it
+// (nil: none).
+func (r tickRows) lastTasks(inserted map[int64]int64) []*int64 {
+	last := make([]*int64, len(r.schedIDs))
+	for i, sid := range r.schedIDs {
+		if id, ok := inserted[sid]; ok {
+			last[i] = &id
+		}
+	}
+	return last
 }

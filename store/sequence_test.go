@@ -13,13 +13,14 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
 // seqInsert is a task of sequence key on shard, which blocks its sequence
 // when it ends dead or failed unless cont.
-func seqInsert(key string, shard int, cont bool) tasks.Insert {
+func seqInsert(key string, shard int, cont bool) store.Insert {
 	in := insert("k", shard, 2)
 	in.SequenceKey, in.SequenceBlocks = key, !cont
 	return in
@@ -93,19 +94,19 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 				claimAll()
 			case 3: // complete
 				if task, ok := pickRunning("complete"); ok {
-					if r := one(rt)(s.Complete(ctx, owner, []tasks.Completion{{Ref: task.Ref()}})); r.Outcome == tasks.Applied {
+					if r := one(rt)(s.Complete(ctx, owner, []claims.Completion{{Ref: task.Ref()}})); r.Outcome == claims.Applied {
 						ran[task.SequenceKey] = append(ran[task.SequenceKey], task.ID)
 					}
 					delete(running, task.ID)
 				}
 			case 4: // fail (retried, or dead once its attempts are used up)
 				if task, ok := pickRunning("fail"); ok {
-					one(rt)(s.Fail(ctx, owner, []tasks.Failure{{Ref: task.Ref(), Error: "boom"}}))
+					one(rt)(s.Fail(ctx, owner, []claims.Failure{{Ref: task.Ref(), Error: "boom"}}))
 					delete(running, task.ID)
 				}
 			case 5: // interrupt
 				if task, ok := pickRunning("interrupt"); ok {
-					one(rt)(s.Interrupt(ctx, owner, []tasks.Interruption{{Ref: task.Ref(), Reason: "detached"}}))
+					one(rt)(s.Interrupt(ctx, owner, []claims.Interruption{{Ref: task.Ref(), Reason: "detached"}}))
 					delete(running, task.ID)
 				}
 			case 6: // an operator cancels any task
@@ -142,7 +143,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 				break
 			}
 			for id, task := range running {
-				if r := one(rt)(s.Complete(ctx, owner, []tasks.Completion{{Ref: task.Ref()}})); r.Outcome == tasks.Applied {
+				if r := one(rt)(s.Complete(ctx, owner, []claims.Completion{{Ref: task.Ref()}})); r.Outcome == claims.Applied {
 					ran[task.SequenceKey] = append(ran[task.SequenceKey], task.ID)
 				}
 				delete(running, id)
@@ -286,7 +287,7 @@ func TestSequenceEnqueueRacingItsRelease(t *testing.T) {
 				t.Fatalf("task %d ran after task %d, which its producer enqueued after it", task.ID, last[p])
 			}
 			last[p] = task.ID
-			one(t)(s.Complete(ctx, "r", []tasks.Completion{{Ref: task.Ref()}}))
+			one(t)(s.Complete(ctx, "r", []claims.Completion{{Ref: task.Ref()}}))
 			completed++
 		}
 		select {

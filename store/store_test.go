@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
@@ -37,11 +38,11 @@ func setup(t testing.TB) *store.Store {
 // leaderEpoch is the coordinator fence every test's sweeps run under.
 const leaderEpoch = 1
 
-func insert(kind string, shard, maxAttempts int) tasks.Insert {
-	return tasks.Insert{Kind: kind, Shard: shard, Key: fmt.Sprint("k", shard), Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}
+func insert(kind string, shard, maxAttempts int) store.Insert {
+	return store.Insert{Kind: kind, Shard: shard, Key: fmt.Sprint("k", shard), Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}
 }
 
-func enqueue(t testing.TB, s *store.Store, in tasks.Insert) int64 {
+func enqueue(t testing.TB, s *store.Store, in store.Insert) int64 {
 	t.Helper()
 	id, err := s.Enqueue(context.Background(), in)
 	if err != nil {
@@ -98,8 +99,8 @@ func one(t interface {
 	Helper()
 	Fatal(...any)
 	Fatalf(string, ...any)
-}) func([]tasks.WriteResult, error) tasks.WriteResult {
-	return func(rs []tasks.WriteResult, err error) tasks.WriteResult {
+}) func([]claims.WriteResult, error) claims.WriteResult {
+	return func(rs []claims.WriteResult, err error) claims.WriteResult {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
@@ -211,8 +212,8 @@ func TestLegalMoves(t *testing.T) {
 		if len(got) != 1 || got[0].ID != id || got[0].State != tasks.Running || got[0].Epoch != 5 || got[0].Attempt != 1 {
 			t.Fatalf("claim: %+v", got)
 		}
-		r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: got[0].Ref(), Result: json.RawMessage(`{"ok":true}`)}}))
-		if r.Outcome != tasks.Applied || r.State != tasks.Completed {
+		r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: got[0].Ref(), Result: json.RawMessage(`{"ok":true}`)}}))
+		if r.Outcome != claims.Applied || r.State != tasks.Completed {
 			t.Fatalf("complete: %+v", r)
 		}
 		task := get(t, s, id)
@@ -224,8 +225,8 @@ func TestLegalMoves(t *testing.T) {
 	t.Run("running to ready with backoff then dead", func(t *testing.T) {
 		id := enqueue(t, s, insert("k", 1, 2))
 		got := claim(t, s, "a", 1, 5, 10)
-		r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: got[0].Ref(), Error: "boom", RetryAfter: time.Hour}}))
-		if r.Outcome != tasks.Applied || r.State != tasks.Ready {
+		r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "boom", RetryAfter: time.Hour}}))
+		if r.Outcome != claims.Applied || r.State != tasks.Ready {
 			t.Fatalf("fail with attempts left: %+v", r)
 		}
 		task := get(t, s, id)
@@ -241,8 +242,8 @@ func TestLegalMoves(t *testing.T) {
 		if len(got) != 1 || got[0].Attempt != 2 {
 			t.Fatalf("claim after backoff: %+v", got)
 		}
-		r = one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: got[0].Ref(), Error: "boom again"}}))
-		if r.Outcome != tasks.Applied || r.State != tasks.Dead {
+		r = one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "boom again"}}))
+		if r.Outcome != claims.Applied || r.State != tasks.Dead {
 			t.Fatalf("fail with no attempts left: %+v", r)
 		}
 		if task := get(t, s, id); task.State != tasks.Dead || len(task.Errors) != 2 || task.FinishedAt == nil {
@@ -260,7 +261,7 @@ func TestLegalMoves(t *testing.T) {
 		if len(got) != 2 {
 			t.Fatalf("claim: %+v", got)
 		}
-		r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: got[0].Ref(), Error: "x"}})) // back to ready
+		r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "x"}})) // back to ready
 		if r.State != tasks.Ready {
 			t.Fatalf("fail: %+v", r)
 		}
@@ -305,36 +306,36 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	readyID := enqueue(t, s, insert("k", 1, 3))
 	readyRef := tasks.Ref{ID: readyID, Shard: 1, Attempt: 1, Epoch: 5}
 
-	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: readyRef}})); r.Outcome != tasks.TaskMoved {
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: readyRef}})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("completing a ready task: %v", r.Outcome)
 	}
-	if r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: readyRef, Error: "x"}})); r.Outcome != tasks.TaskMoved {
+	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: readyRef, Error: "x"}})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("failing a ready task: %v", r.Outcome)
 	}
-	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{readyRef})); r.Outcome != tasks.TaskMoved {
+	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{readyRef})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("heartbeating a ready task: %v", r.Outcome)
 	}
 	got := claim(t, s, "a", 1, 5, 1)
 	ref := got[0].Ref()
-	if r := one(t)(s.Complete(ctx, "b", []tasks.Completion{{Ref: ref}})); r.Outcome != tasks.FenceLost {
+	if r := one(t)(s.Complete(ctx, "b", []claims.Completion{{Ref: ref}})); r.Outcome != claims.FenceLost {
 		t.Fatalf("completing another runner's claim: %v", r.Outcome)
 	}
 	old := ref
 	old.Attempt = 0
-	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: old}})); r.Outcome != tasks.TaskMoved {
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: old}})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("completing an old attempt: %v", r.Outcome)
 	}
-	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: ref}})); r.Outcome != tasks.Applied {
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: ref}})); r.Outcome != claims.Applied {
 		t.Fatalf("completing: %v", r.Outcome)
 	}
-	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: ref}})); r.Outcome != tasks.TaskMoved {
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: ref}})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("completing twice: %v", r.Outcome)
 	}
-	if r := one(t)(s.Fail(ctx, "a", []tasks.Failure{{Ref: ref, Error: "late"}})); r.Outcome != tasks.TaskMoved {
+	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: ref, Error: "late"}})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("failing a completed task: %v", r.Outcome)
 	}
 	gone := tasks.Ref{ID: 999999, Shard: 1, Attempt: 1, Epoch: 5}
-	if r := one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: gone}})); r.Outcome != tasks.TaskGone || r.Outcome.Err() != tasks.ErrTaskGone {
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: gone}})); r.Outcome != claims.TaskGone {
 		t.Fatalf("completing a missing task: %v", r.Outcome)
 	}
 	// Sweeps never touch finished or ready tasks.
@@ -386,13 +387,13 @@ func TestFencing(t *testing.T) {
 	if got := claim(t, s, "old", 3, 10, 10); len(got) != 0 {
 		t.Fatalf("old epoch claimed %d tasks after the fence moved", len(got))
 	}
-	if r := one(t)(s.Heartbeat(ctx, "old", []tasks.Ref{mine[0].Ref()})); r.Outcome != tasks.FenceLost {
+	if r := one(t)(s.Heartbeat(ctx, "old", []tasks.Ref{mine[0].Ref()})); r.Outcome != claims.FenceLost {
 		t.Fatalf("old heartbeat: %v", r.Outcome)
 	}
-	if r := one(t)(s.Complete(ctx, "old", []tasks.Completion{{Ref: mine[1].Ref()}})); r.Outcome != tasks.FenceLost || r.Outcome.Err() != tasks.ErrFenceLost {
+	if r := one(t)(s.Complete(ctx, "old", []claims.Completion{{Ref: mine[1].Ref()}})); r.Outcome != claims.FenceLost {
 		t.Fatalf("old complete: %v", r.Outcome)
 	}
-	if r := one(t)(s.Fail(ctx, "old", []tasks.Failure{{Ref: mine[2].Ref(), Error: "x"}})); r.Outcome != tasks.FenceLost {
+	if r := one(t)(s.Fail(ctx, "old", []claims.Failure{{Ref: mine[2].Ref(), Error: "x"}})); r.Outcome != claims.FenceLost {
 		t.Fatalf("old fail: %v", r.Outcome)
 	}
 	got := claim(t, s, "new", 3, 20, 10)
@@ -454,7 +455,7 @@ func TestFenceRaiseWaitsForClaimsInFlight(t *testing.T) {
 	if task := get(t, s, late); task.State != tasks.Ready || task.Attempt != 2 {
 		t.Fatalf("the claim made during the raise was not requeued: %+v", task)
 	}
-	if r := one(t)(s.Complete(ctx, "old", []tasks.Completion{{Ref: mine[0].Ref()}})); r.Outcome != tasks.FenceLost {
+	if r := one(t)(s.Complete(ctx, "old", []claims.Completion{{Ref: mine[0].Ref()}})); r.Outcome != claims.FenceLost {
 		t.Fatalf("completion after the raise: %v", r.Outcome)
 	}
 }
@@ -530,7 +531,7 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 	ctx := context.Background()
 	const total, shards = 10000, 16
 	owned := make([]tasks.ShardEpoch, shards)
-	ins := make([]tasks.Insert, total)
+	ins := make([]store.Insert, total)
 	for i := range ins {
 		ins[i] = insert("k", i%shards, 3)
 	}
@@ -558,11 +559,11 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 				if len(got) == 0 {
 					return
 				}
-				done := make([]tasks.Completion, len(got))
+				done := make([]claims.Completion, len(got))
 				mu.Lock()
 				for i, task := range got {
 					seen[task.ID]++
-					done[i] = tasks.Completion{Ref: task.Ref()}
+					done[i] = claims.Completion{Ref: task.Ref()}
 				}
 				mu.Unlock()
 				rs, err := s.Complete(ctx, "r", done)
@@ -571,7 +572,7 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 					return
 				}
 				for _, r := range rs {
-					if r.Outcome != tasks.Applied {
+					if r.Outcome != claims.Applied {
 						errs <- fmt.Errorf("completion of %d: %v", r.Ref.ID, r.Outcome)
 						return
 					}
@@ -630,7 +631,7 @@ func TestEnqueueBatchAndNotify(t *testing.T) {
 	notes := listen(t, s)
 	later := time.Now().Add(time.Hour)
 	deadline := time.Now().Add(2 * time.Hour)
-	ins := []tasks.Insert{insert("k", 3, 2), insert("k", 5, 2), {Kind: "k", Shard: 5, Key: "x", Payload: json.RawMessage(`[1]`), MaxAttempts: 1, RunAfter: &later, Deadline: &deadline}}
+	ins := []store.Insert{insert("k", 3, 2), insert("k", 5, 2), {Kind: "k", Shard: 5, Key: "x", Payload: json.RawMessage(`[1]`), MaxAttempts: 1, RunAfter: &later, Deadline: &deadline}}
 	if n, err := s.EnqueueBatch(ctx, ins); err != nil || n != 3 {
 		t.Fatalf("enqueue batch: %d %v", n, err)
 	}
@@ -754,11 +755,11 @@ func TestBatchWithStaleAndCurrentAttemptOfOneTask(t *testing.T) {
 	old := claim(t, s, "a", 6, 1, 1)[0]
 	raise(t, s, "a", 6, 2)
 	cur := claim(t, s, "a", 6, 2, 1)[0]
-	rs, err := s.Complete(ctx, "a", []tasks.Completion{{Ref: old.Ref()}, {Ref: cur.Ref()}})
+	rs, err := s.Complete(ctx, "a", []claims.Completion{{Ref: old.Ref()}, {Ref: cur.Ref()}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rs[0].Outcome != tasks.FenceLost || rs[1].Outcome != tasks.Applied {
+	if rs[0].Outcome != claims.FenceLost || rs[1].Outcome != claims.Applied {
 		t.Fatalf("stale then current in one batch: %v, %v", rs[0].Outcome, rs[1].Outcome)
 	}
 	if task := get(t, s, id); task.State != tasks.Completed || task.Attempt != 2 || task.Epoch != 2 {
@@ -805,9 +806,9 @@ func TestFinalFailureBuries(t *testing.T) {
 	final := enqueue(t, s, insert("k", 3, 5))
 	again := enqueue(t, s, insert("k", 3, 5))
 	got := claim(t, s, "a", 3, 1, 2)
-	var fs []tasks.Failure
+	var fs []claims.Failure
 	for _, task := range got {
-		fs = append(fs, tasks.Failure{Ref: task.Ref(), Error: "no", RetryAfter: time.Millisecond, Final: task.ID == final})
+		fs = append(fs, claims.Failure{Ref: task.Ref(), Error: "no", RetryAfter: time.Millisecond, Final: task.ID == final})
 	}
 	if _, err := s.Fail(ctx, "a", fs); err != nil {
 		t.Fatal(err)
@@ -837,10 +838,10 @@ func TestFailBatchInAnyOrderKeepsEachTasksColumns(t *testing.T) {
 	if len(claimed) != 5 {
 		t.Fatalf("claimed %d", len(claimed))
 	}
-	var failed []tasks.Failure
+	var failed []claims.Failure
 	for i := len(claimed) - 1; i >= 0; i-- { // descending ids
 		c := claimed[i]
-		failed = append(failed, tasks.Failure{Ref: c.Ref(), Error: fmt.Sprint("error of ", c.ID), Final: i%2 == 0})
+		failed = append(failed, claims.Failure{Ref: c.Ref(), Error: fmt.Sprint("error of ", c.ID), Final: i%2 == 0})
 	}
 	rs, err := s.Fail(ctx, "a", failed)
 	if err != nil {
@@ -903,7 +904,7 @@ func TestFailExpiredEndsFailedAndFinalEndsDead(t *testing.T) {
 		enqueue(t, s, in)
 	}
 	c := claim(t, s, "a", 6, 1, 2)
-	rs, err := s.Fail(ctx, "a", []tasks.Failure{
+	rs, err := s.Fail(ctx, "a", []claims.Failure{
 		{Ref: c[0].Ref(), Error: "deadline exceeded", Expired: true},
 		{Ref: c[1].Ref(), Error: "bad payload", Final: true},
 	})

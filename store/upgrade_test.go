@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -217,20 +218,20 @@ func TestUpgradeToTheTaskLayout(t *testing.T) {
 		if len(got) == 0 {
 			break
 		}
-		done := make([]tasks.Completion, len(got))
+		done := make([]claims.Completion, len(got))
 		for i, task := range got {
 			if seen[task.ID] {
 				t.Fatalf("task %d claimed twice", task.ID)
 			}
 			seen[task.ID] = true
-			done[i] = tasks.Completion{Ref: task.Ref()}
+			done[i] = claims.Completion{Ref: task.Ref()}
 		}
 		res, err := s.Complete(ctx, "new-runner", done)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, r := range res {
-			if r.Outcome != tasks.Applied {
+			if r.Outcome != claims.Applied {
 				t.Fatalf("completing task %d: %s", r.Ref.ID, r.Outcome)
 			}
 		}

@@ -37,13 +37,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
-	"github.com/shardrun/shardrun/executor"
-	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/internal/claims"
+	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -56,7 +54,7 @@ type Store interface {
 }
 
 // Defaults of Config. The runners' heartbeat interval and the retry
-// backoff default to executor.DefaultHeartbeatInterval, tasks.DefaultRetryBase
+// backoff default to claims.DefaultHeartbeatInterval, tasks.DefaultRetryBase
 // and tasks.DefaultRetryCap: one default, shared with the runners.
 const (
 	DefaultInterval       = 5 * time.Second
@@ -79,18 +77,15 @@ const (
 	MaxBatchSize = 100_000
 )
 
-// Config configures a Sweeper.
+// Config is the sweeper's settings.
 type Config struct {
-	Store Store
-	// Epoch is the leadership epoch the sweeps are fenced with.
-	Epoch int64
 	// Interval between passes. Default 5s.
 	Interval time.Duration
 	// StaleThreshold: a running task silent for longer is stale. Default
 	// 30s; must exceed the runners' HeartbeatInterval.
 	StaleThreshold time.Duration
 	// HeartbeatInterval is the runners' task heartbeat interval, for
-	// validation only. Default executor.DefaultHeartbeatInterval.
+	// validation only. Default claims.DefaultHeartbeatInterval.
 	HeartbeatInterval time.Duration
 	// BatchSize bounds the rows one statement changes, so a pass over a
 	// huge backlog never holds many row locks at once. Default 1000.
@@ -98,12 +93,6 @@ type Config struct {
 	// Backoff before a requeued stale task's next attempt. Default
 	// tasks.DefaultRetryBase and tasks.DefaultRetryCap.
 	Backoff store.Backoff
-	Clock   clock.Clock
-	Logger  hclog.Logger
-	Metrics *Metrics
-	// Passes, when set, receives every pass's result; tests wait on it. Nil
-	// in production.
-	Passes *testsignal.Signal[Result]
 }
 
 // WithDefaults returns c with its zero settings replaced by the defaults,
@@ -111,7 +100,7 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.StaleThreshold = cmp.Or(c.StaleThreshold, DefaultStaleThreshold)
-	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, executor.DefaultHeartbeatInterval)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, claims.DefaultHeartbeatInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	if c.Backoff == (store.Backoff{}) {
 		c.Backoff = store.Backoff{Base: tasks.DefaultRetryBase, Cap: tasks.DefaultRetryCap}
@@ -136,31 +125,24 @@ func (c *Config) Validate() error {
 	return tasks.ValidateBackoff(c.Backoff.Base, c.Backoff.Cap)
 }
 
-// Result is what one pass did.
+// Result is what one pass did (the Detail of its leader.Result).
 type Result struct {
-	Started        time.Time
-	Duration       time.Duration
 	DeadlineFailed int64
 	Requeued       int64
 	Dead           int64
-	// Statements run (batches of both rules).
-	Statements int
 	// InGrace: the stale rule was skipped, for Grace.
 	InGrace bool
 	// Grace says why the stale rule was skipped: the leadership is new,
 	// the database restarted, or the sweeper could not reach it.
 	Grace string
-	// NotLeader: the fence holds a newer leader; the sweeper stops.
-	NotLeader bool
-	Err       error
 }
 
-// Sweeper is the sweep loop of one leadership term.
+// Sweeper is the leader's sweep service (a leader.Service).
 type Sweeper struct {
 	cfg   Config
-	log   hclog.Logger
-	clock clock.Clock
-	m     *Metrics
+	store Store
+	m     *metrics
+	term  leader.Term
 	// graceUntil: no stale rule before it. It starts one threshold after
 	// leadership began, and moves to one threshold after the first pass
 	// that succeeds after a failed or slow one: while the sweeper could
@@ -173,108 +155,70 @@ type Sweeper struct {
 	degraded string
 }
 
-// New fills the defaults and validates cfg.
-func New(cfg Config) (*Sweeper, error) {
+// New fills the defaults of cfg, validates it, and registers the sweeper's
+// metrics with reg (nil: not registered).
+func New(st Store, cfg Config, reg prometheus.Registerer) (*Sweeper, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Store == nil {
+	if st == nil {
 		return nil, errors.New("sweeper: a store is required")
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = hclog.NewNullLogger()
-	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = NewMetrics(nil)
-	}
-	return &Sweeper{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, m: cfg.Metrics}, nil
+	return &Sweeper{cfg: cfg, store: st, m: newMetrics(reg)}, nil
 }
 
-// Run sweeps every interval until ctx ends (leadership lost or shutdown) or
-// the fence says another coordinator leads. The grace period counts from
-// the start of Run.
-func (s *Sweeper) Run(ctx context.Context) error {
-	s.begin()
-	s.log.Info("sweeping", "epoch", s.cfg.Epoch, "interval", s.cfg.Interval,
-		"stale_threshold", s.cfg.StaleThreshold, "grace_until", s.graceUntil)
-	t := s.clock.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-		}
-		r := s.Pass(ctx)
-		if r.NotLeader {
-			return store.ErrNotLeader
-		}
-		t.Reset(s.cfg.Interval)
-	}
-}
+// Name is "sweep" (shardrun_sweep_errors_total).
+func (s *Sweeper) Name() string { return "sweep" }
 
-// begin starts the leadership's grace period: a new leader has watched no
+// Begin starts the term's grace period: a new leader has watched no
 // heartbeats, and runners keep working across coordinator restarts.
-func (s *Sweeper) begin() {
-	s.graceUntil, s.graceWhy = s.clock.Now().Add(s.cfg.StaleThreshold), "new leadership: no heartbeats watched yet"
+func (s *Sweeper) Begin(t leader.Term) {
+	s.term, s.degraded = t, ""
+	s.graceUntil, s.graceWhy = t.Start.Add(s.cfg.StaleThreshold), "new leadership: no heartbeats watched yet"
+	t.Log.Info("sweeping", "epoch", t.Epoch, "interval", s.cfg.Interval,
+		"stale_threshold", s.cfg.StaleThreshold, "grace_until", s.graceUntil)
 }
 
-// Pass runs both rules once and returns what it did. A failing pass is
-// logged and counted; the loop carries on.
-func (s *Sweeper) Pass(ctx context.Context) Result {
-	r := Result{Started: s.clock.Now()}
-	r.Err = s.sweep(ctx, &r)
-	r.Duration = s.clock.Now().Sub(r.Started)
+// Pass runs both rules once.
+func (s *Sweeper) Pass(ctx context.Context, p *leader.Pass) leader.Result {
+	var r Result
+	err := s.sweep(ctx, p, &r)
+	took := s.term.Clock.Now().Sub(p.Started)
 	switch {
-	case errors.Is(r.Err, store.ErrNotLeader):
-		r.NotLeader = true
-		s.log.Warn("the coordinator fence holds a newer leader; stopping", "epoch", s.cfg.Epoch)
-	case r.Err != nil && ctx.Err() == nil:
+	case err != nil && ctx.Err() == nil && !errors.Is(err, store.ErrNotLeader):
 		s.degraded = "the sweeper could not reach the database"
-		s.m.Errors.Inc()
-		s.log.Error("sweep pass failed", "error", r.Err, "duration", r.Duration)
-	case r.Err == nil:
-		s.m.Passes.Inc()
-		s.m.Duration.Observe(r.Duration.Seconds())
-		s.m.DeadlineFailed.Add(float64(r.DeadlineFailed))
-		s.m.Released.Add(float64(r.Requeued))
-		s.m.Dead.Add(float64(r.Dead))
+	case err == nil:
+		s.m.passes.Inc()
+		s.m.duration.Observe(took.Seconds())
+		s.m.deadlineFailed.Add(float64(r.DeadlineFailed))
+		s.m.released.Add(float64(r.Requeued))
+		s.m.dead.Add(float64(r.Dead))
 		if r.DeadlineFailed+r.Requeued+r.Dead > 0 {
-			s.log.Info("swept", "deadline_failed", r.DeadlineFailed, "requeued", r.Requeued, "dead", r.Dead,
-				"statements", r.Statements, "duration", r.Duration, "in_grace", r.InGrace)
+			s.term.Log.Info("swept", "deadline_failed", r.DeadlineFailed, "requeued", r.Requeued, "dead", r.Dead,
+				"statements", p.Statements, "duration", took, "in_grace", r.InGrace)
 		} else {
-			s.log.Debug("swept nothing", "duration", r.Duration, "in_grace", r.InGrace)
+			s.term.Log.Debug("swept nothing", "duration", took, "in_grace", r.InGrace)
 		}
 	}
-	s.cfg.Passes.Emit(r)
-	return r
+	return leader.Result{Next: s.cfg.Interval, Detail: r, Err: err}
 }
 
-func (s *Sweeper) sweep(ctx context.Context, r *Result) error {
-	limit := s.cfg.BatchSize
+func (s *Sweeper) sweep(ctx context.Context, p *leader.Pass, r *Result) error {
+	batch := leader.Batch{Size: s.cfg.BatchSize}
 	runningGrace := s.cfg.StaleThreshold
-	if why := s.grace(ctx, r); why != "" {
+	if why := s.grace(ctx, p); why != "" {
 		r.InGrace, r.Grace = true, why
 		// A running task's outcome may be in flight as long as its
 		// heartbeats may be: only ready tasks fail their deadline now.
 		runningGrace = store.SkipRunning
 	}
-	for {
-		start := s.clock.Now()
-		n, err := s.cfg.Store.SweepDeadlines(ctx, s.cfg.Epoch, runningGrace, limit)
-		r.Statements++
-		if err != nil {
-			return err
-		}
-		s.timed(start)
-		r.DeadlineFailed += n
-		if n < int64(limit) {
-			break
-		}
+	var err error
+	r.DeadlineFailed, err = p.Batches(ctx, batch, func(ctx context.Context, limit int) (int64, error) {
+		return s.store.SweepDeadlines(ctx, s.term.Epoch, runningGrace, limit)
+	}, s.timed)
+	if err != nil {
+		return err
 	}
 	if !r.InGrace && s.degraded != "" {
 		r.InGrace, r.Grace = true, s.degraded
@@ -282,48 +226,41 @@ func (s *Sweeper) sweep(ctx context.Context, r *Result) error {
 	if r.InGrace {
 		return nil
 	}
-	for {
-		start := s.clock.Now()
-		requeued, dead, err := s.cfg.Store.SweepStale(ctx, s.cfg.Epoch, s.cfg.StaleThreshold, limit, s.cfg.Backoff)
-		r.Statements++
-		if err != nil {
-			return err
-		}
-		s.timed(start)
+	_, err = p.Batches(ctx, batch, func(ctx context.Context, limit int) (int64, error) {
+		requeued, dead, err := s.store.SweepStale(ctx, s.term.Epoch, s.cfg.StaleThreshold, limit, s.cfg.Backoff)
 		r.Requeued += requeued
 		r.Dead += dead
-		if requeued+dead < int64(limit) {
-			return nil
-		}
-	}
+		return requeued + dead, err
+	}, s.timed)
+	return err
 }
 
 // timed notes a statement that took longer than the runners' heartbeat
 // interval: the database is slow enough that heartbeats may be late, so
 // the next pass starts a grace period.
 func (s *Sweeper) timed(start time.Time) {
-	if d := s.clock.Now().Sub(start); d > s.cfg.HeartbeatInterval {
+	if d := s.term.Clock.Now().Sub(start); d > s.cfg.HeartbeatInterval {
 		s.degraded = fmt.Sprintf("a sweep statement took %s, longer than the heartbeat interval", d.Round(time.Millisecond))
-		s.log.Warn("the database is slow; stale claims are judged again after a grace period", "statement", d, "heartbeat_interval", s.cfg.HeartbeatInterval)
+		s.term.Log.Warn("the database is slow; stale claims are judged again after a grace period", "statement", d, "heartbeat_interval", s.cfg.HeartbeatInterval)
 	}
 }
 
 // grace says why running tasks must not be judged now, or "" when they
 // may be.
-func (s *Sweeper) grace(ctx context.Context, r *Result) string {
-	now := s.clock.Now()
+func (s *Sweeper) grace(ctx context.Context, p *leader.Pass) string {
+	now := s.term.Clock.Now()
 	if s.degraded != "" {
 		// The first pass after a failed or slow one: heartbeats could not
 		// be written in time either.
 		s.graceUntil, s.graceWhy = now.Add(s.cfg.StaleThreshold), s.degraded+" until "+now.UTC().Format(time.RFC3339)
 		s.degraded = ""
-		s.log.Info("running tasks are judged again after a grace period", "why", s.graceWhy, "grace_until", s.graceUntil)
+		s.term.Log.Info("running tasks are judged again after a grace period", "why", s.graceWhy, "grace_until", s.graceUntil)
 	}
 	if now.Before(s.graceUntil) {
 		return s.graceWhy
 	}
-	up, err := s.cfg.Store.Uptime(ctx)
-	r.Statements++
+	up, err := s.store.Uptime(ctx)
+	p.Statements++
 	if err != nil {
 		return "the database's uptime is unknown: " + err.Error()
 	}
@@ -333,32 +270,24 @@ func (s *Sweeper) grace(ctx context.Context, r *Result) string {
 	return ""
 }
 
-// Metrics are the sweeper's metrics.
-type Metrics struct {
-	Passes         prometheus.Counter
-	Duration       prometheus.Histogram
-	Released       prometheus.Counter
-	DeadlineFailed prometheus.Counter
-	Dead           prometheus.Counter
-	Errors         prometheus.Counter
+// metrics are the sweeper's own metrics; its errors counter is the
+// loop's.
+type metrics struct {
+	passes, released, deadlineFailed, dead prometheus.Counter
+	duration                               prometheus.Histogram
 }
 
-// NewMetrics creates the metrics and registers them with reg (nil: not
-// registered).
-func NewMetrics(reg prometheus.Registerer) *Metrics {
+func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg) // With(nil) creates them without registering
-	return &Metrics{
-		Passes: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweeps_total",
-			Help: "Completed sweep passes."}),
-		Duration: f.NewHistogram(prometheus.HistogramOpts{Name: "shardrun_sweep_duration_seconds",
+	counter := func(name, help string) prometheus.Counter {
+		return f.NewCounter(prometheus.CounterOpts{Name: name, Help: help})
+	}
+	return &metrics{
+		passes: counter("shardrun_sweeps_total", "Completed sweep passes."),
+		duration: f.NewHistogram(prometheus.HistogramOpts{Name: "shardrun_sweep_duration_seconds",
 			Help: "Duration of sweep passes.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)}),
-		Released: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_released_total",
-			Help: "Stale claims put back to ready."}),
-		DeadlineFailed: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_deadline_failed_total",
-			Help: "Tasks failed because their deadline passed."}),
-		Dead: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_dead_total",
-			Help: "Stale claims whose attempts were used up."}),
-		Errors: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_sweep_errors_total",
-			Help: "Sweep passes that failed."}),
+		released:       counter("shardrun_sweep_released_total", "Stale claims put back to ready."),
+		deadlineFailed: counter("shardrun_sweep_deadline_failed_total", "Tasks failed because their deadline passed."),
+		dead:           counter("shardrun_sweep_dead_total", "Stale claims whose attempts were used up."),
 	}
 }

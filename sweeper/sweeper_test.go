@@ -3,6 +3,7 @@ package sweeper
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -10,8 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardrun/shardrun/executor"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/testutil"
@@ -71,19 +75,39 @@ func setup(t testing.TB) *fixture {
 	return f
 }
 
-func (f *fixture) sweeper(mut ...func(*Config)) *Sweeper {
+// testSweeper is a sweeper in a term of its own, whose passes the test
+// runs one at a time.
+type testSweeper struct {
+	*Sweeper
+	term leader.Term
+}
+
+// passResult is one pass: the sweeper's result, its error and statements.
+type passResult struct {
+	Result
+	Err        error
+	Statements int
+}
+
+func (s testSweeper) Pass(ctx context.Context) passResult {
+	r, p := leader.Once(ctx, s.Sweeper, s.term)
+	return passResult{Result: r.Detail.(Result), Err: r.Err, Statements: p.Statements}
+}
+
+func (f *fixture) sweeper(mut ...func(*Config)) testSweeper {
 	f.t.Helper()
-	cfg := Config{Store: uptimeStore{f.store, f}, Epoch: epoch, Interval: time.Second, StaleThreshold: 30 * time.Second,
-		HeartbeatInterval: 5 * time.Second, Backoff: store.Backoff{Base: time.Second, Cap: time.Minute}, Clock: f.clock}
+	cfg := Config{Interval: time.Second, StaleThreshold: 30 * time.Second,
+		HeartbeatInterval: 5 * time.Second, Backoff: store.Backoff{Base: time.Second, Cap: time.Minute}}
 	for _, m := range mut {
 		m(&cfg)
 	}
-	s, err := New(cfg)
+	s, err := New(uptimeStore{f.store, f}, cfg, nil)
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	s.begin()
-	return s
+	term := leader.Term{Epoch: epoch, Start: f.clock.Now(), Clock: f.clock, Log: hclog.NewNullLogger()}
+	s.Begin(term)
+	return testSweeper{Sweeper: s, term: term}
 }
 
 // running enqueues n tasks on shard 0 and claims them; age backdates their
@@ -92,7 +116,7 @@ func (f *fixture) running(n, maxAttempts int) []tasks.Task {
 	f.t.Helper()
 	ctx := context.Background()
 	for i := range n {
-		if _, err := f.store.Enqueue(ctx, tasks.Insert{Kind: "k", Shard: 0, Key: fmt.Sprint(i), Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}); err != nil {
+		if _, err := f.store.Enqueue(ctx, store.Insert{Kind: "k", Shard: 0, Key: fmt.Sprint(i), Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}); err != nil {
 			f.t.Fatal(err)
 		}
 	}
@@ -163,7 +187,7 @@ func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
 	if r.DeadlineFailed != 1 || r.Requeued != 0 {
 		t.Fatalf("a task past its deadline and stale: %+v", r)
 	}
-	if rs, err := f.store.Complete(context.Background(), "r", []tasks.Completion{{Ref: recent.Ref()}}); err != nil || rs[0].Outcome != tasks.Applied {
+	if rs, err := f.store.Complete(context.Background(), "r", []claims.Completion{{Ref: recent.Ref()}}); err != nil || rs[0].Outcome != claims.Applied {
 		t.Fatalf("the late completion of a task within the deadline grace: %v %v", rs, err)
 	}
 	if got := f.state(both.ID); got.State != tasks.Failed || got.Errors[len(got.Errors)-1].Error != "deadline exceeded" {
@@ -172,7 +196,7 @@ func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
 	// Ready tasks past their deadline fail even inside the grace period.
 	f2 := setup(t)
 	s2 := f2.sweeper()
-	id, err := f2.store.Enqueue(context.Background(), tasks.Insert{Kind: "k", Shard: 0, Key: "x", Payload: json.RawMessage(`{}`), MaxAttempts: 1})
+	id, err := f2.store.Enqueue(context.Background(), store.Insert{Kind: "k", Shard: 0, Key: "x", Payload: json.RawMessage(`{}`), MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +232,7 @@ func TestStaleRuleWaitsAfterOutages(t *testing.T) {
 	if r := s.Pass(context.Background()); r.Err == nil {
 		t.Fatal("a pass on a closed pool succeeded")
 	}
-	s.cfg.Store = uptimeStore{f.reopen(), f}
+	s.store = uptimeStore{f.reopen(), f}
 	if r := s.Pass(context.Background()); !r.InGrace || r.DeadlineFailed != 0 || !strings.Contains(r.Grace, "could not reach the database") {
 		t.Fatalf("first pass after the sweeper's outage: %+v", r)
 	}
@@ -241,7 +265,8 @@ func TestStaleRuleWaitsAfterASlowStatement(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	var slow atomic.Bool
-	s := f.sweeper(func(c *Config) { c.Store = slowStore{uptimeStore{f.store, f}, &slow} })
+	s := f.sweeper()
+	s.store = slowStore{uptimeStore{f.store, f}, &slow}
 	task := f.running(1, 3)[0]
 	pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'")
 	f.clock.Advance(time.Hour)
@@ -307,17 +332,17 @@ func TestSweepRacingCompletionHasOneWinner(t *testing.T) {
 		task := f.running(1, 3)[0]
 		pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'", task.ID)
 		var wg sync.WaitGroup
-		var r Result
-		var res []tasks.WriteResult
+		var r passResult
+		var res []claims.WriteResult
 		var err error
 		wg.Go(func() { r = s.Pass(context.Background()) })
-		wg.Go(func() { res, err = f.store.Complete(context.Background(), "r", []tasks.Completion{{Ref: task.Ref()}}) })
+		wg.Go(func() { res, err = f.store.Complete(context.Background(), "r", []claims.Completion{{Ref: task.Ref()}}) })
 		wg.Wait()
 		if err != nil || r.Err != nil {
 			t.Fatal(err, r.Err)
 		}
 		got := f.state(task.ID)
-		completed := res[0].Outcome == tasks.Applied
+		completed := res[0].Outcome == claims.Applied
 		if completed == (r.Requeued == 1) || (completed && got.State != tasks.Completed) || (!completed && got.State != tasks.Ready) {
 			t.Fatalf("completion %v, sweep requeued %d, row %s: want exactly one winner", res[0].Outcome, r.Requeued, got.State)
 		}
@@ -351,38 +376,36 @@ func TestPassOverAHugeBacklogIsBatched(t *testing.T) {
 	t.Logf("pass over 100,000 stale claims: %s in %d statements", took, r.Statements)
 }
 
-func TestRunStopsWhenDeposed(t *testing.T) {
+// In the leader's loop, the sweeper stops the term when the fence moves
+// to a newer leader, and with the loop's context.
+func TestLoopStopsWhenDeposed(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	passes := testsignal.New[Result]()
-	s := f.sweeper(func(c *Config) { c.Passes = passes })
+	passes := testsignal.New[leader.Event]()
+	s := f.sweeper()
+	loop := leader.New(leader.Config{Clock: f.clock}, s.Sweeper)
+	loop.Events = passes
 	done := make(chan error, 1)
-	go func() { done <- s.Run(context.Background()) }()
-	if _, ok := passes.Wait(10*time.Second, func(Result) bool { return true }); !ok {
+	go func() { done <- loop.Run(context.Background(), epoch) }()
+	if _, ok := passes.Wait(10*time.Second, func(leader.Event) bool { return true }); !ok {
 		t.Fatal("no first pass") // it runs at once
 	}
-	testutil.WaitFor(t, 10*time.Second, "Run waits on the clock", func() bool { return f.clock.Timers() > 0 })
+	testutil.WaitFor(t, 10*time.Second, "the loop waits on the clock", func() bool { return f.clock.Timers() > 0 })
 	if ok, err := f.store.RaiseLeaderFence(context.Background(), "usurper", epoch+1); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
 	f.clock.Advance(time.Second)
-	if r, ok := passes.Wait(10*time.Second, func(r Result) bool { return r.NotLeader }); !ok {
+	if r, ok := passes.Wait(10*time.Second, func(r leader.Event) bool { return r.NotLeader }); !ok {
 		t.Fatalf("no pass saw the fence move: %+v", passes.Events())
-	} else if r.Err != store.ErrNotLeader {
+	} else if !errors.Is(r.Err, store.ErrNotLeader) || r.Service != "sweep" {
 		t.Fatalf("pass after the fence moved: %+v", r)
 	}
 	if err := <-done; err != store.ErrNotLeader {
 		t.Fatalf("Run returned %v", err)
 	}
-}
 
-func TestRunStopsWithItsContext(t *testing.T) {
-	t.Parallel()
-	f := setup(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	s := f.sweeper()
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	go func() { done <- loop.Run(ctx, epoch+2) }()
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -395,7 +418,7 @@ func TestConfigValidation(t *testing.T) {
 	if err := valid.Validate(); err != nil {
 		t.Fatalf("defaults: %v", err)
 	}
-	if valid.HeartbeatInterval != executor.DefaultHeartbeatInterval || valid.Backoff.Base != tasks.DefaultRetryBase {
+	if valid.HeartbeatInterval != claims.DefaultHeartbeatInterval || valid.Backoff.Base != tasks.DefaultRetryBase {
 		t.Fatalf("defaults are not the runners': %+v", valid)
 	}
 	for _, tc := range []struct {

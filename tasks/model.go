@@ -1,10 +1,10 @@
-// Package tasks is shardrun's vocabulary of work, the leaf every other
-// package builds on: the task and its states with their legal moves, refs
-// and shard epochs, the outcome of a fenced write, the shard of a key, the
-// retry policy, the handler registry and the client that enqueues tasks. Of
-// shardrun's packages it imports only internal/clock and internal/jsonbody;
-// the executor that runs tasks lives in package executor, above the store
-// and the shard manager.
+// Package tasks is shardrun's vocabulary of work, what producers and
+// handlers use: the task and its states, refs and shard epochs, the task to
+// enqueue and its checks (NewTask.Check), the shard of a key, the retry
+// policy, the handler registry, filters and pages, and typed errors. Of
+// shardrun's packages it imports only internal/jsonbody. The client that
+// enqueues is package client; the executor that runs tasks is package
+// executor, which speaks to the store through internal/claims.
 package tasks
 
 import (

@@ -10,27 +10,11 @@ import (
 	"time"
 )
 
-func TestMoves(t *testing.T) {
-	legal := map[[2]State]bool{
-		{Ready, Running}: true, {Ready, Failed}: true,
-		{Running, Completed}: true, {Running, Ready}: true, {Running, Dead}: true, {Running, Failed}: true,
-		{Ready, Cancelled}: true, {Running, Cancelled}: true,
-		{Failed, Ready}: true, {Dead, Ready}: true, {Cancelled, Ready}: true,
-	}
-	for _, from := range States {
-		for _, to := range States {
-			if got := CanMove(from, to); got != legal[[2]State{from, to}] {
-				t.Errorf("CanMove(%s, %s) = %v", from, to, got)
-			}
-		}
-		if from.Terminal() != (from == Completed || from == Failed || from == Dead || from == Cancelled) {
-			t.Errorf("%s.Terminal() wrong", from)
-		}
-		if from.Retryable() != CanMove(from, Ready) && from != Running {
-			t.Errorf("%s.Retryable() disagrees with the moves", from)
-		}
-		if from.Cancellable() != CanMove(from, Cancelled) {
-			t.Errorf("%s.Cancellable() disagrees with the moves", from)
+func TestStates(t *testing.T) {
+	for _, st := range States {
+		final := st == Completed || st == Failed || st == Dead || st == Cancelled
+		if st.Terminal() != final || st.Retryable() != (final && st != Completed) || st.Cancellable() != !final {
+			t.Errorf("%s: Terminal %v, Retryable %v, Cancellable %v", st, st.Terminal(), st.Retryable(), st.Cancellable())
 		}
 	}
 	if State("paused").Valid() || !Ready.Valid() {
@@ -68,41 +52,39 @@ func TestShardOfVectors(t *testing.T) {
 	}
 }
 
-func TestPrepareRejectsBadInputNamingTheField(t *testing.T) {
+func TestCheckRejectsBadInputNamingTheField(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
-		name   string
-		task   NewTask
-		shards int
-		field  string
+		name  string
+		task  NewTask
+		field string
 	}{
-		{"empty kind", NewTask{}, 8, "kind"},
-		{"long kind", NewTask{Kind: strings.Repeat("k", 201)}, 8, "kind"},
-		{"payload not JSON", NewTask{Kind: "k", Payload: json.RawMessage(`{nope`)}, 8, "payload"},
-		{"max attempts below one", NewTask{Kind: "k", MaxAttempts: -1}, 8, "max_attempts"},
-		{"deadline in the past", NewTask{Kind: "k", Deadline: now.Add(-time.Second)}, 8, "deadline"},
-		{"deadline before run_after", NewTask{Kind: "k", RunAfter: now.Add(time.Hour), Deadline: now.Add(time.Minute)}, 8, "deadline"},
-		{"unknown shard count", NewTask{Kind: "k"}, 0, "shard_count"},
-		{"long key", NewTask{Kind: "k", Key: strings.Repeat("x", 1025)}, 8, "key"},
-		{"NUL in kind", NewTask{Kind: "a\x00b"}, 8, "kind"},
-		{"NUL in key", NewTask{Kind: "k", Key: "a\x00b"}, 8, "key"},
-		{"invalid UTF-8 in kind", NewTask{Kind: "a\xffb"}, 8, "kind"},
-		{"invalid UTF-8 in key", NewTask{Kind: "k", Key: "caf\xe9"}, 8, "key"},
-		{"control character in kind", NewTask{Kind: "a\nb"}, 8, "kind"},
-		{"\\u0000 in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": "x\u0000"}`)}, 8, "payload"},
-		{"lone surrogate in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": "\ud800"}`)}, 8, "payload"},
-		{"invalid UTF-8 in payload", NewTask{Kind: "k", Payload: json.RawMessage("{\"a\": \"\xff\"}")}, 8, "payload"},
-		{"duplicate key in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": 1, "a": 2}`)}, 8, "payload"},
-		{"number beyond numeric", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": 1e131072}`)}, 8, "payload"},
-		{"trailing data in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{} {}`)}, 8, "payload"},
-		{"max attempts beyond int4", NewTask{Kind: "k", MaxAttempts: 1 << 31}, 8, "max_attempts"},
-		{"max attempts beyond the limit", NewTask{Kind: "k", MaxAttempts: MaxAttemptsLimit + 1}, 8, "max_attempts"},
-		{"run_after in year 10000", NewTask{Kind: "k", RunAfter: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, 8, "run_after"},
-		{"deadline in year 300000", NewTask{Kind: "k", Deadline: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, 8, "deadline"},
-		{"long unique key", NewTask{Kind: "k", UniqueKey: strings.Repeat("x", 1025)}, 8, "unique_key"},
-		{"NUL in unique key", NewTask{Kind: "k", UniqueKey: "a\x00b"}, 8, "unique_key"},
+		{"empty kind", NewTask{}, "kind"},
+		{"long kind", NewTask{Kind: strings.Repeat("k", 201)}, "kind"},
+		{"payload not JSON", NewTask{Kind: "k", Payload: json.RawMessage(`{nope`)}, "payload"},
+		{"max attempts below one", NewTask{Kind: "k", MaxAttempts: -1}, "max_attempts"},
+		{"deadline in the past", NewTask{Kind: "k", Deadline: now.Add(-time.Second)}, "deadline"},
+		{"deadline before run_after", NewTask{Kind: "k", RunAfter: now.Add(time.Hour), Deadline: now.Add(time.Minute)}, "deadline"},
+		{"long key", NewTask{Kind: "k", Key: strings.Repeat("x", 1025)}, "key"},
+		{"NUL in kind", NewTask{Kind: "a\x00b"}, "kind"},
+		{"NUL in key", NewTask{Kind: "k", Key: "a\x00b"}, "key"},
+		{"invalid UTF-8 in kind", NewTask{Kind: "a\xffb"}, "kind"},
+		{"invalid UTF-8 in key", NewTask{Kind: "k", Key: "caf\xe9"}, "key"},
+		{"control character in kind", NewTask{Kind: "a\nb"}, "kind"},
+		{"\\u0000 in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": "x\u0000"}`)}, "payload"},
+		{"lone surrogate in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": "\ud800"}`)}, "payload"},
+		{"invalid UTF-8 in payload", NewTask{Kind: "k", Payload: json.RawMessage("{\"a\": \"\xff\"}")}, "payload"},
+		{"duplicate key in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": 1, "a": 2}`)}, "payload"},
+		{"number beyond numeric", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": 1e131072}`)}, "payload"},
+		{"trailing data in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{} {}`)}, "payload"},
+		{"max attempts beyond int4", NewTask{Kind: "k", MaxAttempts: 1 << 31}, "max_attempts"},
+		{"max attempts beyond the limit", NewTask{Kind: "k", MaxAttempts: MaxAttemptsLimit + 1}, "max_attempts"},
+		{"run_after in year 10000", NewTask{Kind: "k", RunAfter: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, "run_after"},
+		{"deadline in year 300000", NewTask{Kind: "k", Deadline: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, "deadline"},
+		{"long unique key", NewTask{Kind: "k", UniqueKey: strings.Repeat("x", 1025)}, "unique_key"},
+		{"NUL in unique key", NewTask{Kind: "k", UniqueKey: "a\x00b"}, "unique_key"},
 	} {
-		_, err := tc.task.Prepare(now, tc.shards, 5)
+		err := tc.task.Check(now)
 		var fe *FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field || !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s: got %v, want a FieldError naming %s", tc.name, err, tc.field)
@@ -110,7 +92,7 @@ func TestPrepareRejectsBadInputNamingTheField(t *testing.T) {
 	}
 }
 
-func TestPrepareAcceptsWhatPostgreSQLStores(t *testing.T) {
+func TestCheckAcceptsWhatPostgreSQLStores(t *testing.T) {
 	now := time.Now()
 	for _, n := range []NewTask{
 		{Kind: "naïve-kind", Key: "naïve\n\tkey"},
@@ -118,12 +100,9 @@ func TestPrepareAcceptsWhatPostgreSQLStores(t *testing.T) {
 		{Kind: "k", Payload: json.RawMessage(`"just a string"`), MaxAttempts: MaxAttemptsLimit},
 		{Kind: "k", RunAfter: time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)},
 	} {
-		if _, err := n.Prepare(now, 8, 5); err != nil {
+		if err := n.Check(now); err != nil {
 			t.Errorf("%+v: %v", n, err)
 		}
-	}
-	if _, err := (NewTask{Kind: "k"}).Prepare(now, 8, MaxAttemptsLimit+1); err == nil {
-		t.Error("a default max_attempts beyond the limit was accepted")
 	}
 }
 
@@ -134,22 +113,6 @@ func TestSetResultRefusesWhatJSONBCannotStore(t *testing.T) {
 	}
 	if err := task.SetResult(map[string]int{"n": 1}); err != nil || string(task.Result) != `{"n":1}` {
 		t.Fatalf("result: %v %s", err, task.Result)
-	}
-}
-
-func TestPrepareDefaults(t *testing.T) {
-	now := time.Now()
-	in, err := NewTask{Kind: "k", Key: "user-42"}.Prepare(now, 256, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if in.Shard != 203 || string(in.Payload) != "{}" || in.MaxAttempts != 7 || in.RunAfter != nil || in.Deadline != nil {
-		t.Fatalf("defaults: %+v", in)
-	}
-	a, _ := NewTask{Kind: "k"}.Prepare(now, 256, 7)
-	b, _ := NewTask{Kind: "k"}.Prepare(now, 256, 7)
-	if a.Key == "" || a.Key == b.Key {
-		t.Fatalf("empty keys must become distinct random keys: %q %q", a.Key, b.Key)
 	}
 }
 
@@ -201,35 +164,5 @@ func TestRegistryAndTyped(t *testing.T) {
 	err := fn(context.Background(), &Task{ID: 9, Kind: "resize", Payload: json.RawMessage(`{"N": "three"}`)})
 	if !errors.Is(err, ErrPayload) || !strings.Contains(err.Error(), "task 9") {
 		t.Fatalf("undecodable payload: %v", err)
-	}
-}
-
-type fakeInserter struct{ got []Insert }
-
-func (f *fakeInserter) Enqueue(_ context.Context, in Insert) (int64, error) {
-	f.got = append(f.got, in)
-	return int64(len(f.got)), nil
-}
-
-func (f *fakeInserter) EnqueueBatch(_ context.Context, ins []Insert) (int64, error) {
-	f.got = append(f.got, ins...)
-	return int64(len(ins)), nil
-}
-
-func TestClient(t *testing.T) {
-	if _, err := NewClient(&fakeInserter{}, ClientConfig{}); err == nil || !strings.Contains(err.Error(), "shard_count") {
-		t.Fatalf("client without a shard count: %v", err)
-	}
-	ins := &fakeInserter{}
-	c, err := NewClient(ins, ClientConfig{ShardCount: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = c.EnqueueBatch(context.Background(), []NewTask{{Kind: "a"}, {Kind: ""}})
-	if err == nil || !strings.Contains(err.Error(), "task 1 of 2") || len(ins.got) != 0 {
-		t.Fatalf("a bad task in a batch must reject the whole batch and name it: %v (%d inserted)", err, len(ins.got))
-	}
-	if _, err := c.Enqueue(context.Background(), NewTask{Kind: "a", Key: "user-42"}); err != nil || ins.got[0].Shard != 203 || ins.got[0].MaxAttempts != DefaultMaxAttempts {
-		t.Fatalf("enqueue: %v %+v", err, ins.got)
 	}
 }

@@ -1,7 +1,6 @@
 package tasks
 
 import (
-	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -103,104 +102,60 @@ type NewTask struct {
 	SequenceContinue bool `json:"sequence_continue,omitempty"`
 }
 
-// Insert is a validated task with its shard computed, ready for the store.
-type Insert struct {
-	Kind        string
-	Shard       int
-	Key         string
-	Payload     json.RawMessage
-	MaxAttempts int
-	RunAfter    *time.Time
-	Deadline    *time.Time
-	UniqueKey   string // empty: none
-	Queue       string
-	Priority    int
-	SequenceKey string // empty: none
-	// SequenceBlocks: this task, dead or failed, blocks its sequence.
-	SequenceBlocks bool
-}
-
-// Prepare validates n against now and the shard count and fills defaults.
-// It refuses everything PostgreSQL would refuse, so that every producer (the
-// HTTP API, the Go client) gets a FieldError naming the field instead of a
-// database error: text must be valid UTF-8 without NUL, the payload strict
-// JSON (see internal/jsonbody: no duplicate keys, no \u0000 or lone
-// surrogate escapes, bounded numbers and nesting), max_attempts and times
-// within range. Deadlines are checked against the caller's clock as a
-// sanity check only; the sweeper enforces them with the database clock.
-func (n NewTask) Prepare(now time.Time, shardCount, defaultMaxAttempts int) (Insert, error) {
-	if shardCount < 1 {
-		return Insert{}, &FieldError{Field: "shard_count", Problem: fmt.Sprintf("must be at least 1, got %d (unknown shard count)", shardCount)}
-	}
+// Check validates n against now: it refuses everything PostgreSQL would
+// refuse, so that every producer (the HTTP API, the Go client) gets a
+// FieldError naming the field instead of a database error: text must be
+// valid UTF-8 without NUL, the payload strict JSON (see internal/jsonbody:
+// no duplicate keys, no \u0000 or lone surrogate escapes, bounded numbers
+// and nesting), max_attempts and times within range. Deadlines are checked
+// against the caller's clock as a sanity check only; the sweeper enforces
+// them with the database clock.
+func (n NewTask) Check(now time.Time) error {
 	if err := CheckKind(n.Kind); err != nil {
-		return Insert{}, err
+		return err
 	}
 	if err := checkText("key", n.Key, MaxKeyLen); err != nil {
-		return Insert{}, err
+		return err
 	}
 	if err := checkText("unique_key", n.UniqueKey, MaxKeyLen); err != nil {
-		return Insert{}, err
+		return err
 	}
 	if err := checkText("sequence_key", n.SequenceKey, MaxKeyLen); err != nil {
-		return Insert{}, err
+		return err
 	}
 	if n.Queue != "" {
 		if err := CheckQueue(n.Queue); err != nil {
-			return Insert{}, err
+			return err
 		}
 	}
 	if n.Priority != 0 {
 		if err := CheckPriority(n.Priority); err != nil {
-			return Insert{}, err
+			return err
 		}
 	}
 	if n.SequenceContinue && n.SequenceKey == "" {
-		return Insert{}, &FieldError{Field: "sequence_continue", Problem: "applies only to a task with a sequence_key"}
+		return &FieldError{Field: "sequence_continue", Problem: "applies only to a task with a sequence_key"}
 	}
 	switch {
 	case len(n.Payload) > MaxPayloadLen:
-		return Insert{}, &FieldError{Field: "payload", Problem: fmt.Sprintf("larger than %d bytes", MaxPayloadLen)}
+		return &FieldError{Field: "payload", Problem: fmt.Sprintf("larger than %d bytes", MaxPayloadLen)}
 	case n.MaxAttempts < 0 || n.MaxAttempts > MaxAttemptsLimit:
-		return Insert{}, &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d", MaxAttemptsLimit, n.MaxAttempts)}
+		return &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d", MaxAttemptsLimit, n.MaxAttempts)}
 	case !n.RunAfter.Before(latestTime):
-		return Insert{}, &FieldError{Field: "run_after", Problem: "must be before the year 10000"}
+		return &FieldError{Field: "run_after", Problem: "must be before the year 10000"}
 	case !n.Deadline.Before(latestTime):
-		return Insert{}, &FieldError{Field: "deadline", Problem: "must be before the year 10000"}
+		return &FieldError{Field: "deadline", Problem: "must be before the year 10000"}
 	case !n.Deadline.IsZero() && !n.Deadline.After(now):
-		return Insert{}, &FieldError{Field: "deadline", Problem: fmt.Sprintf("%s is in the past", n.Deadline.Format(time.RFC3339Nano))}
+		return &FieldError{Field: "deadline", Problem: fmt.Sprintf("%s is in the past", n.Deadline.Format(time.RFC3339Nano))}
 	case !n.Deadline.IsZero() && !n.RunAfter.IsZero() && !n.Deadline.After(n.RunAfter):
-		return Insert{}, &FieldError{Field: "deadline", Problem: "is not after run_after"}
+		return &FieldError{Field: "deadline", Problem: "is not after run_after"}
 	}
 	if len(n.Payload) > 0 {
 		if err := jsonbody.Check(n.Payload); err != nil {
-			return Insert{}, &FieldError{Field: "payload", Problem: payloadProblem(err)}
+			return &FieldError{Field: "payload", Problem: payloadProblem(err)}
 		}
 	}
-	in := Insert{Kind: n.Kind, Key: n.Key, Payload: n.Payload, MaxAttempts: n.MaxAttempts, UniqueKey: n.UniqueKey,
-		Queue: cmp.Or(n.Queue, DefaultQueue), Priority: cmp.Or(n.Priority, DefaultPriority),
-		SequenceKey: n.SequenceKey, SequenceBlocks: n.SequenceKey != "" && !n.SequenceContinue}
-	if in.Key == "" {
-		in.Key = randomKey()
-	}
-	if len(in.Payload) == 0 {
-		in.Payload = json.RawMessage("{}")
-	}
-	if in.MaxAttempts == 0 {
-		in.MaxAttempts = defaultMaxAttempts
-	}
-	if in.MaxAttempts < 1 || in.MaxAttempts > MaxAttemptsLimit {
-		return Insert{}, &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("default must be 1 to %d, got %d", MaxAttemptsLimit, in.MaxAttempts)}
-	}
-	if !n.RunAfter.IsZero() {
-		t := n.RunAfter
-		in.RunAfter = &t
-	}
-	if !n.Deadline.IsZero() {
-		t := n.Deadline
-		in.Deadline = &t
-	}
-	in.Shard = ShardOf(cmp.Or(in.SequenceKey, in.Key), shardCount)
-	return in, nil
+	return nil
 }
 
 // CheckQueue reports whether name can name a queue: 1 to MaxQueueLen
@@ -229,7 +184,9 @@ func CheckPriority(p int) error {
 	return nil
 }
 
-func randomKey() string {
+// RandomKey is the key of a task enqueued without one: 24 hex digits,
+// which spread such tasks evenly over the shards.
+func RandomKey() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])

@@ -29,7 +29,7 @@ func CancelRequested(ctx context.Context) bool {
 }
 
 // ErrNotFound is matched (errors.Is) by every NotFoundError.
-var ErrNotFound = ErrTaskGone
+var ErrNotFound = errors.New("task not found")
 
 // ErrConflict is matched (errors.Is) by every ConflictError.
 var ErrConflict = errors.New("task is not in a state that allows this")
@@ -71,6 +71,11 @@ func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
 type Enqueued struct {
 	ID        int64 `json:"id"`
 	Duplicate bool  `json:"duplicate,omitempty"`
+	// Shard and Key say where a created task went (its key is random when
+	// none was given); zero for a duplicate, whose task may have another.
+	// The API's batch answer lists ids only, so they are not in its JSON.
+	Shard int    `json:"-"`
+	Key   string `json:"-"`
 }
 
 // BatchEnqueued is what enqueueing a batch did. Tasks holds one entry per
@@ -106,7 +111,7 @@ func (f Filter) Empty() bool {
 }
 
 // Check validates the fields f gives with the rules of a task's fields
-// (NewTask.Prepare): text PostgreSQL can store, a shard of a cluster of
+// (NewTask.Check): text PostgreSQL can store, a shard of a cluster of
 // shardCount shards, a time before the year 10000. The *FieldError names
 // the field.
 func (f Filter) Check(shardCount int) error {
@@ -233,11 +238,4 @@ func (b *BulkResult) Add(r BulkResult) {
 	b.CancelRequested += r.CancelRequested
 	b.Retried += r.Retried
 	b.Skipped += r.Skipped
-}
-
-// Cancellation is an attempt cancelled on request, to record: Error is what
-// the handler returned after its context was cancelled ("" for nil).
-type Cancellation struct {
-	Ref   Ref
-	Error string
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/coordinator"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/freeport"
@@ -98,6 +99,9 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	}
 	o.embedDir, o.embedAddr = filepath.Join(tmp, "etcd"), fmt.Sprintf("127.0.0.1:%d", etcdPort)
 	o.endpoints = "http://" + o.embedAddr
+	if o.embedCert != "" {
+		o.endpoints = "https://" + o.embedAddr
+	}
 
 	coordCtx, stopCoord := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopCoord()
@@ -130,13 +134,33 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	}
 	defer stopRunners(runners, out)
 
+	printBanner(out, c.Addr(), runners, o, tmp)
+	return demoLoad(ctx, o, c, log, out)
+}
+
+// demoLoad enqueues the demo stream through the task client and prints
+// the progress line until ctx ends.
+func demoLoad(ctx context.Context, o options, c *coordinator.Coordinator, log hclog.Logger, out io.Writer) error {
 	st, err := store.Open(ctx, o.databaseURL, store.Options{MaxConns: 2})
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	producer, err := client.New(st, client.Config{ShardCount: o.shardCount})
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { produce(ctx, producer, o.devRate, log) })
+	progress(ctx, c, out)
+	wg.Wait()
+	fmt.Fprintln(out, "\nstopping: draining the runners…")
+	return nil
+}
 
-	url := "http://" + c.Addr() + "/"
+// printBanner says what the demo runs and what to try.
+func printBanner(out io.Writer, addr string, runners []*devRunner, o options, tmp string) {
+	url := "http://" + addr + "/"
 	fmt.Fprintf(out, "\nshardrun demo: an all-in-one cluster is running\n")
 	fmt.Fprintf(out, "  status page  %s\n", url)
 	fmt.Fprintf(out, "  cluster API  curl -s %sapi/cluster\n", url)
@@ -153,20 +177,10 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 		o.staleThreshold, o.heartbeatInterval, o.electionTTL)
 	fmt.Fprintf(out, "  Ctrl-C stops everything and removes the temporary data (%s)\n\n", tmp)
 
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: o.shardCount})
-	if err != nil {
-		return err
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() { produce(ctx, client, o.devRate, log) })
-	progress(ctx, c, out)
-	wg.Wait()
-	fmt.Fprintln(out, "\nstopping: draining the runners…")
-	return nil
 }
 
 // produce enqueues a mix of demo tasks at rate per second until ctx ends.
-func produce(ctx context.Context, client *tasks.Client, rate int, log hclog.Logger) {
+func produce(ctx context.Context, c *client.Client, rate int, log hclog.Logger) {
 	if rate == 0 {
 		return
 	}
@@ -189,7 +203,7 @@ func produce(ctx context.Context, client *tasks.Client, rate int, log hclog.Logg
 		for i := range batch {
 			batch[i] = demoTask()
 		}
-		if _, err := client.EnqueueBatch(ctx, batch); err != nil && ctx.Err() == nil {
+		if _, err := c.EnqueueBatch(ctx, batch); err != nil && ctx.Err() == nil {
 			log.Warn("enqueueing demo tasks failed", "error", err)
 		}
 	}
@@ -302,6 +316,13 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 	// The database URL goes by environment, not on the command line, where
 	// every local user could read its password.
 	r.cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "DATABASE_URL_FILE"), "DATABASE_URL="+o.databaseURL)
+	// The etcd client's TLS, as this coordinator's: by environment too (the
+	// key is a secret).
+	for name, v := range map[string]string{"SHARDRUN_ETCD_CA": o.etcdCA, "SHARDRUN_ETCD_CERT": o.etcdCert, "SHARDRUN_ETCD_KEY": o.etcdKey} {
+		if v != "" {
+			r.cmd.Env = append(withoutEnv(r.cmd.Env, name, name+"_FILE"), name+"="+v)
+		}
+	}
 	w := linewriter.New(func(line string) { fmt.Fprintf(out, "%s | %s\n", r.id, line) })
 	r.cmd.Stdout, r.cmd.Stderr = w, w
 	if err := r.cmd.Start(); err != nil {

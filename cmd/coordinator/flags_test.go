@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shardrun/shardrun/internal/certgen"
 	"github.com/shardrun/shardrun/internal/cli"
 )
 
@@ -82,6 +83,43 @@ func TestSecretsFromFiles(t *testing.T) {
 	if _, err := parse(nil, func(k string) string { return env[k] }, read, io.Discard); err == nil ||
 		!strings.Contains(err.Error(), "SHARDRUN_API_TOKEN and SHARDRUN_API_TOKEN_FILE are both set") {
 		t.Fatalf("both forms of a secret: %v", err)
+	}
+}
+
+// The etcd client's TLS comes by file as in the compose deployment (the
+// CA without the embedded etcd's certificate is the client's, not a half
+// server configuration); plain endpoints with it, and half a pair, are
+// refused naming the flag.
+func TestEtcdTLSFlags(t *testing.T) {
+	ca, err := certgen.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Issue("c", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"/certs/ca.crt": ca.PEM, "/certs/c.crt": pair.Cert, "/certs/c.key": pair.Key}
+	read := func(name string) ([]byte, error) {
+		if b, ok := files[name]; ok {
+			return b, nil
+		}
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+	}
+	env := map[string]string{"DATABASE_URL": dsn, "SHARDRUN_ETCD_ENDPOINTS": "https://etcd1:2379,https://etcd2:2379",
+		"SHARDRUN_ETCD_CA_FILE": "/certs/ca.crt", "SHARDRUN_ETCD_CERT_FILE": "/certs/c.crt", "SHARDRUN_ETCD_KEY_FILE": "/certs/c.key"}
+	getenv := func(k string) string { return env[k] }
+	if o, err := parse(nil, getenv, read, io.Discard); err != nil || o.etcdCA != strings.TrimSuffix(string(ca.PEM), "\n") || len(o.warnings) != 0 {
+		t.Fatalf("etcd TLS from files: %v", err)
+	}
+	for args, want := range map[string]string{
+		"--etcd-endpoints http://etcd1:2379":  "--etcd-endpoints",
+		"--embed-etcd-cert-file /certs/c.crt": "--embed-etcd-cert and --embed-etcd-key",
+		"--http-cert-file /certs/c.crt":       "--http-cert and --http-key",
+	} {
+		if _, err := parse(strings.Fields(args), getenv, read, io.Discard); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming %s", args, err, want)
+		}
 	}
 }
 

@@ -33,16 +33,17 @@ func main() {
 
 // options are the coordinator's flags.
 type options struct {
-	endpoints, prefix, cluster, databaseURL, httpAddr, apiToken, id  string
-	shardCount, dbMaxConns, sweepBatch, maxAttempts                  int
-	electionTTL, sweepInterval, staleThreshold, heartbeatInterval    time.Duration
-	retryBase, retryCap                                              time.Duration
-	retainCompleted, retainFailed, retentionInterval, unhandledAfter time.Duration
-	retentionBatch                                                   int
-	embedDir, embedAddr, logLevel, logFormat                         string
-	dev                                                              bool
-	devRunners, devRate                                              int
-	runnerBin                                                        string
+	endpoints, prefix, cluster, databaseURL, httpAddr, apiToken, id   string
+	shardCount, dbMaxConns, sweepBatch, maxAttempts                   int
+	electionTTL, sweepInterval, staleThreshold, heartbeatInterval     time.Duration
+	retryBase, retryCap                                               time.Duration
+	retainCompleted, retainFailed, retentionInterval, unhandledAfter  time.Duration
+	retentionBatch                                                    int
+	embedDir, embedAddr, logLevel, logFormat                          string
+	etcdCA, etcdCert, etcdKey, httpCert, httpKey, embedCert, embedKey string
+	dev                                                               bool
+	devRunners, devRate                                               int
+	runnerBin                                                         string
 	// warnings name the secrets given on the command line.
 	warnings []string
 }
@@ -63,12 +64,15 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 		"Secrets (--database-url, --api-token) are best given by file (--database-url-file,\n"+
 		"DATABASE_URL_FILE, …) or by the environment: the command line is readable by every local user.")
 	fs.String(&o.endpoints, "etcd-endpoints", "SHARDRUN_ETCD_ENDPOINTS", cli.DefaultEtcdEndpoints, fmt.Sprintf("comma-separated etcd client URLs, at most %d (ignored with --embed-etcd)", cli.MaxEndpoints))
+	fs.EtcdTLSFlags(&o.etcdCA, &o.etcdCert, &o.etcdKey)
 	fs.String(&o.prefix, "etcd-prefix", "SHARDRUN_ETCD_PREFIX", shard.DefaultEtcdPrefix, "etcd key prefix; the cluster's keys live under <prefix><cluster>/")
 	fs.String(&o.cluster, "cluster", "SHARDRUN_CLUSTER", shard.DefaultCluster, "cluster name")
 	fs.Int(&o.shardCount, "shard-count", "SHARDRUN_SHARD_COUNT", shard.DefaultShardCount, fmt.Sprintf("number of shards, 1 to %d; must match the cluster's (meta/shard-count)", shard.MaxShardCount))
 	fs.Secret(&o.databaseURL, "database-url", "DATABASE_URL", "PostgreSQL URL (required, except with --dev)")
 	fs.Int(&o.dbMaxConns, "db-max-conns", "SHARDRUN_DB_MAX_CONNS", store.DefaultMaxConns, fmt.Sprintf("PostgreSQL pool size, %d to %d", store.MinMaxConns, store.MaxMaxConns))
 	fs.String(&o.httpAddr, "http-addr", "SHARDRUN_HTTP_ADDR", coordinator.DefaultHTTPAddr, "address of the API, status page and metrics")
+	fs.PEM(&o.httpCert, "http-cert", "SHARDRUN_HTTP_CERT", "PEM certificate: the API and status page are served over HTTPS (with --http-key)")
+	fs.Secret(&o.httpKey, "http-key", "SHARDRUN_HTTP_KEY", "PEM private key of --http-cert")
 	fs.Secret(&o.apiToken, "api-token", "SHARDRUN_API_TOKEN", "bearer token for every /api/tasks and /api/schedules endpoint (enqueue, list, get, cancel, retry, schedules); required when --http-addr is not loopback")
 	fs.String(&o.id, "coordinator-id", "SHARDRUN_COORDINATOR_ID", fmt.Sprintf("%s-%d", host, os.Getpid()), "this coordinator's name in the election (default: <hostname>-<pid>)")
 	fs.DynamicDefault("coordinator-id")
@@ -87,6 +91,8 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.Int(&o.maxAttempts, "max-attempts", "SHARDRUN_MAX_ATTEMPTS", tasks.DefaultMaxAttempts, fmt.Sprintf("attempts for tasks enqueued without max_attempts, 1 to %d", tasks.MaxAttemptsLimit))
 	fs.String(&o.embedDir, "embed-etcd", "SHARDRUN_EMBED_ETCD", "", "run a single-node etcd inside the coordinator with its data in this directory")
 	fs.String(&o.embedAddr, "embed-etcd-addr", "SHARDRUN_EMBED_ETCD_ADDR", cli.DefaultEtcdAddr, "client address of the embedded etcd")
+	fs.PEM(&o.embedCert, "embed-etcd-cert", "SHARDRUN_EMBED_ETCD_CERT", "PEM certificate: the embedded etcd serves TLS (with --embed-etcd-key); with --etcd-ca it requires client certificates that CA signed")
+	fs.Secret(&o.embedKey, "embed-etcd-key", "SHARDRUN_EMBED_ETCD_KEY", "PEM private key of --embed-etcd-cert")
 	fs.Bool(&o.dev, "dev", "", false, "all-in-one demo cluster on this machine; Ctrl-C stops and removes everything")
 	fs.Int(&o.devRunners, "dev-runners", "", 3, fmt.Sprintf("--dev: runner processes to start, 1 to %d", maxDevRunners))
 	fs.Int(&o.devRate, "dev-rate", "", 40, fmt.Sprintf("--dev: demo tasks enqueued per second, 0 to %d", maxDevRate))
@@ -155,6 +161,7 @@ func (o *options) config() coordinator.Config {
 	return coordinator.Config{
 		ID: o.id, Prefix: o.prefix + o.cluster + "/", ShardCount: o.shardCount,
 		ElectionTTL: o.electionTTL, HTTPAddr: o.httpAddr, APIToken: o.apiToken, MaxAttempts: o.maxAttempts,
+		HTTPCert: o.httpCert, HTTPKey: o.httpKey,
 		Sweep: sweeper.Config{Interval: o.sweepInterval, StaleThreshold: o.staleThreshold,
 			HeartbeatInterval: o.heartbeatInterval, BatchSize: o.sweepBatch,
 			Backoff: store.Backoff{Base: o.retryBase, Cap: o.retryCap}},
@@ -187,6 +194,17 @@ func (o *options) validate() error {
 		if err := cli.CheckEndpoints(cli.SplitList(o.endpoints)); err != nil {
 			return err
 		}
+		if err := cli.CheckEtcdTLS(cli.SplitList(o.endpoints), o.etcdTLS()); err != nil {
+			return err
+		}
+	}
+	if _, err := o.etcdTLS().Client(); err != nil {
+		return err
+	}
+	if o.embedCert != "" || o.embedKey != "" {
+		if _, err := o.embedTLS().Server(); err != nil {
+			return err
+		}
 	}
 	if o.embedDir != "" {
 		if _, port, err := net.SplitHostPort(o.embedAddr); err != nil {
@@ -213,22 +231,27 @@ func (o *options) validate() error {
 	return nil
 }
 
+func (o *options) etcdTLS() cli.TLS {
+	return cli.TLS{Flag: "--etcd", CA: o.etcdCA, Cert: o.etcdCert, Key: o.etcdKey}
+}
+
+// embedTLS is the embedded etcd's server side: its certificate, and the
+// CA its clients' certificates must be signed by (--etcd-ca).
+func (o *options) embedTLS() cli.TLS {
+	return cli.TLS{Flag: "--embed-etcd", CA: o.etcdCA, Cert: o.embedCert, Key: o.embedKey}
+}
+
 // serve runs the coordinator until ctx ends. ready, if not nil, receives
 // the coordinator once it serves (the --dev mode uses it).
 func serve(ctx context.Context, o options, log hclog.Logger, ready chan<- *coordinator.Coordinator) error {
 	endpoints := cli.SplitList(o.endpoints)
 	if o.embedDir != "" {
-		if err := os.MkdirAll(o.embedDir, 0o700); err != nil {
-			return fmt.Errorf("--embed-etcd: creating %s: %w", o.embedDir, err)
-		}
-		dir, _ := filepath.Abs(o.embedDir)
-		srv, err := embedetcd.Start(ctx, embedetcd.Config{Dir: dir, ClientAddr: o.embedAddr, Logger: log.Named("etcd")})
+		srv, err := o.startEmbedded(ctx, log)
 		if err != nil {
-			return fmt.Errorf("--embed-etcd: %w", err)
+			return err
 		}
 		defer srv.Close()
 		endpoints = srv.Endpoints()
-		log.Info("embedded etcd serving", "dir", dir, "endpoints", endpoints)
 	}
 	opts := o.storeOptions()
 	opts.Logger = log.Named("store")
@@ -240,7 +263,11 @@ func serve(ctx context.Context, o options, log hclog.Logger, ready chan<- *coord
 	if err := st.Migrate(ctx); err != nil {
 		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
 	}
-	etcd, err := cli.NewEtcdClient(endpoints)
+	tlsConfig, err := o.etcdTLS().Client()
+	if err != nil {
+		return err
+	}
+	etcd, err := cli.NewEtcdClient(endpoints, tlsConfig)
 	if err != nil {
 		return err
 	}
@@ -261,4 +288,37 @@ func serve(ctx context.Context, o options, log hclog.Logger, ready chan<- *coord
 		}()
 	}
 	return c.Run(ctx)
+}
+
+// startEmbedded starts the --embed-etcd server, serving TLS with
+// --embed-etcd-cert (and requiring client certificates signed by
+// --etcd-ca when given). etcd reads its certificates from files: they are
+// written into its data directory, readable by this user only.
+func (o *options) startEmbedded(ctx context.Context, log hclog.Logger) (*embedetcd.Server, error) {
+	if err := os.MkdirAll(o.embedDir, 0o700); err != nil {
+		return nil, fmt.Errorf("--embed-etcd: creating %s: %w", o.embedDir, err)
+	}
+	dir, _ := filepath.Abs(o.embedDir)
+	ec := embedetcd.Config{Dir: dir, ClientAddr: o.embedAddr, Logger: log.Named("etcd")}
+	if o.embedCert != "" {
+		files := map[string]string{"server.crt": o.embedCert, "server.key": o.embedKey, "client-ca.crt": o.etcdCA}
+		for name, pem := range files {
+			if pem == "" {
+				continue
+			}
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(pem), 0o600); err != nil {
+				return nil, fmt.Errorf("--embed-etcd: writing %s: %w", name, err)
+			}
+		}
+		ec.CertFile, ec.KeyFile = filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key")
+		if o.etcdCA != "" {
+			ec.ClientCAFile = filepath.Join(dir, "client-ca.crt")
+		}
+	}
+	srv, err := embedetcd.Start(ctx, ec)
+	if err != nil {
+		return nil, fmt.Errorf("--embed-etcd: %w", err)
+	}
+	log.Info("embedded etcd serving", "dir", dir, "endpoints", srv.Endpoints(), "tls", o.embedCert != "")
+	return srv, nil
 }

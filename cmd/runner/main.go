@@ -51,6 +51,9 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 		"Secrets (--database-url, --admin-token) are best given by file (--database-url-file,\n"+
 		"DATABASE_URL_FILE, …) or by the environment: the command line is readable by every local user.")
 	fs.String(&endpoints, "etcd-endpoints", "SHARDRUN_ETCD_ENDPOINTS", cli.DefaultEtcdEndpoints, fmt.Sprintf("comma-separated etcd client URLs (at most %d)", cli.MaxEndpoints))
+	fs.EtcdTLSFlags(&cfg.EtcdCA, &cfg.EtcdCert, &cfg.EtcdKey)
+	fs.PEM(&cfg.AdminCert, "admin-cert", "SHARDRUN_ADMIN_CERT", "PEM certificate: the admin endpoint serves HTTPS (with --admin-key)")
+	fs.Secret(&cfg.AdminKey, "admin-key", "SHARDRUN_ADMIN_KEY", "PEM private key of --admin-cert")
 	fs.String(&cfg.EtcdPrefix, "etcd-prefix", "SHARDRUN_ETCD_PREFIX", cfg.EtcdPrefix, "etcd key prefix; the cluster's keys live under <prefix><cluster>/")
 	fs.String(&cfg.Cluster, "cluster", "SHARDRUN_CLUSTER", cfg.Cluster, "cluster name")
 	fs.Int(&cfg.ShardCount, "shard-count", "SHARDRUN_SHARD_COUNT", cfg.ShardCount, "number of shards, 1 to 16384; must match the cluster's (written once to meta/shard-count)")

@@ -15,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
@@ -141,7 +142,7 @@ func TestBinaryAsANewUserRunsIt(t *testing.T) {
 		testutil.WaitFor(t, 30*time.Second, "readyz on "+addr, func() bool { return httpStatus("http://"+addr+"/readyz") == 200 })
 	}
 
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 32})
+	c, err := client.New(st, client.Config{ShardCount: 32})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func TestBinaryAsANewUserRunsIt(t *testing.T) {
 	for i := range batch {
 		batch[i] = tasks.NewTask{Kind: "noop", Key: fmt.Sprint("user-", i)}
 	}
-	if _, err := client.EnqueueBatch(ctx, batch); err != nil {
+	if _, err := c.EnqueueBatch(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 30*time.Second, "100 tasks completed", func() bool {

@@ -303,3 +303,8 @@ if [ -n "$postgres_pid" ]; then
 	cat "$work/postgres.log" >&2
 fi
 log "all images present in $((SECONDS - started))s: $DEBIAN $DISTROLESS:latest $DISTROLESS:nonroot $GOLANG $ETCD $POSTGRES"
+
+# The etcd members' and clients' TLS certificates (docker-compose.yml mounts
+# deploy/certs): made here, at build time, by a small generator; kept
+# across runs and never committed.
+go run ./internal/cmd/certgen -out deploy/certs

@@ -87,7 +87,7 @@ func run(ctx context.Context, dsn string, etcd []string, out io.Writer) error {
 		return err
 	}
 	defer st.Close()
-	c, err := client.New(st, tasks.ClientConfig{ShardCount: cfg.ShardCount})
+	c, err := client.New(st, client.Config{ShardCount: cfg.ShardCount})
 	if err != nil {
 		return err
 	}

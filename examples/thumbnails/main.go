@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/runner"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -89,7 +90,7 @@ func run(ctx context.Context, dsn string, etcd []string, n int, out io.Writer) e
 		return err
 	}
 	defer st.Close()
-	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: cfg.ShardCount})
+	c, err := client.New(st, client.Config{ShardCount: cfg.ShardCount})
 	if err != nil {
 		return err
 	}
@@ -97,9 +98,11 @@ func run(ctx context.Context, dsn string, etcd []string, n int, out io.Writer) e
 	for i := range ids {
 		image := fmt.Sprintf("photo-%03d.jpg", i)
 		payload := fmt.Sprintf(`{"image": %q, "width": 128}`, image)
-		if ids[i], err = client.Enqueue(ctx, tasks.NewTask{Kind: "resize-image", Key: image, Payload: []byte(payload)}); err != nil {
+		e, err := c.Enqueue(ctx, tasks.NewTask{Kind: "resize-image", Key: image, Payload: []byte(payload)})
+		if err != nil {
 			return err
 		}
+		ids[i] = e.ID
 	}
 	for _, id := range ids {
 		for {

@@ -4,6 +4,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"io"
@@ -48,10 +49,13 @@ type FlagSet struct {
 	ReadFile func(name string) ([]byte, error)
 }
 
-// secret is a flag whose value may instead come from a file (Secret).
+// secret is a flag whose value may instead come from a file (Secret,
+// PEM). Only real secrets are warned about on the command line.
 type secret struct {
-	p    *string
-	name string
+	p      *string
+	name   string
+	limit  int
+	secret bool
 }
 
 // NewFlagSet returns an empty set for the named command.
@@ -97,10 +101,26 @@ func (f *FlagSet) Duration(p *time.Duration, name, env string, def time.Duration
 // trimmed) and refuses an unreadable or empty file, and a value given both
 // ways.
 func (f *FlagSet) Secret(p *string, name, env, usage string) {
+	f.valueOrFile(p, name, env, usage, secret{limit: MaxSecretFile, secret: true})
+}
+
+// MaxPEMFile bounds a certificate file (--etcd-ca-file and the like): a CA
+// bundle of a few hundred certificates fits.
+const MaxPEMFile = 1 << 20
+
+// PEM defines a flag holding PEM (a CA or a certificate, not secret) and
+// its file form, --<name>-file and <env>_FILE, read as Secret reads its
+// file.
+func (f *FlagSet) PEM(p *string, name, env, usage string) {
+	f.valueOrFile(p, name, env, usage, secret{limit: MaxPEMFile})
+}
+
+func (f *FlagSet) valueOrFile(p *string, name, env, usage string, s secret) {
 	f.String(p, name, env, "", usage)
 	var file string
 	f.String(&file, name+"-file", env+"_FILE", "", "file holding --"+name+" (one trailing newline is trimmed)")
-	f.secrets = append(f.secrets, secret{p: p, name: name})
+	s.p, s.name = p, name
+	f.secrets = append(f.secrets, s)
 }
 
 // Bool defines a boolean flag.
@@ -152,7 +172,7 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string, out io.Writer
 
 func (f *FlagSet) isSecret(name string) bool {
 	for _, s := range f.secrets {
-		if s.name == name {
+		if s.name == name && s.secret {
 			return true
 		}
 	}
@@ -177,8 +197,8 @@ func (f *FlagSet) readSecret(s secret) error {
 	if err != nil {
 		return fmt.Errorf("%s: reading the secret file: %v", from, err)
 	}
-	if len(b) > MaxSecretFile {
-		return fmt.Errorf("%s: %s is larger than %d bytes: not a secret file", from, path, MaxSecretFile)
+	if len(b) > s.limit {
+		return fmt.Errorf("%s: %s is larger than %d bytes: not a secret file (--%s)", from, path, s.limit, s.name)
 	}
 	v := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 	if v == "" {
@@ -202,7 +222,7 @@ func (f *FlagSet) Given(name string) bool { return f.source[name] != "" }
 func (f *FlagSet) SecretsOnCommandLine() []string {
 	var names []string
 	for _, s := range f.secrets {
-		if f.source[s.name] == "--"+s.name {
+		if s.secret && f.source[s.name] == "--"+s.name {
 			names = append(names, s.name)
 		}
 	}
@@ -363,12 +383,14 @@ func IsLoopback(host string) bool {
 
 // NewEtcdClient returns a client with gRPC keep-alives, so that a dead or
 // partitioned connection is noticed within seconds rather than when TCP
-// gives up. It does not connect until used.
-func NewEtcdClient(endpoints []string) (*clientv3.Client, error) {
+// gives up, and with tlsConfig (nil: none; see TLS.Client). It does not
+// connect until used.
+func NewEtcdClient(endpoints []string, tlsConfig *tls.Config) (*clientv3.Client, error) {
 	if err := CheckEndpoints(endpoints); err != nil {
 		return nil, err
 	}
 	cli, err := clientv3.New(clientv3.Config{
+		TLS:                  tlsConfig,
 		Endpoints:            endpoints,
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    2 * time.Second,

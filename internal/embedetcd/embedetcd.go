@@ -32,6 +32,10 @@ type Config struct {
 	Fast bool
 	// MaxTxnOps overrides etcd's default of 128 operations per transaction.
 	MaxTxnOps uint
+	// CertFile and KeyFile, when set, make the client port serve TLS with
+	// this certificate; ClientCAFile, when set too, requires clients to
+	// present a certificate it signed (mutual TLS).
+	CertFile, KeyFile, ClientCAFile string
 	// Logger receives etcd's warnings and errors; nil discards them (etcd
 	// logs every request slower than 100ms at info level otherwise).
 	Logger hclog.Logger
@@ -61,6 +65,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.MaxTxnOps > 0 {
 		ec.MaxTxnOps = cfg.MaxTxnOps
 	}
+	if cfg.CertFile != "" {
+		ec.ClientTLSInfo.CertFile, ec.ClientTLSInfo.KeyFile = cfg.CertFile, cfg.KeyFile
+		ec.ClientTLSInfo.TrustedCAFile, ec.ClientTLSInfo.ClientCertAuth = cfg.ClientCAFile, cfg.ClientCAFile != ""
+	}
 	// The ports are probed free and bound a moment later; another process
 	// (a parallel test package) may take one in between. Binding happens
 	// before etcd writes its data directory, so trying new ports is safe.
@@ -68,7 +76,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	var cu url.URL
 	for attempt := 0; ; attempt++ {
 		var err error
-		if cu, err = listenURLs(ec, cfg.ClientAddr); err != nil {
+		if cu, err = listenURLs(ec, cfg.ClientAddr, cfg.CertFile != ""); err != nil {
 			return nil, err
 		}
 		e, err = embed.StartEtcd(ec)
@@ -96,7 +104,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 
 // listenURLs sets the client and peer URLs: clientAddr, or a free loopback
 // port when empty, and always a free loopback peer port.
-func listenURLs(ec *embed.Config, clientAddr string) (url.URL, error) {
+func listenURLs(ec *embed.Config, clientAddr string, tls bool) (url.URL, error) {
 	if clientAddr == "" {
 		port, err := freeport.Port()
 		if err != nil {
@@ -108,7 +116,11 @@ func listenURLs(ec *embed.Config, clientAddr string) (url.URL, error) {
 	if err != nil {
 		return url.URL{}, fmt.Errorf("embedded etcd: %w", err)
 	}
-	cu, err := url.Parse("http://" + clientAddr)
+	scheme := "http"
+	if tls {
+		scheme = "https"
+	}
+	cu, err := url.Parse(scheme + "://" + clientAddr)
 	if err != nil {
 		return url.URL{}, fmt.Errorf("embedded etcd: client address %q: %w", clientAddr, err)
 	}
@@ -129,7 +141,9 @@ func isAddrInUse(err error) bool {
 func (s *Server) Endpoints() []string { return s.endpoints }
 
 // Addr is the client host:port.
-func (s *Server) Addr() string { return strings.TrimPrefix(s.endpoints[0], "http://") }
+func (s *Server) Addr() string {
+	return strings.TrimPrefix(strings.TrimPrefix(s.endpoints[0], "http://"), "https://")
+}
 
 // Close stops the server. etcd reports its own orderly shutdown (closed
 // listeners) as errors, so nothing short of fatal is logged from here on.

@@ -5,8 +5,11 @@
 package httpjson
 
 import (
+	"errors"
+
 	"encoding/json"
 	"fmt"
+	"github.com/shardrun/shardrun/internal/jsonbody"
 	"net/http"
 )
 
@@ -58,4 +61,21 @@ func (r *recorder) WriteHeader(code int) {
 func (r *recorder) Write(b []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
 	return len(b), nil
+}
+
+// ReadBody reads a request body of at most limit bytes (jsonbody.ReadRequest);
+// false means the answer, 413 for a body over the limit or 400, was
+// written.
+func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	body, err := jsonbody.ReadRequest(w, r, limit)
+	if err != nil {
+		code := http.StatusBadRequest
+		var tooBig *jsonbody.TooLargeError
+		if errors.As(err, &tooBig) {
+			code = http.StatusRequestEntityTooLarge
+		}
+		Write(w, code, err.Error())
+		return nil, false
+	}
+	return body, true
 }

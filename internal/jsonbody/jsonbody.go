@@ -1,22 +1,27 @@
 // Package jsonbody decodes JSON that comes from outside the process (HTTP
-// request bodies, task payloads) strictly, so that no input means two things:
+// request bodies, task payloads) strictly, so that no input means two
+// things. The JSON is parsed by github.com/go-json-experiment/json, the
+// module of Go's encoding/json/v2 semantics, which already refuses:
 //
-//   - the text is one JSON value (RFC 8259) and nothing else: no trailing
-//     data, not even a second value;
-//   - it is valid UTF-8, checked on the raw bytes (encoding/json silently
-//     replaces invalid bytes with U+FFFD, so a key would hash to another
-//     shard than the one its producer computed);
-//   - no object has the same key twice, at any depth (encoding/json keeps
-//     the last one, PostgreSQL's jsonb too, so the first value vanishes);
-//   - no string holds \u0000 or a lone UTF-16 surrogate escape (PostgreSQL
-//     refuses the first in text and jsonb, the second in jsonb; encoding/json
-//     turns a lone surrogate into U+FFFD);
+//   - anything but one JSON value (RFC 8259): no trailing data, not even a
+//     second value;
+//   - invalid UTF-8, on the raw bytes, and lone UTF-16 surrogate escapes
+//     (encoding/json replaces both with U+FFFD, so a key would hash to
+//     another shard than the one its producer computed);
+//   - the same member name twice in an object, at any depth
+//     (encoding/json keeps the last one, PostgreSQL's jsonb too, so the
+//     first value vanishes);
+//   - when decoding into a struct, a member that names no field exactly:
+//     names are case-sensitive (encoding/json matches them
+//     case-insensitively) and unknown members are refused.
+//
+// What is this project's own is checked here, because PostgreSQL refuses
+// it or because every decoder downstream recurses:
+//
+//   - no string holds \u0000 (PostgreSQL refuses it in text and jsonb);
 //   - numbers have at most MaxNumberLen characters and an exponent within
 //     ±MaxExponent, well inside what PostgreSQL's numeric stores;
-//   - nesting is at most MaxDepth deep;
-//   - when decoding into a struct, every key names a field exactly: field
-//     names are case-sensitive (encoding/json matches them case-insensitively)
-//     and unknown fields are refused.
+//   - nesting is at most MaxDepth deep.
 //
 // Errors are *Error values that say where (the path of keys and indices,
 // and the byte offset) and what, without echoing more than a short quote of
@@ -25,7 +30,6 @@ package jsonbody
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -34,8 +38,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf16"
-	"unicode/utf8"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // Limits of what Check and Decode accept.
@@ -153,525 +158,225 @@ func IsEmpty(data []byte) bool {
 // Check validates data as one strict JSON value of any shape (see the
 // package comment), without decoding it: for opaque payloads.
 func Check(data []byte) error {
-	_, err := parse(data)
-	return err
+	if IsEmpty(data) {
+		return &Error{Problem: "no JSON value"}
+	}
+	dec := jsontext.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return syntaxError(dec, err)
+		}
+		if err := checkToken(dec, tok); err != nil {
+			return err
+		}
+		if dec.StackDepth() == 0 {
+			break
+		}
+	}
+	at := int(dec.InputOffset())
+	if _, err := dec.ReadToken(); err != io.EOF {
+		rest := bytes.TrimLeft(data[at:], " \t\r\n")
+		return &Error{Offset: len(data) - len(rest), Problem: "unexpected data after the JSON value: " + quote(rest)}
+	}
+	return nil
+}
+
+// checkToken applies the project's own rules to one token.
+func checkToken(dec *jsontext.Decoder, tok jsontext.Token) error {
+	switch tok.Kind() {
+	case '{', '[':
+		if dec.StackDepth() > MaxDepth {
+			return tokenError(dec, false, fmt.Sprintf("nested deeper than %d levels", MaxDepth))
+		}
+	case '"':
+		if strings.IndexByte(tok.String(), 0) >= 0 {
+			// A name is reported at its object, a value at its member.
+			_, n := dec.StackIndex(dec.StackDepth())
+			k, _ := dec.StackIndex(dec.StackDepth())
+			return tokenError(dec, k == '{' && n%2 == 1, `\u0000 (NUL) is not allowed in a string`)
+		}
+	case '0':
+		return checkNumber(dec, tok.String())
+	}
+	return nil
+}
+
+func checkNumber(dec *jsontext.Decoder, num string) error {
+	if len(num) > MaxNumberLen {
+		return tokenError(dec, false, fmt.Sprintf("number longer than %d characters", MaxNumberLen))
+	}
+	if i := strings.IndexAny(num, "eE"); i >= 0 {
+		exp := strings.TrimLeft(strings.TrimLeft(num[i+1:], "+-"), "0")
+		if n, err := strconv.Atoi(exp); len(exp) > 4 || (err == nil && n > MaxExponent) {
+			return tokenError(dec, false, fmt.Sprintf("number %s has an exponent beyond ±%d", quote([]byte(num)), MaxExponent))
+		}
+	}
+	return nil
+}
+
+// tokenError is an *Error at the token just read, at its parent when
+// parent (an object's member name).
+func tokenError(dec *jsontext.Decoder, parent bool, problem string) error {
+	ptr := dec.StackPointer()
+	if parent {
+		ptr = ptr.Parent()
+	}
+	return &Error{Path: stackPath(dec, ptr), Offset: int(dec.InputOffset()), Problem: problem}
+}
+
+// stackPath turns ptr, a pointer into the decoder's current stack, into a
+// Path: a token below an array is an index, below an object a name.
+func stackPath(dec *jsontext.Decoder, ptr jsontext.Pointer) []any {
+	var path []any
+	level := 1
+	for tok := range ptr.Tokens() {
+		k, _ := dec.StackIndex(level)
+		if i, err := strconv.Atoi(tok); err == nil && k == '[' {
+			path = append(path, i)
+		} else {
+			path = append(path, tok)
+		}
+		level++
+	}
+	return path
+}
+
+// syntaxError words an error of the decoder.
+func syntaxError(dec *jsontext.Decoder, err error) error {
+	var se *jsontext.SyntacticError
+	if !errors.As(err, &se) {
+		if errors.Is(err, io.ErrUnexpectedEOF) || err == io.EOF {
+			return &Error{Path: stackPath(dec, dec.StackPointer()), Offset: int(dec.InputOffset()), Problem: "unexpected end of JSON"}
+		}
+		return &Error{Problem: err.Error()}
+	}
+	ptr, problem := se.JSONPointer, strings.TrimPrefix(se.Err.Error(), "jsontext: ")
+	switch {
+	case errors.Is(se.Err, jsontext.ErrDuplicateName):
+		// Reported at the object that holds the name twice.
+		ptr, problem = ptr.Parent(), fmt.Sprintf("duplicate key %s", strconv.Quote(short(ptr.LastToken())))
+	case errors.Is(se.Err, io.ErrUnexpectedEOF):
+		problem = "unexpected end of JSON"
+	case strings.Contains(problem, "surrogate"):
+		problem = "lone UTF-16 surrogate: " + problem
+	case strings.Contains(problem, "expecting non-control character"):
+		problem = "control character in a string (escape it): " + problem
+	}
+	return &Error{Path: stackPath(dec, ptr), Offset: int(se.ByteOffset), Problem: problem}
 }
 
 // Decode checks data strictly and decodes it into v, which must be a
 // non-nil pointer. Objects decoded into structs must use the exact field
-// names (the json tag, or the Go name without one) and no others; nested
-// values are decoded with encoding/json one field at a time, so every error
-// names its path. Types that implement json.Unmarshaler (time.Time,
-// json.RawMessage) decode their value as a whole. Embedded structs are not
-// supported.
+// names (the json tag, or the Go name without one) and no others.
 func Decode(data []byte, v any) error {
 	rv := reflect.ValueOf(v)
 	if rv.Kind() != reflect.Pointer || rv.IsNil() {
 		return fmt.Errorf("jsonbody: Decode needs a non-nil pointer, got %T", v)
 	}
-	root, err := parse(data)
-	if err != nil {
+	if err := Check(data); err != nil {
 		return err
 	}
-	d := decoder{data: data}
 	// A top-level null would leave v unchanged; a body must say something.
-	if root.kind == kNull {
-		if t := indirect(rv.Type().Elem()); t.Kind() == reflect.Struct || t.Kind() == reflect.Slice {
-			return &Error{Offset: root.start, Problem: "must be a JSON " + shape(t) + ", got null"}
-		}
+	if t := indirect(rv.Type().Elem()); bytes.Equal(bytes.TrimSpace(data), []byte("null")) &&
+		(t.Kind() == reflect.Struct || t.Kind() == reflect.Slice) {
+		return &Error{Offset: bytes.IndexByte(data, 'n'), Problem: "must be a JSON " + shape(t) + ", got null"}
 	}
-	return d.decode(root, rv.Elem(), nil)
-}
-
-// value kinds of the parse tree
-const (
-	kObject = iota + 1
-	kArray
-	kString
-	kNumber
-	kBool
-	kNull
-)
-
-var kindNames = map[int]string{kObject: "an object", kArray: "an array", kString: "a string",
-	kNumber: "a number", kBool: "a boolean", kNull: "null"}
-
-// node is one parsed value: its span in the text and, for objects and
-// arrays, its members.
-type node struct {
-	kind       int
-	start, end int
-	keys       []string // objects: unescaped keys, in order
-	kids       []*node  // objects: member values; arrays: elements
-}
-
-type parser struct {
-	data []byte
-	pos  int
-	path []any
-}
-
-func parse(data []byte) (*node, error) {
-	p := &parser{data: data}
-	p.ws()
-	if p.pos == len(data) {
-		return nil, &Error{Offset: 0, Problem: "no JSON value"}
+	err := json.Unmarshal(data, v, json.RejectUnknownMembers(true))
+	var se *json.SemanticError
+	if err == nil || !errors.As(err, &se) {
+		return err
 	}
-	n, err := p.value(0)
-	if err != nil {
-		return nil, err
-	}
-	p.ws()
-	if p.pos != len(data) {
-		return nil, &Error{Offset: p.pos, Problem: "unexpected data after the JSON value: " + quote(data[p.pos:])}
-	}
-	return n, nil
-}
-
-func (p *parser) fail(format string, args ...any) error {
-	return &Error{Path: append([]any(nil), p.path...), Offset: p.pos, Problem: fmt.Sprintf(format, args...)}
-}
-
-func (p *parser) ws() {
-	for p.pos < len(p.data) {
-		switch p.data[p.pos] {
-		case ' ', '\t', '\n', '\r':
-			p.pos++
-		default:
-			return
-		}
-	}
-}
-
-func (p *parser) value(depth int) (*node, error) {
-	if p.pos >= len(p.data) {
-		return nil, p.fail("unexpected end of JSON")
-	}
-	switch c := p.data[p.pos]; {
-	case c == '{':
-		return p.object(depth + 1)
-	case c == '[':
-		return p.array(depth + 1)
-	case c == '"':
-		start := p.pos
-		if _, err := p.str(); err != nil {
-			return nil, err
-		}
-		return &node{kind: kString, start: start, end: p.pos}, nil
-	case c == '-' || (c >= '0' && c <= '9'):
-		return p.number()
-	case c == 't':
-		return p.literal("true", kBool)
-	case c == 'f':
-		return p.literal("false", kBool)
-	case c == 'n':
-		return p.literal("null", kNull)
-	default:
-		return nil, p.fail("invalid character %s looking for a value", quoteChar(p.data[p.pos:]))
-	}
-}
-
-func (p *parser) literal(lit string, kind int) (*node, error) {
-	start := p.pos
-	if !bytes.HasPrefix(p.data[p.pos:], []byte(lit)) {
-		return nil, p.fail("invalid literal %s (want %s)", quote(p.data[p.pos:]), lit)
-	}
-	p.pos += len(lit)
-	return &node{kind: kind, start: start, end: p.pos}, nil
-}
-
-func (p *parser) object(depth int) (*node, error) {
-	if depth > MaxDepth {
-		return nil, p.fail("nested deeper than %d levels", MaxDepth)
-	}
-	n := &node{kind: kObject, start: p.pos}
-	p.pos++ // {
-	p.ws()
-	if p.pos < len(p.data) && p.data[p.pos] == '}' {
-		p.pos++
-		n.end = p.pos
-		return n, nil
-	}
-	seen := map[string]bool{}
-	for {
-		p.ws()
-		if p.pos >= len(p.data) || p.data[p.pos] != '"' {
-			if p.pos >= len(p.data) {
-				return nil, p.fail("unexpected end of JSON in an object")
-			}
-			return nil, p.fail("invalid character %s looking for an object key", quoteChar(p.data[p.pos:]))
-		}
-		keyAt := p.pos
-		key, err := p.str()
-		if err != nil {
-			return nil, err
-		}
-		if seen[key] {
-			p.pos = keyAt
-			return nil, p.fail("duplicate key %s", strconv.Quote(short(key)))
-		}
-		seen[key] = true
-		p.ws()
-		if p.pos >= len(p.data) || p.data[p.pos] != ':' {
-			return nil, p.fail("expected ':' after object key %s", strconv.Quote(short(key)))
-		}
-		p.pos++
-		p.ws()
-		p.path = append(p.path, key)
-		v, err := p.value(depth)
-		if err != nil {
-			return nil, err
-		}
-		p.path = p.path[:len(p.path)-1]
-		n.keys = append(n.keys, key)
-		n.kids = append(n.kids, v)
-		p.ws()
-		if p.pos >= len(p.data) {
-			return nil, p.fail("unexpected end of JSON in an object")
-		}
-		switch p.data[p.pos] {
-		case ',':
-			p.pos++
-		case '}':
-			p.pos++
-			n.end = p.pos
-			return n, nil
-		default:
-			return nil, p.fail("invalid character %s after an object value (want , or })", quoteChar(p.data[p.pos:]))
-		}
-	}
-}
-
-func (p *parser) array(depth int) (*node, error) {
-	if depth > MaxDepth {
-		return nil, p.fail("nested deeper than %d levels", MaxDepth)
-	}
-	n := &node{kind: kArray, start: p.pos}
-	p.pos++ // [
-	p.ws()
-	if p.pos < len(p.data) && p.data[p.pos] == ']' {
-		p.pos++
-		n.end = p.pos
-		return n, nil
-	}
-	for i := 0; ; i++ {
-		p.ws()
-		p.path = append(p.path, i)
-		v, err := p.value(depth)
-		if err != nil {
-			return nil, err
-		}
-		p.path = p.path[:len(p.path)-1]
-		n.kids = append(n.kids, v)
-		p.ws()
-		if p.pos >= len(p.data) {
-			return nil, p.fail("unexpected end of JSON in an array")
-		}
-		switch p.data[p.pos] {
-		case ',':
-			p.pos++
-		case ']':
-			p.pos++
-			n.end = p.pos
-			return n, nil
-		default:
-			return nil, p.fail("invalid character %s after an array element (want , or ])", quoteChar(p.data[p.pos:]))
-		}
-	}
-}
-
-// str scans a string at p.pos (which holds '"') and returns it unescaped.
-func (p *parser) str() (string, error) {
-	p.pos++ // opening quote
-	var b []byte
-	for {
-		if p.pos >= len(p.data) {
-			return "", p.fail("unexpected end of JSON in a string")
-		}
-		c := p.data[p.pos]
-		switch {
-		case c == '"':
-			p.pos++
-			return string(b), nil
-		case c == '\\':
-			r, err := p.escape()
-			if err != nil {
-				return "", err
-			}
-			b = utf8.AppendRune(b, r)
-		case c < 0x20:
-			return "", p.fail("control character %#02x in a string (escape it)", c)
-		case c < utf8.RuneSelf:
-			b = append(b, c)
-			p.pos++
-		default:
-			r, size := utf8.DecodeRune(p.data[p.pos:])
-			if r == utf8.RuneError && size == 1 {
-				return "", p.fail("invalid UTF-8 (byte %#02x) in a string", c)
-			}
-			b = append(b, p.data[p.pos:p.pos+size]...)
-			p.pos += size
-		}
-	}
-}
-
-// escape decodes the escape sequence at p.pos (which holds '\').
-func (p *parser) escape() (rune, error) {
-	if p.pos+1 >= len(p.data) {
-		return 0, p.fail("unexpected end of JSON in an escape sequence")
-	}
-	switch c := p.data[p.pos+1]; c {
-	case '"', '\\', '/':
-		p.pos += 2
-		return rune(c), nil
-	case 'b', 'f', 'n', 'r', 't':
-		p.pos += 2
-		return rune("\b\f\n\r\t"[strings.IndexByte("bfnrt", c)]), nil
-	case 'u':
-	default:
-		return 0, p.fail("invalid escape sequence %s", quote(p.data[p.pos:min(p.pos+2, len(p.data))]))
-	}
-	r, err := p.hex4()
-	if err != nil {
-		return 0, err
-	}
+	path, parent := typePath(rv.Type().Elem(), se.JSONPointer)
+	e := &Error{Path: path, Offset: int(se.ByteOffset)}
 	switch {
-	case r == 0:
-		return 0, p.fail(`\u0000 (NUL) is not allowed in a string`)
-	case utf16.IsSurrogate(r) && r >= 0xdc00:
-		return 0, p.fail(`lone UTF-16 surrogate \u%04x (a low surrogate must follow a high one)`, r)
-	case utf16.IsSurrogate(r):
-		at := p.pos
-		if !bytes.HasPrefix(p.data[p.pos+6:], []byte(`\u`)) {
-			return 0, p.fail(`lone UTF-16 surrogate \u%04x (a high surrogate must be followed by a low one)`, r)
-		}
-		p.pos += 6
-		r2, err := p.hex4()
-		if err != nil {
-			return 0, err
-		}
-		if r2 < 0xdc00 || r2 > 0xdfff {
-			p.pos = at
-			return 0, p.fail(`lone UTF-16 surrogate \u%04x (a high surrogate must be followed by a low one)`, r)
-		}
-		p.pos += 6
-		return utf16.DecodeRune(r, r2), nil
-	}
-	p.pos += 6
-	return r, nil
-}
-
-// hex4 reads the four hex digits of the \u escape at p.pos.
-func (p *parser) hex4() (rune, error) {
-	if p.pos+6 > len(p.data) {
-		return 0, p.fail(`incomplete \u escape`)
-	}
-	var r rune
-	for _, c := range p.data[p.pos+2 : p.pos+6] {
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, p.fail(`invalid \u escape %s`, quote(p.data[p.pos:p.pos+6]))
-		}
-	}
-	return r, nil
-}
-
-// number scans -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-func (p *parser) number() (*node, error) {
-	start := p.pos
-	digits := func() int {
-		n := 0
-		for p.pos < len(p.data) && p.data[p.pos] >= '0' && p.data[p.pos] <= '9' {
-			p.pos++
-			n++
-		}
-		return n
-	}
-	if p.data[p.pos] == '-' {
-		p.pos++
-	}
-	intStart := p.pos
-	if n := digits(); n == 0 {
-		return nil, p.fail("invalid number %s", quote(p.data[start:]))
-	} else if n > 1 && p.data[intStart] == '0' {
-		p.pos = intStart
-		return nil, p.fail("invalid number %s: leading zero", quote(p.data[start:]))
-	}
-	if p.pos < len(p.data) && p.data[p.pos] == '.' {
-		p.pos++
-		if digits() == 0 {
-			return nil, p.fail("invalid number %s: no digits after the point", quote(p.data[start:]))
-		}
-	}
-	if p.pos < len(p.data) && (p.data[p.pos] == 'e' || p.data[p.pos] == 'E') {
-		p.pos++
-		if p.pos < len(p.data) && (p.data[p.pos] == '+' || p.data[p.pos] == '-') {
-			p.pos++
-		}
-		expStart := p.pos
-		if digits() == 0 {
-			return nil, p.fail("invalid number %s: no digits in the exponent", quote(p.data[start:]))
-		}
-		exp := bytes.TrimLeft(p.data[expStart:p.pos], "0")
-		if len(exp) > 4 || (len(exp) > 0 && mustAtoi(exp) > MaxExponent) {
-			return nil, p.fail("number %s has an exponent beyond ±%d", quote(p.data[start:p.pos]), MaxExponent)
-		}
-	}
-	if p.pos-start > MaxNumberLen {
-		return nil, p.fail("number longer than %d characters", MaxNumberLen)
-	}
-	return &node{kind: kNumber, start: start, end: p.pos}, nil
-}
-
-func mustAtoi(b []byte) int {
-	n, _ := strconv.Atoi(string(b))
-	return n
-}
-
-// quote shows at most 16 bytes of the input, so that errors do not echo a
-// whole body.
-func quote(b []byte) string {
-	if len(b) > 16 {
-		return strconv.Quote(string(b[:16])) + "…"
-	}
-	return strconv.Quote(string(b))
-}
-
-func quoteChar(b []byte) string {
-	if len(b) == 0 {
-		return "(end)"
-	}
-	r, _ := utf8.DecodeRune(b)
-	if r == utf8.RuneError {
-		return fmt.Sprintf("%#02x", b[0])
-	}
-	return strconv.QuoteRune(r)
-}
-
-func short(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
-}
-
-// decoder decodes a parse tree into Go values.
-type decoder struct{ data []byte }
-
-var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
-
-func (d *decoder) errAt(n *node, path []any, format string, args ...any) error {
-	return &Error{Path: append([]any(nil), path...), Offset: n.start, Problem: fmt.Sprintf(format, args...)}
-}
-
-func (d *decoder) decode(n *node, v reflect.Value, path []any) error {
-	t := v.Type()
-	if reflect.PointerTo(t).Implements(unmarshalerType) {
-		return d.leaf(n, v, path)
-	}
-	switch t.Kind() {
-	case reflect.Pointer:
-		if n.kind == kNull {
-			v.SetZero()
-			return nil
-		}
-		if v.IsNil() {
-			v.Set(reflect.New(t.Elem()))
-		}
-		return d.decode(n, v.Elem(), path)
-	case reflect.Struct:
-		if n.kind == kNull {
-			return nil
-		}
-		if n.kind != kObject {
-			return d.errAt(n, path, "must be a JSON object, got %s", kindNames[n.kind])
-		}
-		fields := structFields(t)
-		for i, key := range n.keys {
-			fi, ok := fields[key]
-			if !ok {
-				return d.unknownField(n.kids[i], append(path, key), key, fields)
-			}
-			if err := d.decode(n.kids[i], v.FieldByIndex(fi), append(path, key)); err != nil {
-				return err
-			}
-		}
-		return nil
-	case reflect.Slice:
-		if t.Elem().Kind() == reflect.Uint8 { // []byte: base64 string
-			return d.leaf(n, v, path)
-		}
-		if n.kind == kNull {
-			v.SetZero()
-			return nil
-		}
-		if n.kind != kArray {
-			return d.errAt(n, path, "must be a JSON array, got %s", kindNames[n.kind])
-		}
-		s := reflect.MakeSlice(t, len(n.kids), len(n.kids))
-		for i, kid := range n.kids {
-			if err := d.decode(kid, s.Index(i), append(path, i)); err != nil {
-				return err
-			}
-		}
-		v.Set(s)
-		return nil
-	case reflect.Map:
-		if t.Key().Kind() != reflect.String {
-			return d.leaf(n, v, path)
-		}
-		if n.kind == kNull {
-			v.SetZero()
-			return nil
-		}
-		if n.kind != kObject {
-			return d.errAt(n, path, "must be a JSON object, got %s", kindNames[n.kind])
-		}
-		if v.IsNil() {
-			v.Set(reflect.MakeMapWithSize(t, len(n.keys)))
-		}
-		for i, key := range n.keys {
-			e := reflect.New(t.Elem()).Elem()
-			if err := d.decode(n.kids[i], e, append(path, key)); err != nil {
-				return err
-			}
-			v.SetMapIndex(reflect.ValueOf(key).Convert(t.Key()), e)
-		}
-		return nil
+	case errors.Is(se.Err, json.ErrUnknownName):
+		e.Problem = unknownField(parent, se.JSONPointer.LastToken())
+	case se.GoType == reflect.TypeFor[time.Time]():
+		e.Problem = `must be an RFC 3339 time such as "2026-05-01T12:00:00Z"`
+	case se.GoType != nil && se.JSONKind != 0:
+		e.Problem = fmt.Sprintf("must be %s, got %s", describe(se.GoType), kindName(se.JSONKind, se.JSONValue))
 	default:
-		return d.leaf(n, v, path)
+		e.Problem = strings.TrimPrefix(err.Error(), "json: ")
 	}
+	return e
 }
 
-func (d *decoder) unknownField(n *node, path []any, key string, fields map[string][]int) error {
-	for name := range fields {
-		if strings.EqualFold(name, key) {
-			return d.errAt(n, path, "unknown field %s: field names are case-sensitive, did you mean %q?", strconv.Quote(short(key)), name)
+// typePath turns ptr into a Path by walking the Go type it points into (a
+// token is an index below a slice or array, a name below a struct or map)
+// and returns the type of the value that holds the last token.
+func typePath(t reflect.Type, ptr jsontext.Pointer) (path []any, parent reflect.Type) {
+	for tok := range ptr.Tokens() {
+		t = indirect(t)
+		parent = t
+		switch t.Kind() {
+		case reflect.Slice, reflect.Array:
+			i, _ := strconv.Atoi(tok)
+			path, t = append(path, i), t.Elem()
+		case reflect.Map:
+			path, t = append(path, tok), t.Elem()
+		case reflect.Struct:
+			path = append(path, tok)
+			if f, ok := structFields(t)[tok]; ok {
+				t = f
+			}
+		default:
+			path = append(path, tok)
 		}
 	}
-	return d.errAt(n, path, "unknown field %s", strconv.Quote(short(key)))
+	return path, parent
 }
 
-// leaf decodes one value with encoding/json (the text is already checked).
-func (d *decoder) leaf(n *node, v reflect.Value, path []any) error {
-	err := json.Unmarshal(d.data[n.start:n.end], v.Addr().Interface())
-	if err == nil {
-		return nil
+func unknownField(t reflect.Type, key string) string {
+	if t != nil && t.Kind() == reflect.Struct {
+		for name := range structFields(t) {
+			if strings.EqualFold(name, key) {
+				return fmt.Sprintf("unknown field %s: field names are case-sensitive, did you mean %q?", strconv.Quote(short(key)), name)
+			}
+		}
 	}
-	if v.Type() == reflect.TypeFor[time.Time]() {
-		return d.errAt(n, path, "must be an RFC 3339 time such as \"2026-05-01T12:00:00Z\"")
+	return fmt.Sprintf("unknown field %s", strconv.Quote(short(key)))
+}
+
+// structFields maps the JSON names of t's exported fields to their types.
+func structFields(t reflect.Type) map[string]reflect.Type {
+	fields := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name := f.Name
+		if tag, ok := f.Tag.Lookup("json"); ok {
+			tagName, _, _ := strings.Cut(tag, ",")
+			if tagName == "-" {
+				continue
+			}
+			if tagName != "" {
+				name = tagName
+			}
+		}
+		fields[name] = f.Type
 	}
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		return d.errAt(n, path, "must be %s, got %s", describe(te.Type), te.Value)
+	return fields
+}
+
+func kindName(k jsontext.Kind, v jsontext.Value) string {
+	switch k {
+	case '{':
+		return "an object"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case '0':
+		return "the number " + quote(v)
+	case 't', 'f':
+		return "a boolean"
+	case 'n':
+		return "null"
 	}
-	return d.errAt(n, path, "%s", strings.TrimPrefix(err.Error(), "json: "))
+	return k.String()
 }
 
 func describe(t reflect.Type) string {
@@ -685,6 +390,10 @@ func describe(t reflect.Type) string {
 		return "a string"
 	case reflect.Bool:
 		return "true or false"
+	case reflect.Struct, reflect.Map:
+		return "a JSON object"
+	case reflect.Slice, reflect.Array:
+		return "a JSON array"
 	}
 	return "a " + t.String()
 }
@@ -703,25 +412,18 @@ func shape(t reflect.Type) string {
 	return "object"
 }
 
-// structFields maps the JSON names of t's exported fields to their indices.
-func structFields(t reflect.Type) map[string][]int {
-	fields := map[string][]int{}
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if !f.IsExported() || f.Anonymous {
-			continue
-		}
-		name := f.Name
-		if tag, ok := f.Tag.Lookup("json"); ok {
-			tagName, _, _ := strings.Cut(tag, ",")
-			if tagName == "-" {
-				continue
-			}
-			if tagName != "" {
-				name = tagName
-			}
-		}
-		fields[name] = f.Index
+// quote shows at most 16 bytes of the input, so that errors do not echo a
+// whole body.
+func quote(b []byte) string {
+	if len(b) > 16 {
+		return strconv.Quote(string(b[:16])) + "…"
 	}
-	return fields
+	return strconv.Quote(string(b))
+}
+
+func short(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
 }

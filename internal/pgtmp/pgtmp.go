@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -52,6 +53,15 @@ type Options struct {
 	Settings map[string]string
 	// Log receives the server's stderr; nil discards it.
 	Log func(line string)
+	// TLS, when set, makes the server take TLS connections (ssl=on) with
+	// this PEM certificate and key; plain connections are still accepted
+	// (DSN), and TLSDSN asks for verify-full.
+	TLS *TLS
+}
+
+// TLS is a server certificate and its key, in PEM.
+type TLS struct {
+	Cert, Key []byte
 }
 
 // Server is a running throwaway PostgreSQL.
@@ -137,6 +147,10 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		s.cleanup()
 		return nil, fmt.Errorf("running initdb in %s: %w: %s (%s)", data, err, strings.TrimSpace(linewriter.Tail(string(out), 5)), InstallHint)
 	}
+	if err := s.writeTLS(data, cred); err != nil {
+		s.cleanup()
+		return nil, err
+	}
 	for attempt := 0; ; attempt++ {
 		port, err := freeport.Port()
 		if err != nil {
@@ -153,6 +167,39 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 		}
 		// Another process may have taken the port between probing and binding.
 	}
+}
+
+// writeTLS puts the TLS certificate and key into the data directory,
+// owned by the server's user and readable by it only (PostgreSQL refuses a
+// key others can read), and turns ssl on.
+func (s *Server) writeTLS(data string, cred *syscall.Credential) error {
+	if s.opts.TLS == nil {
+		return nil
+	}
+	for name, b := range map[string][]byte{"server.crt": s.opts.TLS.Cert, "server.key": s.opts.TLS.Key} {
+		path := filepath.Join(data, name)
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			return fmt.Errorf("writing %s: %w", name, err)
+		}
+		if cred != nil {
+			if err := os.Chown(path, int(cred.Uid), int(cred.Gid)); err != nil {
+				return fmt.Errorf("handing %s to the server user: %w", name, err)
+			}
+		}
+	}
+	settings := map[string]string{"ssl": "on", "ssl_cert_file": "server.crt", "ssl_key_file": "server.key"}
+	for k, v := range s.opts.Settings {
+		settings[k] = v
+	}
+	s.opts.Settings = settings
+	return nil
+}
+
+// TLSDSN is the DSN of database over TLS with sslmode=verify-full: the
+// server's certificate must be signed by the CA in the PEM file rootCert
+// and name 127.0.0.1.
+func (s *Server) TLSDSN(database, rootCert string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=verify-full&sslrootcert=%s", s.port, database, url.QueryEscape(rootCert))
 }
 
 func (s *Server) launch(ctx context.Context, data string, cred *syscall.Credential, port int) error {

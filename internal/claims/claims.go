@@ -1,11 +1,23 @@
-package tasks
+// Package claims is the protocol between a runner's executor and the
+// store: what a runner writes about the attempts it claimed (completions,
+// failures, interruptions, cancellations) and what the store answers for
+// each (WriteResult). Both sides import it, so that the executor needs
+// neither the store nor the shard manager, and the public task vocabulary
+// (package tasks) holds only what producers and handlers use.
+package claims
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
+
+	"github.com/shardrun/shardrun/tasks"
 )
+
+// DefaultHeartbeatInterval is the runners' default task heartbeat
+// interval. The leader's sweeper checks its stale threshold against the
+// same default, so it is defined once, here, on the protocol between them.
+const DefaultHeartbeatInterval = 5 * time.Second
 
 // Outcome says what a fenced write did to one task.
 type Outcome int
@@ -25,46 +37,13 @@ const (
 	TaskGone
 )
 
+var outcomeNames = [...]string{Applied: "applied", FenceLost: "fence_lost", TaskMoved: "task_moved", TaskGone: "task_gone"}
+
 func (o Outcome) String() string {
-	switch o {
-	case Applied:
-		return "applied"
-	case FenceLost:
-		return "fence_lost"
-	case TaskMoved:
-		return "task_moved"
-	case TaskGone:
-		return "task_gone"
+	if int(o) >= 0 && int(o) < len(outcomeNames) && outcomeNames[o] != "" {
+		return outcomeNames[o]
 	}
 	return fmt.Sprintf("outcome(%d)", int(o))
-}
-
-// ErrOwnershipLost is the cause of a handler's context ending because its
-// runner stopped owning the task's shard: it detached, the shard moved and
-// the handoff timed out, a newer owner's fence refused a write, or the
-// runner shut down. An attempt cut short so is interrupted, not failed by
-// its handler.
-var ErrOwnershipLost = errors.New("shard ownership lost")
-
-// Sentinel errors for the outcomes that did not apply.
-var (
-	ErrFenceLost = errors.New("shard fence lost")
-	ErrTaskMoved = errors.New("task no longer in the expected state, attempt or claim")
-	ErrTaskGone  = errors.New("task not found")
-)
-
-// Err returns nil for Applied and the matching sentinel otherwise.
-func (o Outcome) Err() error {
-	switch o {
-	case Applied:
-		return nil
-	case FenceLost:
-		return ErrFenceLost
-	case TaskMoved:
-		return ErrTaskMoved
-	default:
-		return ErrTaskGone
-	}
 }
 
 // WriteResult is the outcome of a fenced write for one task. State is the
@@ -72,22 +51,22 @@ func (o Outcome) Err() error {
 // applied, says that an operator asked to cancel the task: a heartbeat that
 // sees it cancels the attempt.
 type WriteResult struct {
-	Ref             Ref
+	Ref             tasks.Ref
 	Outcome         Outcome
-	State           State
+	State           tasks.State
 	CancelRequested bool
 }
 
 // Completion is a successful attempt to record.
 type Completion struct {
-	Ref    Ref
+	Ref    tasks.Ref
 	Result json.RawMessage // nil for no result
 }
 
 // Interruption is an attempt cut short because its runner lost the shard,
 // to record without spending the attempt. Reason says what ended it.
 type Interruption struct {
-	Ref    Ref
+	Ref    tasks.Ref
 	Reason string
 }
 
@@ -97,22 +76,16 @@ type Interruption struct {
 // failed, as the sweeper's deadline rule does: the task's deadline passed,
 // so no attempt may follow.
 type Failure struct {
-	Ref        Ref
+	Ref        tasks.Ref
 	Error      string
 	RetryAfter time.Duration
 	Final      bool
 	Expired    bool
 }
 
-// ErrPermanent marks a handler error no retry can fix (a payload that does
-// not decode, input the handler refuses): the task goes dead at once
-// instead of spending its remaining attempts. Wrap it with Permanent.
-var ErrPermanent = errors.New("permanent failure")
-
-// Permanent marks err as a failure no retry can fix.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return fmt.Errorf("%w: %w", ErrPermanent, err)
+// Cancellation is an attempt cancelled on request, to record: Error is what
+// the handler returned after its context was cancelled ("" for nil).
+type Cancellation struct {
+	Ref   tasks.Ref
+	Error string
 }
