@@ -73,7 +73,7 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	// (under its own temporary directory) and its PostgreSQL data, each
 	// marked with its owner, which is gone.
 	for _, d := range append(tempdir.RemoveStale(devDirPrefix, nil), pgtmp.RemoveStale()...) {
-		fmt.Fprintf(out, "removed %s, left by an earlier demo that was killed\n", d)
+		fmt.Fprintf(out, "removed %s, left by an earlier run that was killed\n", d)
 	}
 	tmp, err := tempdir.New(devDirPrefix)
 	if err != nil {
