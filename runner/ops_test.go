@@ -24,6 +24,7 @@ func (e *env) ops() *client.Client {
 }
 
 func TestCancelAReadyTask(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start("a")
 	c := e.ops()
@@ -51,6 +52,7 @@ func TestCancelAReadyTask(t *testing.T) {
 // tasks.ErrCancelled, and the outcome is cancelled although the handler
 // then returns success.
 func TestCancelARunningTask(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	type end struct {
 		at    time.Time
@@ -109,6 +111,7 @@ func TestCancelARunningTask(t *testing.T) {
 // intervals are cancelled as they run. Each ends with exactly one
 // outcome, completed or cancelled, counted once.
 func TestCancelRacesCompletionOnARunner(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.start("a")
 	c := e.ops()
@@ -158,6 +161,7 @@ func TestCancelRacesCompletionOnARunner(t *testing.T) {
 }
 
 func TestRetryADeadTaskAndSeeItComplete(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start("a")
 	c := e.ops()
@@ -184,6 +188,7 @@ func TestRetryADeadTaskAndSeeItComplete(t *testing.T) {
 // 32 producers enqueue the same unique key at once: one task is created,
 // and it runs once.
 func TestConcurrentProducersOfOneUniqueKey(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var runs counting
 	e.start("a", withHandler("count", runs.handle))
