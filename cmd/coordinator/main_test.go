@@ -62,7 +62,8 @@ func TestHelpAndBadInput(t *testing.T) {
 }
 
 func TestEmbeddedEtcd(t *testing.T) {
-	bin := build(t, ".")
+	t.Parallel()
+	bin := filepath.Join(binaries(t), "coordinator")
 	addr, etcdAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	cmd := exec.Command(bin, "--embed-etcd", filepath.Join(t.TempDir(), "etcd"), "--embed-etcd-addr", etcdAddr,
 		"--database-url", pgtest.NewDatabase(t), "--http-addr", addr)
@@ -104,16 +105,8 @@ func TestEmbeddedEtcd(t *testing.T) {
 // Before that, a demo killed with SIGKILL leaves its directories behind,
 // and `make demo` must remove those, and only those.
 func TestMakeDemo(t *testing.T) {
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The binaries go to a directory of the test's, so that a bin/ built
-	// earlier in the working tree is not what runs.
-	bin := t.TempDir()
-	if out, err := exec.Command("make", "-C", root, "build", "BIN="+bin).CombinedOutput(); err != nil {
-		t.Fatalf("make build: %v\n%s", err, out)
-	}
+	t.Parallel()
+	bin := binaries(t)
 	killed := killedDemo(t, bin)
 	live, err := tempdir.NewOwnedBy("", "shardrun-dev-", tempdir.Self())
 	if err != nil {
@@ -127,7 +120,7 @@ func TestMakeDemo(t *testing.T) {
 	defer os.RemoveAll(nameOnly)
 
 	cmd := exec.Command("make", "demo", "BIN="+bin, "DEMO_FLAGS=--http-addr 127.0.0.1:0 --dev-rate 60")
-	cmd.Dir = root
+	cmd.Dir = repoRoot
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's foreground group
 	d := startDemo(t, cmd)
 	var last string
@@ -318,16 +311,33 @@ func killedDemo(t *testing.T, bin string) []string {
 	return left
 }
 
-func build(t *testing.T, pkg string) string {
+// repoRoot is the working tree the tests build, as it is.
+const repoRoot = "../.."
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// binaries builds the working tree's binaries once for the package's
+// tests, with `make build` as a user would, into a directory of the
+// tests' (so that a bin/ built earlier is not what runs), and returns it.
+func binaries(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
-	if pkg == "." {
-		bin = filepath.Join(t.TempDir(), "coordinator")
+	buildOnce.Do(func() {
+		if binDir, buildErr = os.MkdirTemp("", "coordinator-test-bin-"); buildErr != nil {
+			return
+		}
+		pgtest.AtExit(func() { _ = os.RemoveAll(binDir) })
+		if out, err := exec.Command("make", "-C", repoRoot, "build", "BIN="+binDir).CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("make build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
 	}
-	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-	}
-	return bin
+	return binDir
 }
 
 // TestDevHonoursGivenFlags: --dev brings short timings only for the flags
