@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -97,6 +99,25 @@ func (c *cluster) spawn(id string, o runnerOpts) (*runnerProc, error) {
 	return r, nil
 }
 
+// startAll spawns n runners (runner-1, runner-2...) at once, so that 16
+// start about as fast as one, and returns them once each is ready.
+func (c *cluster) startAll(n int, o runnerOpts) ([]*runnerProc, error) {
+	var rps []*runnerProc
+	for i := range n {
+		rp, err := c.spawn(fmt.Sprintf("runner-%d", i+1), o)
+		if err != nil {
+			return nil, err
+		}
+		rps = append(rps, rp)
+	}
+	for _, rp := range rps {
+		if err := rp.waitReady(); err != nil {
+			return nil, err
+		}
+	}
+	return rps, nil
+}
+
 // waitReady waits until the runner's /readyz answers 200.
 func (r *runnerProc) waitReady() error {
 	if err := waitUntil(60*time.Second, func() bool { return httpStatus("http://"+r.admin+"/readyz") == 200 }); err != nil {
@@ -169,23 +190,66 @@ func (c *cluster) shardsOf(ctx context.Context, id string) map[int]bool {
 	return out
 }
 
-// metric reads a metric of a runner's /metrics, summed over labels.
-func (r *runnerProc) metric(name string) float64 {
+// running is the cluster's runners that have not exited.
+func (c *cluster) running() []*runnerProc {
+	var out []*runnerProc
+	for _, r := range c.runners {
+		if r.cmd.ProcessState == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// metricWith reads a metric of a runner's /metrics, summed over the
+// series whose labels contain every one of labels (as name="value").
+func (r *runnerProc) metricWith(name string, labels ...string) (float64, error) {
 	resp, err := http.Get("http://" + r.admin + "/metrics")
+	if err != nil {
+		return 0, fmt.Errorf("reading %s's metrics: %w", r.id, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("reading %s's metrics: %s %v", r.id, resp.Status, err)
+	}
+	var sum float64
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		i := strings.LastIndexByte(rest, ' ')
+		if i < 0 || !allIn(rest[:i], labels) {
+			continue
+		}
+		value := rest[i+1:]
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s's metric %s: %w", r.id, line, err)
+		}
+		sum += v
+	}
+	return sum, nil
+}
+
+func allIn(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+// metric reads a metric of a runner's /metrics, summed over labels; -1
+// when it cannot be read.
+func (r *runnerProc) metric(name string) float64 {
+	v, err := r.metricWith(name)
 	if err != nil {
 		return -1
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var sum float64
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			sum += v
-		}
-	}
-	return sum
+	return v
 }
 
 // logTime is the time of the first JSON log line whose message contains
@@ -228,6 +292,76 @@ func waitEvery(timeout, interval time.Duration, cond func() bool) error {
 			return fmt.Errorf("not within %s", timeout)
 		}
 		time.Sleep(interval)
+	}
+	return nil
+}
+
+// coordinatorProc is a coordinator process of the cluster: the sweeper,
+// retention, the task counts and the unhandled-kind report a deployment
+// runs beside its runners, and the HTTP API producers enqueue through.
+type coordinatorProc struct {
+	addr string
+	cmd  *exec.Cmd
+	logs *linewriter.Buffer
+	done chan error
+}
+
+// startCoordinator starts bin/coordinator on the cluster's etcd prefix and
+// database and returns once its /healthz answers.
+func (c *cluster) startCoordinator() (*coordinatorProc, error) {
+	if c.env.coordinatorBin == "" {
+		return nil, fmt.Errorf("no coordinator binary: give -coordinator")
+	}
+	port, err := freeport.Port()
+	if err != nil {
+		return nil, err
+	}
+	p := &coordinatorProc{addr: fmt.Sprintf("127.0.0.1:%d", port), logs: &linewriter.Buffer{}, done: make(chan error, 1)}
+	p.cmd = exec.Command(c.env.coordinatorBin, "--etcd-endpoints", c.env.etcd.Endpoints()[0], "--cluster", c.name,
+		"--shard-count", strconv.Itoa(c.shards), "--http-addr", p.addr, "--log-format", "json", "--coordinator-id", "bench")
+	// The database URL by environment, as a deployment gives it.
+	p.cmd.Env = append(os.Environ(), "DATABASE_URL="+c.dsn)
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the coordinator: %w", err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	if err := waitUntil(60*time.Second, func() bool { return httpStatus("http://"+p.addr+"/healthz") == 200 }); err != nil {
+		p.stop()
+		return nil, fmt.Errorf("coordinator not serving: %w\n%s", err, linewriter.Tail(p.logs.String(), 20))
+	}
+	return p, nil
+}
+
+// stop ends the coordinator (SIGTERM: it resigns; SIGKILL after 30s).
+func (p *coordinatorProc) stop() {
+	if p.cmd.ProcessState == nil {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// enqueue posts tasks to the coordinator's API as one JSON array.
+func (p *coordinatorProc) enqueue(ctx context.Context, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+p.addr+"/api/tasks", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("enqueueing through the API: %w", err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("enqueueing through the API: %s: %s", resp.Status, msg)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -39,7 +40,10 @@ type env struct {
 	etcd      *embedetcd.Server
 	cli       *clientv3.Client
 	runnerBin string
-	log       io.Writer
+	// coordinatorBin is bin/coordinator, which the unclaimable section
+	// runs as a deployment does.
+	coordinatorBin string
+	log            io.Writer
 	// statStatements: pg_stat_statements is loaded, so statements are counted.
 	statStatements bool
 }
@@ -65,9 +69,16 @@ type Report struct {
 	Steady      []steadyRun       `json:"steady_state,omitempty"`
 	Notify      *notifyResult     `json:"notify_trigger_cost,omitempty"`
 	Scale       *scaleResult      `json:"scale,omitempty"`
+	Curve       *curveResult      `json:"scale_curve,omitempty"`
+	// Targets are issue 23's targets, judged from this run.
+	Targets []target `json:"targets"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
-	Notes          []string           `json:"notes"`
+	// Failed holds the error of each section that failed (a trial whose
+	// tasks did not all complete, a poll that failed...); the sections
+	// after it still ran.
+	Failed map[string]string `json:"failed_sections,omitempty"`
+	Notes  []string          `json:"notes"`
 }
 
 func main() {
@@ -79,12 +90,20 @@ func main() {
 	faultTrials := flag.Int("fault-trials", 5, "trials of each failover, handoff and detach measurement")
 	n := flag.Int("n", 200_000, "tasks per throughput trial")
 	runnerBin := flag.String("runner", "../bin/runner", "the runner binary")
+	coordinatorBin := flag.String("coordinator", "../bin/coordinator", "the coordinator binary (the unclaimable section runs one)")
 	maxWorkers := flag.String("max-workers", "1=1024,3=512", "shardrun runners' --max-workers per process count in the throughput runs")
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
+	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
+	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
+	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
+	flag.IntVar(&curveFlags.workers, "curve-workers", curveFlags.workers, "workers per process of both systems in the scale curve")
+	flag.IntVar(&curveFlags.conns, "curve-conns", curveFlags.conns, "PostgreSQL connections per process of both systems in the scale curve")
+	flag.IntVar(&unclaimableFlags.tasks, "unhandled", unclaimableFlags.tasks, "ready tasks of a kind nobody handles in the unclaimable section")
+	flag.IntVar(&unclaimableFlags.procs, "unhandled-procs", unclaimableFlags.procs, "runner processes of the unclaimable section")
 	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
 	flag.IntVar(&maint.steadyRate, "steady-rate", 500, "tasks/s of the steady workload during the retention section")
 	flag.IntVar(&maint.churnTasks, "churn-tasks", 1_000_000, "tasks of each churn run")
@@ -98,6 +117,13 @@ func main() {
 	flag.IntVar(&scaleFlags.tasks, "scale-tasks", scaleFlags.tasks, "noop tasks of the scale section's burn-down")
 	flag.IntVar(&scaleFlags.maxWorkers, "scale-max-workers", scaleFlags.maxWorkers, "--max-workers of each runner in the scale section")
 	flag.Parse()
+	if *redraw != "" {
+		if err := redrawChart(*redraw, *out); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	tuning = tune{shardrunWorkers: map[int]int{}, riverWorkers: *riverWorkers, withRiver: *withRiver}
@@ -112,19 +138,32 @@ func main() {
 		fmt.Sscan(p, &n)
 		tuning.procs = append(tuning.procs, n)
 	}
-	if err := run(ctx, *out, *trials, *faultTrials, *n, *runnerBin, *only); err != nil {
+	if err := run(ctx, *out, *trials, *faultTrials, *n, *runnerBin, *coordinatorBin, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin, only string) error {
+func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin, coordinatorBin, only string) error {
+	want := func(section string) bool {
+		return only == "" || slices.Contains(strings.Split(only, ","), section)
+	}
 	bin, err := filepath.Abs(runnerBin)
 	if err != nil {
 		return err
 	}
 	if _, err := os.Stat(bin); err != nil {
 		return fmt.Errorf("no runner binary at %s: run `make build` first (make bench does)", bin)
+	}
+	coordBin, err := filepath.Abs(coordinatorBin)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(coordBin); err != nil {
+		if want("unclaimable") {
+			return fmt.Errorf("no coordinator binary at %s: run `make build` first (make bench does)", coordBin)
+		}
+		coordBin = ""
 	}
 	settings := map[string]string{"shared_buffers": "256MB", "max_wal_size": "2GB"}
 	statStatements := pgStatStatementsInstalled()
@@ -156,7 +195,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		return err
 	}
 	defer etcdCli.Close()
-	e := &env{pg: pg, etcd: etcd, cli: etcdCli, runnerBin: bin, log: os.Stdout, statStatements: statStatements}
+	e := &env{pg: pg, etcd: etcd, cli: etcdCli, runnerBin: bin, coordinatorBin: coordBin, log: os.Stdout, statStatements: statStatements}
 
 	rep := &Report{GeneratedAt: time.Now().UTC(), Machine: machine(ctx, pg), Settings: map[string]any{}}
 	rep.Postgres = map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
@@ -166,14 +205,12 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 	if !statStatements {
 		rep.Notes = append(rep.Notes, "pg_stat_statements is not installed with these PostgreSQL binaries: statements per task not measured, transactions only")
 	}
-	want := func(section string) bool {
-		return only == "" || slices.Contains(strings.Split(only, ","), section)
-	}
 	sections := []struct {
 		name string
 		fn   func() error
 	}{
 		{"throughput", func() error { return e.throughputSection(ctx, rep, trials, n) }},
+		{"curve", func() error { return e.curveSection(ctx, rep, n, out) }},
 		{"failover", func() error { return e.failoverSection(ctx, rep, faultTrials) }},
 		{"handoff", func() error { return e.handoffSection(ctx, rep, faultTrials) }},
 		{"detach", func() error { return e.detachSection(ctx, rep, faultTrials) }},
@@ -196,13 +233,25 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		}
 		fmt.Fprintf(e.log, "== %s\n", s.name)
 		began := time.Now()
-		if err := s.fn(); err != nil {
-			return fmt.Errorf("%s: %w", s.name, err)
-		}
+		err := s.fn()
 		rep.SectionSeconds[s.name] = time.Since(began).Seconds()
+		if err != nil {
+			// Reported, and the run goes on: a failed trial must not throw
+			// away an hour of other sections' measurements.
+			if rep.Failed == nil {
+				rep.Failed = map[string]string{}
+			}
+			rep.Failed[s.name] = err.Error()
+			fmt.Fprintf(e.log, "!! section %s failed: %v\n", s.name, err)
+			if ctx.Err() != nil {
+				break
+			}
+		}
 	}
 	rep.SectionSeconds["total"] = time.Since(benchStart).Seconds()
+	rep.Targets = targets(rep)
 	printTable(e.log, rep)
+	printTargets(e.log, rep.Targets)
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
@@ -211,6 +260,9 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		return err
 	}
 	fmt.Fprintf(e.log, "\nwrote %s\n", out)
+	if len(rep.Failed) > 0 {
+		return fmt.Errorf("%d section(s) failed: %s (see failed_sections in %s)", len(rep.Failed), strings.Join(slices.Sorted(maps.Keys(rep.Failed)), ", "), out)
+	}
 	return nil
 }
 
@@ -239,12 +291,13 @@ func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int)
 	rep.Notes = append(rep.Notes,
 		"worker counts, chosen by measurement on this machine: one process - shardrun --max-workers 256/512/1024 gave 37.4k/45.9k/50.3k tasks/s, River MaxWorkers 500/1000/2000 gave 27.8k/29.8k/28.9k jobs/s (100,000-task trials); three processes - shardrun 256/512/1024 per runner gave 31.8-32.1k/34.8-36.5k/22.0-33.0k, River 333/1000/2000 per client gave 22.0-25.0k/25.5-30.7k/25.4-29.1k (200,000-task trials); so shardrun runs 1024 workers alone and 512 per runner for three, River 1000 per client. River's FetchCooldown 2ms and FetchPollInterval 20ms are those of River's own benchmark (cmd/river/riverbench)",
 		"River runs in child processes of the bench binary (one River client each, with its own pool of 16 connections; the jobs are inserted by the bench process beforehand); shardrun runners are separate processes of bin/runner; both share the machine's 2 cores with PostgreSQL and the bench process",
-		"CPU seconds per 10,000 tasks: the worker processes' user+system CPU over their whole life (start-up and graceful stop included), exact from wait4; PostgreSQL's is the postmaster's and all its children's CPU from just before the workers start to the end of the burn-down, sampled from /proc every 100ms (processes born and gone between two samples are missed); the bench's completion poll (every 20ms) is in the PostgreSQL figure for both systems; shardrun's etcd runs embedded in the bench process and is not counted",
-		"throughput is timed from the first claim (attempt) to the last completion (finalisation), from the database's own timestamps")
+		"CPU seconds per 10,000 tasks: the worker processes' user+system CPU over their whole life (start-up and graceful stop included), exact from wait4; PostgreSQL's is the postmaster's and all its children's CPU from just before the workers start to the end of the burn-down, sampled from /proc every 100ms (processes born and gone between two samples are missed); the bench follows shardrun's burn-down through the runners' metrics (every 100ms; no statement) and asks the database only once their count reaches n or stalls for a second, River's from a cheap poll of river_job every 20ms, which is in River's PostgreSQL figure; shardrun's etcd runs embedded in the bench process and is not counted",
+		"throughput is timed from the first claim (attempt) to the last completion (finalisation), from the database's own timestamps; a trial fails unless exactly n noop tasks exist and all completed, or when a poll fails",
+		"per task, from just before the workers start to the end of the burn-down (read after they exit): statements and pages (shared_blks_hit + shared_blks_read) from pg_stat_statements, less the bench's own statements (tagged /* bench */); pages per claimed task are those of the claim statements (shardrun: /* shardrun.claim */ when its statements are named, else its claim's text; River: JobGetAvailable) over the rows they returned; WAL bytes from the server's insert position (each trial drops its database when done, so no other database is active meanwhile)")
 	for _, procs := range tuning.procs {
 		var ratios []float64
 		for trial := range trials {
-			ours, err := e.shardrunBurnDown(ctx, trial, procs, n, cmp.Or(tuning.shardrunWorkers[procs], 512), 0)
+			ours, err := e.shardrunBurnDown(ctx, trialOpts{label: "tp", trial: trial, processes: procs, n: n, maxWorkers: cmp.Or(tuning.shardrunWorkers[procs], 512)})
 			if err != nil {
 				return err
 			}
@@ -254,7 +307,7 @@ func (e *env) throughputSection(ctx context.Context, rep *Report, trials, n int)
 					procs, trial+1, ours.TasksPerS, ours.CPUTotalPer10k, ours.CPUWorkersPer10k, ours.CPUPostgresPer10k, ours.StmtsPerTask)
 				continue
 			}
-			theirs, err := e.riverBurnDown(ctx, trial, procs, n, rs)
+			theirs, err := e.riverBurnDown(ctx, trialOpts{label: "tp", trial: trial, processes: procs, n: n}, rs)
 			if err != nil {
 				return err
 			}
@@ -354,6 +407,8 @@ func printTable(w io.Writer, rep *Report) {
 			r.Processes, median(enqOurs), median(enqTheirs))
 		fmt.Fprintf(w, "| CPU seconds per 10,000 tasks (workers + PostgreSQL), %d process(es) | shardrun %s, River %s (medians) |\n",
 			r.Processes, cpuCell(rep.Throughput, "shardrun", r.Processes), cpuCell(rep.Throughput, "river", r.Processes))
+		fmt.Fprintf(w, "| PostgreSQL per task, %d process(es): statements, pages, pages per claimed task, WAL bytes | shardrun %s; River %s (medians) |\n",
+			r.Processes, pgCell(rep.Throughput, "shardrun", r.Processes), pgCell(rep.Throughput, "river", r.Processes))
 	}
 	printSteady(w, rep.Steady)
 	for _, l := range rep.Failover {
@@ -400,8 +455,14 @@ func printTable(w io.Writer, rep *Report) {
 		}
 	}
 	if u := rep.Unclaimable; u != nil {
-		fmt.Fprintf(w, "| noop throughput, 1 process, %d tasks, with %d ready tasks of a kind nobody handles | %.0f tasks/s with, %.0f without (medians); ratio median **%.2f** |\n",
-			u.Tasks, u.Unhandled, median(u.With), median(u.Without), u.MedianRatio)
+		for _, v := range u.Variants {
+			fmt.Fprintf(w, "| noop throughput, %d processes, %d tasks, with %d ready tasks of a kind nobody handles, %s | %.0f tasks/s with, %.0f without (medians); ratio median **%.2f** (%s)",
+				u.Processes, u.Tasks, u.Unhandled, v.Name, median(v.With), median(v.Without), v.MedianRatio, fmtList(v.Ratios))
+			if len(v.IdleCPUPctWith) > 0 {
+				fmt.Fprintf(w, "; idle PostgreSQL CPU %.1f%% of a core with, %.1f%% without (medians)", median(v.IdleCPUPctWith), median(v.IdleCPUPctWithout))
+			}
+			fmt.Fprintln(w, " |")
+		}
 	}
 	if r := rep.Retention; r != nil {
 		fmt.Fprintf(w, "| retention: %d finished rows deleted while %d tasks/s run | %.0f rows/s (%.0fs, %d statements of %d); pickup latency p99 %.1f ms before, %.1f ms during (p50 %.1f, %.1f); claim statement mean %.2f ms before, %.2f ms during |\n",
@@ -416,6 +477,9 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	if sc := rep.Scale; sc != nil {
 		printScale(w, sc)
+	}
+	if c := rep.Curve; c != nil {
+		printCurve(w, c)
 	}
 	if t, ok := rep.SectionSeconds["total"]; ok {
 		fmt.Fprintf(w, "| bench time | %.0f s in all (%s) |\n", t, sectionTimes(rep.SectionSeconds))
@@ -440,6 +504,18 @@ func cpuCell(runs []burnDown, system string, procs int) string {
 		}
 	}
 	return fmt.Sprintf("%.2f + %.2f = %.2f", median(w), median(p), median(t))
+}
+
+// pgCell is a system's statements, pages, pages per claimed task and WAL
+// bytes per task, medians over its trials at a process count.
+func pgCell(runs []burnDown, system string, procs int) string {
+	var st, pg, pc, wal []float64
+	for _, r := range runs {
+		if r.System == system && r.Processes == procs {
+			st, pg, pc, wal = append(st, r.StmtsPerTask), append(pg, r.PagesPerTask), append(pc, r.PagesPerClaimedTask), append(wal, r.WALBytesPerTask)
+		}
+	}
+	return fmt.Sprintf("%.4f, %.1f, %.1f, %.0f", median(st), median(pg), median(pc), median(wal))
 }
 
 // fmtThousands writes n with thousands separators: 10000 as 10,000.
@@ -475,7 +551,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "failover", "handoff", "detach", "sweep", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale"} {
+	for _, name := range []string{"throughput", "curve", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,41 +18,212 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// unclaimable is the noop throughput of one runner process with and
-// without 300,000 ready tasks of a kind nobody handles (issue 14).
+// unclaimable is the noop throughput of shardrun runners with and without
+// ready tasks of a kind nobody handles (issues 14 and 23), in each
+// variant of the setup.
 type unclaimable struct {
-	Unhandled   int       `json:"unhandled_ready_tasks"`
-	Tasks       int       `json:"tasks"`
+	Unhandled  int                  `json:"unhandled_ready_tasks"`
+	Tasks      int                  `json:"tasks"`
+	Processes  int                  `json:"processes"`
+	MaxWorkers int                  `json:"max_workers_per_process"`
+	Variants   []unclaimableVariant `json:"variants"`
+}
+
+// unclaimableVariant is one setup's paired trials.
+type unclaimableVariant struct {
+	Name        string    `json:"name"`
+	What        string    `json:"what"`
 	Without     []float64 `json:"tasks_per_s_without"`
 	With        []float64 `json:"tasks_per_s_with"`
+	Ratios      []float64 `json:"ratios_with_over_without"`
 	MedianRatio float64   `json:"median_with_over_without"`
+	// IdleCPUPct is PostgreSQL's CPU, in % of one core, while the runners
+	// and the coordinator waited with nothing to do, before the noop tasks
+	// came (with and without the unhandled tasks ready).
+	IdleCPUPctWithout []float64  `json:"idle_pg_cpu_pct_of_core_without,omitempty"`
+	IdleCPUPctWith    []float64  `json:"idle_pg_cpu_pct_of_core_with,omitempty"`
+	Trials            []burnDown `json:"trials"`
+}
+
+// unclaimableSetup is how a variant prepares the database before the noop
+// tasks arrive.
+type unclaimableSetup struct {
+	name, what string
+	// settle: VACUUM ANALYZE the database once the unhandled tasks are in
+	// (or, without them, at the same point), while nothing is ready or
+	// running of the kinds the runners handle.
+	settle bool
+	// idle: measure PostgreSQL's CPU for this long before the noop tasks.
+	idle time.Duration
+}
+
+var unclaimableSetups = []unclaimableSetup{
+	{name: "right after the enqueue",
+		what: "a coordinator and the runners running; the unhandled tasks enqueued through the coordinator's API (batches of 10,000), then at once the noop tasks (COPY, one transaction); the bench runs no VACUUM or ANALYZE and waits for nothing in between (autovacuum may still start on its own)"},
+	{name: "statistics gathered at idle", settle: true, idle: 10 * time.Second,
+		what: "the same, but the database is vacuumed and analysed (VACUUM ANALYZE) after the unhandled tasks are enqueued (without them: at the same point), while the runners have nothing to do: what autovacuum does within a minute of a bulk enqueue or of the end of a burn-down, so the statistics a long-lived cluster plans its next burn-down with; then PostgreSQL's idle CPU is sampled for 10 s"},
 }
 
 func (e *env) unclaimableSection(ctx context.Context, rep *Report, trials, n int) error {
-	const unhandled = 300_000
-	u := &unclaimable{Unhandled: unhandled, Tasks: n}
-	workers := tuning.shardrunWorkers[1]
-	if workers == 0 {
-		workers = 1024
-	}
-	var ratios []float64
-	for trial := range trials {
-		without, err := e.shardrunBurnDown(ctx, 100+trial, 1, n, workers, 0)
-		if err != nil {
-			return err
-		}
-		with, err := e.shardrunBurnDown(ctx, 100+trial, 1, n, workers, unhandled)
-		if err != nil {
-			return err
-		}
-		u.Without, u.With = append(u.Without, without.TasksPerS), append(u.With, with.TasksPerS)
-		ratios = append(ratios, with.TasksPerS/without.TasksPerS)
-		fmt.Fprintf(e.log, "  trial %d: %.0f tasks/s without, %.0f with %d unhandled ready tasks (ratio %.2f)\n",
-			trial+1, without.TasksPerS, with.TasksPerS, unhandled, with.TasksPerS/without.TasksPerS)
-	}
-	u.MedianRatio = median(ratios)
+	u := &unclaimable{Unhandled: unclaimableFlags.tasks, Tasks: n, Processes: unclaimableFlags.procs,
+		MaxWorkers: cmp.Or(tuning.shardrunWorkers[unclaimableFlags.procs], 512)}
 	rep.Unclaimable = u
+	for _, setup := range unclaimableSetups {
+		v := unclaimableVariant{Name: setup.name, What: setup.what}
+		for trial := range trials {
+			o := trialOpts{label: "uc", trial: trial, processes: u.Processes, n: n, maxWorkers: u.MaxWorkers}
+			without, idleWithout, err := e.deployedBurnDown(ctx, o, setup)
+			if err != nil {
+				return fmt.Errorf("%s, without unhandled tasks: %w", setup.name, err)
+			}
+			o.unhandled = u.Unhandled
+			with, idleWith, err := e.deployedBurnDown(ctx, o, setup)
+			if err != nil {
+				return fmt.Errorf("%s, with %d unhandled tasks: %w", setup.name, u.Unhandled, err)
+			}
+			v.Without, v.With = append(v.Without, without.TasksPerS), append(v.With, with.TasksPerS)
+			v.Ratios = append(v.Ratios, with.TasksPerS/without.TasksPerS)
+			v.Trials = append(v.Trials, without, with)
+			if setup.idle > 0 {
+				v.IdleCPUPctWithout, v.IdleCPUPctWith = append(v.IdleCPUPctWithout, idleWithout), append(v.IdleCPUPctWith, idleWith)
+			}
+			fmt.Fprintf(e.log, "  %s, trial %d: %.0f tasks/s without, %.0f with %d unhandled ready tasks (ratio %.2f); claim pages per claimed task %.1f and %.1f",
+				setup.name, trial+1, without.TasksPerS, with.TasksPerS, u.Unhandled, with.TasksPerS/without.TasksPerS,
+				without.PagesPerClaimedTask, with.PagesPerClaimedTask)
+			if setup.idle > 0 {
+				fmt.Fprintf(e.log, "; idle PostgreSQL CPU %.1f%% and %.1f%% of a core", idleWithout, idleWith)
+			}
+			fmt.Fprintln(e.log)
+		}
+		v.MedianRatio = median(v.Ratios)
+		u.Variants = append(u.Variants, v)
+	}
 	return nil
+}
+
+// unclaimableOpts are the unclaimable section's flags.
+type unclaimableOpts struct{ tasks, procs int }
+
+var unclaimableFlags = unclaimableOpts{tasks: 200_000, procs: 2}
+
+// deployedBurnDown is a burn-down in a deployment's shape: a coordinator
+// process and o.processes runners start on a fresh database and own every
+// shard; o.unhandled tasks of a kind nobody handles are enqueued through
+// the coordinator's API; setup may then vacuum and analyse the database
+// and sample PostgreSQL's CPU while everything waits (returned in % of a
+// core); then o.n noop tasks are enqueued in one transaction, so that
+// they become claimable at once, and their burn-down is timed from the
+// first claim to the last completion. The coordinator runs throughout, as
+// it does in a deployment: its task counts and unhandled-kind report read
+// the tasks table every few seconds.
+//
+// The per-task costs count from right after the noop tasks' transaction
+// committed (the runners' first claims may have begun a few milliseconds
+// earlier) and include the coordinator's statements.
+func (e *env) deployedBurnDown(ctx context.Context, o trialOpts, setup unclaimableSetup) (r burnDown, idlePct float64, err error) {
+	r = burnDown{System: "shardrun", Processes: o.processes, Tasks: o.n, MaxWorkers: o.maxWorkers, Unhandled: o.unhandled}
+	dsn, err := e.database(ctx, fmt.Sprintf("sr_%s_%d_%d_%d", o.label, o.processes, o.trial, o.unhandled))
+	if err != nil {
+		return r, 0, err
+	}
+	st, err := store.Open(ctx, dsn, store.Options{MaxConns: 4})
+	if err != nil {
+		return r, 0, err
+	}
+	db := st.Pool().Config().ConnConfig.Database
+	defer func() {
+		st.Close()
+		if dropErr := e.dropDatabase(ctx, db); err == nil {
+			err = dropErr
+		}
+	}()
+	if err := st.Migrate(ctx); err != nil {
+		return r, 0, err
+	}
+	client, err := tasks.NewClient(st, tasks.ClientConfig{ShardCount: 256})
+	if err != nil {
+		return r, 0, err
+	}
+	c := e.newCluster(fmt.Sprintf("uc-%d-%d", o.trial, time.Now().UnixNano()), dsn, 256)
+	defer c.stop()
+	coord, err := c.startCoordinator()
+	if err != nil {
+		return r, 0, err
+	}
+	defer coord.stop()
+	rps, err := c.startAll(o.processes, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers})
+	if err != nil {
+		return r, 0, err
+	}
+	var ids []string
+	for _, rp := range rps {
+		ids = append(ids, rp.id)
+	}
+	if err := waitEvery(time.Minute, 50*time.Millisecond, func() bool { return c.balanced(ctx, ids...) }); err != nil {
+		return r, 0, fmt.Errorf("shards not balanced among %d runners: %w", o.processes, err)
+	}
+	if o.unhandled > 0 {
+		body, err := json.Marshal(slices.Repeat([]map[string]string{{"kind": unhandledKind}}, insertBatch))
+		if err != nil {
+			return r, 0, err
+		}
+		for done := 0; done < o.unhandled; done += insertBatch {
+			if o.unhandled-done < insertBatch {
+				body, _ = json.Marshal(slices.Repeat([]map[string]string{{"kind": unhandledKind}}, o.unhandled-done))
+			}
+			if err := coord.enqueue(ctx, body); err != nil {
+				return r, 0, err
+			}
+		}
+	}
+	if setup.settle {
+		// The whole database, whatever tables the layout has.
+		if _, err := st.Pool().Exec(ctx, `VACUUM ANALYZE`); err != nil {
+			return r, 0, fmt.Errorf("vacuuming at idle: %w", err)
+		}
+	}
+	postmaster, err := e.postmasterPID(ctx)
+	if err != nil {
+		return r, 0, err
+	}
+	if setup.idle > 0 {
+		pgc := startPGCPU(postmaster)
+		time.Sleep(setup.idle) // a fixed window of idleness, not a wait for a condition
+		idlePct = pgc.stop() / setup.idle.Seconds() * 100
+	}
+	if r.EnqueuePerS, err = enqueueNoopsAtOnce(ctx, st, client, o.n); err != nil {
+		return r, idlePct, err
+	}
+	pgc := startPGCPU(postmaster)
+	before, err := e.counters(ctx, st.Pool())
+	if err != nil {
+		pgc.stop()
+		return r, idlePct, err
+	}
+	err = waitBurnedDown(ctx, st.Pool(), c.running(), "noop", o.n)
+	pgSeconds := pgc.stop()
+	if err != nil {
+		return r, idlePct, err
+	}
+	runners := c.runners
+	c.stop()
+	var workerSeconds float64
+	for _, rp := range runners {
+		workerSeconds += processCPU(rp.cmd.ProcessState)
+	}
+	r.setCPU(workerSeconds, pgSeconds, o.n)
+	after, err := e.counters(ctx, st.Pool())
+	if err != nil {
+		return r, idlePct, err
+	}
+	r.setCosts(before, after, 0, o.n)
+	span, err := burnDownSpan(ctx, st.Pool(), "noop")
+	if err != nil {
+		return r, idlePct, err
+	}
+	r.Seconds, r.TasksPerS = span, float64(o.n)/span
+	r.TopStatements, err = e.topStatements(ctx, db, 6)
+	return r, idlePct, err
 }
 
 // retentionRun is the deletion of a large backlog of finished tasks while
@@ -328,12 +502,7 @@ func (e *env) churnOnce(ctx context.Context, n, rate int, name string, retain ti
 		rcancel()
 		return res, err
 	}
-	err = waitUntil(5*time.Minute, func() bool {
-		var pending bool
-		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND kind = 'noop')
-			OR EXISTS (SELECT 1 FROM tasks WHERE state = 'running')`).Scan(&pending)
-		return !pending
-	})
+	err = waitBurnedDown(ctx, st.Pool(), c.running(), "noop", n)
 	res.Seconds = time.Since(start).Seconds()
 	_, res.PickupP99MS, _ = pickup(ctx, st, from, dbNow(ctx, st))
 	if retain > 0 {

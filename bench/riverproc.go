@@ -3,13 +3,16 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -177,4 +180,18 @@ func (p *riverProc) stop() (float64, error) {
 		return 0, fmt.Errorf("river child: %w\n%s", err, linewriter.Tail(p.logs.String(), 20))
 	}
 	return processCPU(p.cmd.ProcessState), nil
+}
+
+// startRiverProcs starts n River child processes at once, so that 16 start
+// about as fast as one, and returns once each is ready. On error it returns
+// those that started too, for the caller to stop.
+func startRiverProcs(dsn string, rs riverSettings, n int) ([]*riverProc, error) {
+	procs := make([]*riverProc, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { procs[i], errs[i] = startRiverProc(dsn, rs) })
+	}
+	wg.Wait()
+	return slices.DeleteFunc(procs, func(p *riverProc) bool { return p == nil }), errors.Join(errs...)
 }

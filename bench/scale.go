@@ -285,48 +285,31 @@ func (e *env) scaleBurnDown(ctx context.Context, st *store.Store, c *cluster, ru
 			peak.watch(rp)
 		}
 	}
-	start := time.Now()
-	err = pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		ins := make([]tasks.Insert, 0, insertBatch)
-		for done := 0; done < o.tasks; done += insertBatch {
-			ins = ins[:0]
-			for range min(insertBatch, o.tasks-done) {
-				in, err := client.Prepare(tasks.NewTask{Kind: "noop"})
-				if err != nil {
-					return err
-				}
-				ins = append(ins, in)
-			}
-			if _, err := st.EnqueueBatchIn(ctx, tx, ins); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	r.EnqueuePerS, err = enqueueNoopsAtOnce(ctx, st, client, o.tasks)
 	if err != nil {
 		peak.stop()
-		return r, fmt.Errorf("enqueueing noop tasks: %w", err)
+		return r, err
 	}
-	r.EnqueuePerS = float64(o.tasks) / time.Since(start).Seconds()
-	polls, err := waitBurnedDown(ctx, st)
+	err = waitBurnedDown(ctx, st.Pool(), c.running(), "noop", o.tasks)
 	peak.stop()
 	if err != nil {
 		return r, err
 	}
 	// Stopped before reading the counters: a backend flushes its
-	// transaction counts when it exits (see perTask).
+	// transaction counts when it exits (see setCosts).
 	c.stop()
 	after, err := e.counters(ctx, st.Pool())
 	if err != nil {
 		return r, err
 	}
-	span, err := burnDownSpan(ctx, st, "noop")
+	span, err := burnDownSpan(ctx, st.Pool(), "noop")
 	if err != nil {
 		return r, err
 	}
 	r.Seconds, r.TasksPerS = span, float64(o.tasks)/span
-	// The enqueue transaction counts once, as one of the system's.
-	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, o.tasks)
+	// Read before the enqueue: its transaction, statements, pages and WAL
+	// count as the system's.
+	r.setCosts(before, after, 0, o.tasks)
 	r.PeakRSSMiB = peak.max() / (1 << 20)
 	return r, nil
 }

@@ -90,7 +90,7 @@ func (e *env) steadySection(ctx context.Context, rep *Report) error {
 		"shardrun": map[string]any{"max_workers": steadyWorkers, "db_max_conns": 8, "shard_count": 256, "poll_interval": "1s (default)"},
 		"river":    rs}
 	rep.Notes = append(rep.Notes,
-		"steady state: the workers start first (shardrun: until all 256 shards are owned and balanced; River: until each client started), then producers in the bench process enqueue at the target rate - batched: a statement of rate/100 tasks every 10ms (shardrun EnqueueBatch, River InsertMany); single: one task per statement, 1/rate apart (shardrun Enqueue, River Insert); open loop, each statement due on its schedule with up to 32 in flight, so a slow commit does not lower the rate unless all 32 are busy - for a 2s warm-up and the window; latency is enqueue-to-start from the database's clock (shardrun claimed_at - created_at, River attempted_at - created_at, created_at being the inserting transaction's now() in both, so the insert's own commit time is part of it) of the tasks created in the window",
+		"steady state: the workers start first (shardrun: until all 256 shards are owned and balanced; River: until each client started), then producers in the bench process enqueue at the target rate - batched: a statement of rate/100 tasks every 10ms (shardrun EnqueueBatch, River InsertManyFast, both COPY); single: one task per statement, 1/rate apart (shardrun Enqueue, River Insert); open loop, each statement due on its schedule with up to 32 in flight, so a slow commit does not lower the rate unless all 32 are busy - for a 2s warm-up and the window; latency is enqueue-to-start from the database's clock (shardrun claimed_at - created_at, River attempted_at - created_at, created_at being the inserting transaction's now() in both, so the insert's own commit time is part of it) of the tasks created in the window",
 		"steady state: 128 workers per process for both (a noop task holds a worker for well under a millisecond, so even 10,000/s over 3 processes needs a few dozen at most; more would only differ in River's fetch sizes); River's FetchCooldown 2ms and FetchPollInterval 20ms as in the throughput runs, notifications at River's default (LISTEN/NOTIFY: the inserting client notifies at most once per FetchCooldown), so a River job waits for a notification-triggered fetch or at worst the 20ms poll; shardrun's runners are woken by NOTIFY too, with their default 1s poll as the fallback",
 		"steady state: achieved tasks/s counts the window's tasks completed by the window's end; a target the producers could not meet shows as an achieved enqueue rate below it")
 	for _, rate := range rates {
@@ -230,7 +230,8 @@ func (e *env) steadyRiver(ctx context.Context, procs int, rs riverSettings) (*st
 			return err
 		},
 		many: func(ctx context.Context, k int) error {
-			_, err := inserter.InsertMany(ctx, params[:min(k, len(params))])
+			// InsertManyFast (COPY), as River's throughput trials insert.
+			_, err := inserter.InsertManyFast(ctx, params[:min(k, len(params))])
 			return err
 		},
 		table: "river_job", started: "attempted_at", finished: "finalized_at",
@@ -263,10 +264,19 @@ func (e *env) steadyOnce(ctx context.Context, sys *steadySystem, rate int, mode 
 		return run, fmt.Errorf("producer: %w", prodErr)
 	}
 	unstarted := fmt.Sprintf(`SELECT count(*) FROM %s WHERE created_at >= $1 AND created_at < $2 AND %s IS NULL`, sys.table, sys.started)
+	// Not reaching 0 within steadyDrain is a result (NotStarted), a poll
+	// that fails is not.
+	var pollErr error
 	_ = waitEvery(steadyDrain, 50*time.Millisecond, func() bool {
 		var n int
-		return sys.pool.QueryRow(ctx, unstarted, from, to).Scan(&n) == nil && n == 0
+		if pollErr = sys.pool.QueryRow(ctx, unstarted, from, to).Scan(&n); pollErr != nil {
+			return true
+		}
+		return n == 0
 	})
+	if pollErr != nil {
+		return run, fmt.Errorf("waiting for the window's tasks to start: %w", pollErr)
+	}
 	var pct []float64
 	err = sys.pool.QueryRow(ctx, fmt.Sprintf(`
 		SELECT count(*), count(*) FILTER (WHERE state = 'completed' AND %[3]s <= $2), count(*) FILTER (WHERE %[2]s IS NULL),

@@ -12,6 +12,7 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
+	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtmp"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -22,13 +23,24 @@ type burnDown struct {
 	System       string  `json:"system"`
 	Processes    int     `json:"processes"`
 	Tasks        int     `json:"tasks"`
+	MaxWorkers   int     `json:"max_workers_per_process,omitempty"`
 	EnqueuePerS  float64 `json:"enqueue_rows_per_s"`
 	TasksPerS    float64 `json:"tasks_per_s"`
 	Seconds      float64 `json:"burn_down_s"`
 	XactsPerTask float64 `json:"pg_transactions_per_task"`
-	// StmtsPerTask is 0 when pg_stat_statements could not be loaded.
-	StmtsPerTask float64 `json:"pg_statements_per_task,omitempty"`
-	PeakRSSMiB   float64 `json:"peak_rss_mib_per_process,omitempty"`
+	// StmtsPerTask, PagesPerTask (shared buffer hits and reads of every
+	// statement) and PagesPerClaimedTask (those of the claim or fetch
+	// statements over the tasks they claimed) are 0 when
+	// pg_stat_statements could not be loaded. ClaimedTasks is the rows
+	// those statements returned.
+	StmtsPerTask        float64 `json:"pg_statements_per_task,omitempty"`
+	PagesPerTask        float64 `json:"pg_pages_per_task,omitempty"`
+	PagesPerClaimedTask float64 `json:"pg_pages_per_claimed_task,omitempty"`
+	ClaimedTasks        int64   `json:"claimed_tasks,omitempty"`
+	// WALBytesPerTask is the WAL the server wrote from just before the
+	// workers started to the end of the burn-down, per task.
+	WALBytesPerTask float64 `json:"wal_bytes_per_task"`
+	PeakRSSMiB      float64 `json:"peak_rss_mib_per_process,omitempty"`
 	// Unhandled ready tasks of a kind nobody handles, present throughout.
 	Unhandled int `json:"unhandled_ready_tasks,omitempty"`
 	// CPU seconds per 10,000 tasks of the worker processes (their whole
@@ -41,6 +53,10 @@ type burnDown struct {
 	// its statements for deadlock_timeout, a second, before one is
 	// cancelled and retried).
 	Deadlocks int64 `json:"pg_deadlocks"`
+	// Autovacuums and Autoanalyzes of the trial's tables during the
+	// burn-down: new statistics may change the plans mid-trial.
+	Autovacuums  int64 `json:"autovacuums"`
+	Autoanalyzes int64 `json:"autoanalyzes"`
 	// TopStatements and Waits say where the trial's database time went.
 	TopStatements []stmtStat `json:"top_statements,omitempty"`
 	Waits         []string   `json:"active_backends_by_wait_event,omitempty"`
@@ -63,65 +79,41 @@ func (r *burnDown) setCPU(workers, postgres float64, n int) {
 	r.CPUTotalPer10k = r.CPUWorkersPer10k + r.CPUPostgresPer10k
 }
 
-// burnDownPoll is how often the bench asks whether a burn-down is done.
+// burnDownPoll is how often the bench asks River's table whether a
+// burn-down is done.
 // Not faster: the polls are PostgreSQL CPU in the measurement (the same
 // for both systems), and the timing comes from the database's timestamps,
 // not from when a poll noticed the end.
 const burnDownPoll = 20 * time.Millisecond
 
+// burnDownTimeout bounds a burn-down: far above what a working system
+// needs, so that reaching it means the trial failed.
+const burnDownTimeout = 20 * time.Minute
+
 const insertBatch = 10_000
 
-// pgCounters are a database's cumulative transaction, statement and
-// deadlock counts.
-type pgCounters struct{ xacts, stmts, deadlocks int64 }
-
-// counters reads the counters of the database pool is connected to; stmts
-// stays 0 without pg_stat_statements. The statements counted are those
-// clients sent (pg_stat_statements.track = top), read from the admin
-// database so that reading them adds nothing to the count.
-func (e *env) counters(ctx context.Context, pool *pgxpool.Pool) (pgCounters, error) {
-	var c pgCounters
-	if err := pool.QueryRow(ctx, `SELECT xact_commit + xact_rollback, deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&c.xacts, &c.deadlocks); err != nil {
-		return c, err
-	}
-	if !e.statStatements {
-		return c, nil
-	}
-	conn, err := pgx.Connect(ctx, e.pg.DSN("postgres"))
-	if err != nil {
-		return c, err
-	}
-	defer conn.Close(ctx)
-	err = conn.QueryRow(ctx, `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
-		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = $1)`, pool.Config().ConnConfig.Database).Scan(&c.stmts)
-	return c, err
+// trialOpts shape one burn-down trial.
+type trialOpts struct {
+	// label names the trial's database, with the process count and trial.
+	label               string
+	trial, processes, n int
+	// maxWorkers is each process's worker count (shardrun --max-workers);
+	// River's is in its riverSettings.
+	maxWorkers int
+	// dbMaxConns is each shardrun runner's --db-max-conns (0: 8).
+	dbMaxConns int
+	// unhandled is how many ready tasks of a kind no runner handles are
+	// enqueued first (deployedBurnDown).
+	unhandled int
 }
 
-// perTask is what a system cost per task between two readings, less the
-// bench's own polls (one autocommit statement each) and one reading of the
-// transaction counter (the other falls outside each count). Read after
-// the system's connections closed: a backend may hold its transaction
-// counts back for up to a second while it stays connected and idle, but
-// flushes them when it exits; pg_stat_statements counts at once.
-func perTask(before, after pgCounters, polls, n int) (xacts, stmts float64) {
-	own := int64(polls + 1)
-	xacts = float64(after.xacts-before.xacts-own) / float64(n)
-	if after.stmts > 0 {
-		stmts = float64(after.stmts-before.stmts-own) / float64(n)
-	}
-	return xacts, stmts
-}
-
-// shardrunBurnDown inserts n noop tasks with COPY, then starts processes
-// runners and times the burn-down from the first claim to the last
-// completion (database timestamps).
-//
-// unhandled ready tasks of a kind no runner handles, due an hour earlier
-// than the noop tasks, are inserted first when unhandled > 0 (issue 14:
-// claims used to scan them all).
-func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWorkers, unhandled int) (burnDown, error) {
-	r := burnDown{System: "shardrun", Processes: processes, Tasks: n, Unhandled: unhandled}
-	dsn, err := e.database(ctx, fmt.Sprintf("sr_tp_%d_%d_%d", processes, trial, unhandled))
+// shardrunBurnDown inserts o.n noop tasks with COPY, then starts
+// o.processes runners and times the burn-down from the first claim to the
+// last completion (database timestamps). It fails unless every noop task
+// completed.
+func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, err error) {
+	r = burnDown{System: "shardrun", Processes: o.processes, Tasks: o.n, MaxWorkers: o.maxWorkers}
+	dsn, err := e.database(ctx, fmt.Sprintf("sr_%s_%d_%d", o.label, o.processes, o.trial))
 	if err != nil {
 		return r, err
 	}
@@ -129,7 +121,13 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 	if err != nil {
 		return r, err
 	}
-	defer st.Close()
+	db := st.Pool().Config().ConnConfig.Database
+	defer func() {
+		st.Close()
+		if dropErr := e.dropDatabase(ctx, db); err == nil {
+			err = dropErr
+		}
+	}()
 	if err := st.Migrate(ctx); err != nil {
 		return r, err
 	}
@@ -137,13 +135,7 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 	if err != nil {
 		return r, err
 	}
-	if unhandled > 0 {
-		if _, err := st.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key, run_after)
-			SELECT 'nobody-handles-this', g % 256, g::text, now() - interval '1 hour' FROM generate_series(1, $1) g`, unhandled); err != nil {
-			return r, err
-		}
-	}
-	if r.EnqueuePerS, err = enqueueNoops(ctx, client, n); err != nil {
+	if r.EnqueuePerS, err = enqueueNoops(ctx, client, o.n); err != nil {
 		return r, err
 	}
 	before, err := e.counters(ctx, st.Pool())
@@ -156,21 +148,19 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 		return r, err
 	}
 	pgc := startPGCPU(postmaster)
-	c := e.newCluster(fmt.Sprintf("tp-%d-%d-%d", processes, trial, time.Now().UnixNano()), dsn, 256)
+	c := e.newCluster(fmt.Sprintf("tp-%d-%d-%d", o.processes, o.trial, time.Now().UnixNano()), dsn, 256)
 	defer c.stop()
 	var peak sampler
-	var rps []*runnerProc
-	for i := range processes {
-		rp, err := c.start(fmt.Sprintf("runner-%d", i+1), runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: maxWorkers})
-		if err != nil {
-			pgc.stop()
-			return r, err
-		}
-		peak.watch(rp)
-		rps = append(rps, rp)
+	rps, err := c.startAll(o.processes, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers, dbMaxConns: o.dbMaxConns})
+	if err != nil {
+		pgc.stop()
+		return r, err
 	}
-	waits := e.sampleWaits(ctx, st.Pool().Config().ConnConfig.Database)
-	polls, err := waitBurnedDown(ctx, st)
+	for _, rp := range rps {
+		peak.watch(rp)
+	}
+	waits := e.sampleWaits(ctx, db)
+	err = waitBurnedDown(ctx, st.Pool(), rps, "noop", o.n)
 	peak.stop()
 	r.Waits = waits.stop()
 	// While the runners are still connected: their backends exit with them.
@@ -183,31 +173,42 @@ func (e *env) shardrunBurnDown(ctx context.Context, trial, processes, n, maxWork
 	for _, rp := range rps {
 		workerSeconds += processCPU(rp.cmd.ProcessState)
 	}
-	r.setCPU(workerSeconds, pgSeconds, n)
+	r.setCPU(workerSeconds, pgSeconds, o.n)
 	after, err := e.counters(ctx, st.Pool())
 	if err != nil {
 		return r, err
 	}
-	span, err := burnDownSpan(ctx, st, "noop")
+	r.setCosts(before, after, 0, o.n)
+	span, err := burnDownSpan(ctx, st.Pool(), "noop")
 	if err != nil {
 		return r, err
 	}
-	r.Seconds, r.TasksPerS = span, float64(n)/span
-	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
-	r.Deadlocks = after.deadlocks - before.deadlocks
+	r.Seconds, r.TasksPerS = span, float64(o.n)/span
 	r.PeakRSSMiB = peak.max() / (1 << 20)
-	shares, err := st.Pool().Query(ctx, `SELECT claimed_by, count(*)::int,
-			extract(epoch FROM min(claimed_at) - (SELECT min(claimed_at) FROM tasks))::float8,
-			extract(epoch FROM max(finished_at) - (SELECT min(claimed_at) FROM tasks))::float8
-		FROM tasks GROUP BY claimed_by ORDER BY claimed_by`)
-	if err != nil {
+	if r.PerRunner, err = runnerShares(ctx, st.Pool(), "noop"); err != nil {
 		return r, err
 	}
-	if r.PerRunner, err = pgx.CollectRows(shares, pgx.RowToStructByPos[runnerShare]); err != nil {
-		return r, err
-	}
-	r.TopStatements, err = e.topStatements(ctx, st.Pool().Config().ConnConfig.Database, 6)
+	r.TopStatements, err = e.topStatements(ctx, db, 6)
 	return r, err
+}
+
+// unhandledKind is the kind of the tasks no runner handles.
+const unhandledKind = "nobody-handles-this"
+
+// runnerShares is each runner's share of the finished tasks of kind.
+func runnerShares(ctx context.Context, pool *pgxpool.Pool, kind string) ([]runnerShare, error) {
+	rows, err := pool.Query(ctx, benchTag+`SELECT coalesce(claimed_by, ''), count(*)::int,
+			extract(epoch FROM min(claimed_at) - (SELECT min(claimed_at) FROM tasks WHERE kind = $1))::float8,
+			extract(epoch FROM max(finished_at) - (SELECT min(claimed_at) FROM tasks WHERE kind = $1))::float8
+		FROM tasks WHERE kind = $1 GROUP BY claimed_by ORDER BY claimed_by`, kind)
+	if err != nil {
+		return nil, fmt.Errorf("reading the runners' shares: %w", err)
+	}
+	shares, err := pgx.CollectRows(rows, pgx.RowToStructByPos[runnerShare])
+	if err != nil {
+		return nil, fmt.Errorf("reading the runners' shares: %w", err)
+	}
+	return shares, nil
 }
 
 // enqueueNoops inserts n noop tasks by COPY in batches of insertBatch, each
@@ -226,31 +227,102 @@ func enqueueNoops(ctx context.Context, client *tasks.Client, n int) (float64, er
 	return float64(n) / time.Since(start).Seconds(), nil
 }
 
-// waitBurnedDown polls until no noop task is ready and none is running,
-// and returns how many polls it took (each one autocommit statement, which
-// perTask subtracts).
-func waitBurnedDown(ctx context.Context, st *store.Store) (int, error) {
-	polls := 0
-	err := waitEvery(10*time.Minute, burnDownPoll, func() bool {
-		var pending bool
-		polls++
-		// Index-driven whatever else is ready (the ready index is keyed by kind).
-		_ = st.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND kind = 'noop')
-			OR EXISTS (SELECT 1 FROM tasks WHERE state = 'running')`).Scan(&pending)
-		return !pending
+// enqueueNoopsAtOnce inserts n noop tasks in one transaction (COPY in
+// batches of insertBatch), so that runners already running find them all
+// claimable at the same moment, and returns the rows per second.
+func enqueueNoopsAtOnce(ctx context.Context, st *store.Store, client *tasks.Client, n int) (float64, error) {
+	start := time.Now()
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		ins := make([]tasks.Insert, 0, insertBatch)
+		for done := 0; done < n; done += insertBatch {
+			ins = ins[:0]
+			for range min(insertBatch, n-done) {
+				in, err := client.Prepare(tasks.NewTask{Kind: "noop"})
+				if err != nil {
+					return err
+				}
+				ins = append(ins, in)
+			}
+			if _, err := st.EnqueueBatchIn(ctx, tx, ins); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return polls, fmt.Errorf("burn-down: %w", err)
+		return 0, fmt.Errorf("enqueueing noop tasks: %w", err)
 	}
-	return polls, nil
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+// finishedPoll is how often the bench reads the runners' metrics to learn
+// whether a burn-down is done: it costs PostgreSQL nothing, and the timing
+// comes from the database's timestamps.
+const finishedPoll = 100 * time.Millisecond
+
+// finishedStall is how long the runners' count of completed tasks may stay
+// still below n before the bench asks the database instead.
+const finishedStall = time.Second
+
+// waitBurnedDown waits until no task of kind is unfinished, then checks in
+// the database that exactly n tasks of kind exist and all completed.
+//
+// It follows the runners' shardrun_tasks_finished_total (outcome
+// completed) rather than polling the database: a query's plan depends on
+// statistics a trial may have skewed (the unclaimable section does on
+// purpose), and a poll that reads thousands of pages would count as the
+// system's PostgreSQL CPU. The count is not exact, though: a completion
+// whose answer was lost (its statement timed out after it committed) is
+// recorded but not counted. So once the count reaches n, or stops moving
+// below it for finishedStall, the database says whether any task of kind
+// is still unfinished (ready or running: the states an unfinished task
+// shows in tasks before and after the layout of issue 23). A metrics read
+// or a query that fails, a runner that exits and a burn-down that does not
+// end within burnDownTimeout fail the trial.
+func waitBurnedDown(ctx context.Context, pool *pgxpool.Pool, runners []*runnerProc, kind string, n int) error {
+	last, moved := -1.0, time.Now()
+	_, err := pollUntil(ctx, burnDownTimeout, finishedPoll, func() (bool, error) {
+		done := 0.0
+		for _, r := range runners {
+			if r.cmd.ProcessState != nil {
+				return false, fmt.Errorf("runner %s exited during the burn-down\n%s", r.id, linewriter.Tail(r.logs.String(), 20))
+			}
+			v, err := r.metricWith("shardrun_tasks_finished_total", `kind="`+kind+`"`, `outcome="completed"`)
+			if err != nil {
+				return false, err
+			}
+			done += v
+		}
+		if done != last {
+			last, moved = done, time.Now()
+		}
+		if done < float64(n) && time.Since(moved) < finishedStall {
+			return false, nil
+		}
+		var pending bool
+		err := pool.QueryRow(ctx, benchTag+`SELECT EXISTS (SELECT 1 FROM tasks WHERE state = 'ready' AND kind = $1)
+			OR EXISTS (SELECT 1 FROM tasks WHERE state = 'running' AND kind = $1)`, kind).Scan(&pending)
+		if pending {
+			moved = time.Now() // ask again after another stall
+		}
+		return !pending, err
+	})
+	if err != nil {
+		states, serr := finalStates(ctx, pool, "tasks", kind)
+		if serr != nil {
+			return fmt.Errorf("shardrun burn-down: %w", err)
+		}
+		return fmt.Errorf("shardrun burn-down: %w (%s tasks: %s)", err, kind, describeStates(states))
+	}
+	return checkCompleted(ctx, pool, "shardrun", "tasks", kind, n)
 }
 
 // burnDownSpan is the seconds from the first claim to the last completion
 // of the tasks of kind, from the database's own timestamps, so that neither
 // the runners' start nor the bench's polling interval counts.
-func burnDownSpan(ctx context.Context, st *store.Store, kind string) (float64, error) {
+func burnDownSpan(ctx context.Context, pool *pgxpool.Pool, kind string) (float64, error) {
 	var span float64
-	if err := st.Pool().QueryRow(ctx, `SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM tasks WHERE kind = $1`, kind).Scan(&span); err != nil {
+	if err := pool.QueryRow(ctx, benchTag+`SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM tasks WHERE kind = $1`, kind).Scan(&span); err != nil {
 		return 0, fmt.Errorf("reading the burn-down span: %w", err)
 	}
 	return span, nil
@@ -333,12 +405,13 @@ type riverSettings struct {
 }
 
 // riverBurnDown does the same with River: InsertManyFast (COPY) in batches
-// from the bench process, then clients River child processes (riverProc,
-// each with its own pool) burn the jobs down; timed from the first attempt
-// to the last finalisation.
-func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs riverSettings) (burnDown, error) {
-	r := burnDown{System: "river", Processes: clients, Tasks: n}
-	dsn, err := e.database(ctx, fmt.Sprintf("river_tp_%d_%d", clients, trial))
+// from the bench process, then o.processes River child processes
+// (riverProc, each with its own pool) burn the jobs down; timed from the
+// first attempt to the last finalisation. It fails unless every job
+// completed.
+func (e *env) riverBurnDown(ctx context.Context, o trialOpts, rs riverSettings) (r burnDown, err error) {
+	r = burnDown{System: "river", Processes: o.processes, Tasks: o.n, MaxWorkers: rs.MaxWorkers}
+	dsn, err := e.database(ctx, fmt.Sprintf("river_%s_%d_%d", o.label, o.processes, o.trial))
 	if err != nil {
 		return r, err
 	}
@@ -346,13 +419,19 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 	if err != nil {
 		return r, err
 	}
-	defer pool.Close()
+	db := pool.Config().ConnConfig.Database
+	defer func() {
+		pool.Close()
+		if dropErr := e.dropDatabase(ctx, db); err == nil {
+			err = dropErr
+		}
+	}()
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), nil)
 	if err != nil {
 		return r, err
 	}
 	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		return r, err
+		return r, fmt.Errorf("migrating River: %w", err)
 	}
 	inserter, err := newRiverClient(pool, rs, false)
 	if err != nil {
@@ -363,12 +442,12 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 		params[i] = river.InsertManyParams{Args: NoopArgs{}}
 	}
 	start := time.Now()
-	for done := 0; done < n; done += insertBatch {
-		if _, err := inserter.InsertManyFast(ctx, params[:min(insertBatch, n-done)]); err != nil {
-			return r, err
+	for done := 0; done < o.n; done += insertBatch {
+		if _, err := inserter.InsertManyFast(ctx, params[:min(insertBatch, o.n-done)]); err != nil {
+			return r, fmt.Errorf("inserting River jobs: %w", err)
 		}
 	}
-	r.EnqueuePerS = float64(n) / time.Since(start).Seconds()
+	r.EnqueuePerS = float64(o.n) / time.Since(start).Seconds()
 	before, err := e.counters(ctx, pool)
 	if err != nil {
 		return r, err
@@ -393,21 +472,17 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 		return sum, firstErr
 	}
 	defer stopAll()
-	for range clients {
-		p, err := startRiverProc(dsn, rs)
-		if err != nil {
-			pgc.stop()
-			return r, err
-		}
-		procs = append(procs, p)
+	started, err := startRiverProcs(dsn, rs, o.processes)
+	procs = started
+	if err != nil {
+		pgc.stop()
+		return r, err
 	}
-	waits := e.sampleWaits(ctx, pool.Config().ConnConfig.Database)
-	polls := 0
-	err = waitEvery(10*time.Minute, burnDownPoll, func() bool {
+	waits := e.sampleWaits(ctx, db)
+	polls, err := pollUntil(ctx, burnDownTimeout, burnDownPoll, func() (bool, error) {
 		var pending bool
-		polls++
-		_ = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable'))`).Scan(&pending)
-		return !pending
+		err := pool.QueryRow(ctx, benchTag+`SELECT EXISTS (SELECT 1 FROM river_job WHERE state IN ('available', 'running', 'retryable'))`).Scan(&pending)
+		return !pending, err
 	})
 	r.Waits = waits.stop()
 	// While the children are still connected: their backends exit with them.
@@ -419,23 +494,21 @@ func (e *env) riverBurnDown(ctx context.Context, trial, clients, n int, rs river
 	if stopErr != nil {
 		return r, stopErr
 	}
+	if err := checkCompleted(ctx, pool, "river", "river_job", "noop", o.n); err != nil {
+		return r, err
+	}
 	after, err := e.counters(ctx, pool)
 	if err != nil {
 		return r, err
 	}
 	var span float64
-	var completed int
-	if err := pool.QueryRow(ctx, `SELECT extract(epoch FROM max(finalized_at) - min(attempted_at)), count(*) FILTER (WHERE state = 'completed') FROM river_job`).Scan(&span, &completed); err != nil {
-		return r, err
+	if err := pool.QueryRow(ctx, benchTag+`SELECT extract(epoch FROM max(finalized_at) - min(attempted_at)) FROM river_job WHERE kind = 'noop'`).Scan(&span); err != nil {
+		return r, fmt.Errorf("reading River's burn-down span: %w", err)
 	}
-	if completed != n {
-		return r, fmt.Errorf("river completed %d of %d jobs", completed, n)
-	}
-	r.Seconds, r.TasksPerS = span, float64(n)/span
-	r.XactsPerTask, r.StmtsPerTask = perTask(before, after, polls, n)
-	r.Deadlocks = after.deadlocks - before.deadlocks
-	r.setCPU(workerSeconds, pgSeconds, n)
-	r.TopStatements, err = e.topStatements(ctx, pool.Config().ConnConfig.Database, 6)
+	r.Seconds, r.TasksPerS = span, float64(o.n)/span
+	r.setCosts(before, after, polls, o.n)
+	r.setCPU(workerSeconds, pgSeconds, o.n)
+	r.TopStatements, err = e.topStatements(ctx, db, 6)
 	return r, err
 }
 

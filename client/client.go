@@ -33,8 +33,9 @@ import (
 
 // Client enqueues, inspects, cancels and retries tasks.
 type Client struct {
-	st   *store.Store
-	prep *tasks.Client
+	st         *store.Store
+	prep       *tasks.Client
+	shardCount int
 }
 
 // New returns a client on st. cfg gives the cluster's shard count, which
@@ -44,7 +45,7 @@ func New(st *store.Store, cfg tasks.ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{st: st, prep: prep}, nil
+	return &Client{st: st, prep: prep, shardCount: cfg.ShardCount}, nil
 }
 
 // Enqueue validates and inserts one task. With a unique key that an
@@ -95,10 +96,16 @@ func (c *Client) Get(ctx context.Context, id int64) (tasks.Task, error) {
 }
 
 // List returns one page of tasks; follow Page.Next (as req.After) until it
-// is 0.
+// is 0. The filter is checked as a task's fields are (tasks.Filter.Check).
+// Limit 0 is "not set", the default page of tasks.DefaultListLimit, as a
+// request without limit is in the HTTP API (which refuses limit=0: a value
+// that is given must be valid).
 func (c *Client) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, error) {
 	if req.Limit < 0 || req.Limit > tasks.MaxListLimit {
-		return tasks.Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d, got %d", tasks.MaxListLimit, req.Limit)}
+		return tasks.Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (0 for the default, %d), got %d", tasks.MaxListLimit, tasks.DefaultListLimit, req.Limit)}
+	}
+	if err := req.Filter.Check(c.shardCount); err != nil {
+		return tasks.Page{}, err
 	}
 	return c.st.List(ctx, req)
 }
@@ -126,6 +133,9 @@ const bulkBudget = 10 * time.Second
 // filter on something), in bounded batches, and says how many it cancelled
 // at once and how many running ones it asked to cancel.
 func (c *Client) CancelMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
+	if err := f.Check(c.shardCount); err != nil {
+		return tasks.BulkResult{}, err
+	}
 	return bulk(ctx, f, c.st.CancelMatching)
 }
 
@@ -133,6 +143,9 @@ func (c *Client) CancelMatching(ctx context.Context, f tasks.Filter) (tasks.Bulk
 // as Retry, in bounded batches. Of tasks sharing a unique key only the
 // newest is retried, and none whose key an unfinished task holds (Skipped).
 func (c *Client) RetryMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
+	if err := f.Check(c.shardCount); err != nil {
+		return tasks.BulkResult{}, err
+	}
 	return bulk(ctx, f, c.st.RetryMatching)
 }
 

@@ -84,3 +84,42 @@ func TestClient(t *testing.T) {
 		t.Fatal("a page over the limit was accepted")
 	}
 }
+
+// Filters are checked like the fields of a task, before the database sees
+// them: text PostgreSQL refuses, a shard outside the cluster, the zero
+// time (which would silently mean "no bound").
+func TestFiltersAreChecked(t *testing.T) {
+	ctx := context.Background()
+	st, _ := pgtest.NewStore(t, store.Options{})
+	c, err := client.New(st, tasks.ClientConfig{ShardCount: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sixteen, minus := 16, -1
+	for _, tc := range []struct {
+		f     tasks.Filter
+		field string
+	}{
+		{tasks.Filter{Kind: "a\x00b"}, "kind"},
+		{tasks.Filter{Kind: "\xff"}, "kind"},
+		{tasks.Filter{Key: "k\x00"}, "key"},
+		{tasks.Filter{Key: "\xc3"}, "key"},
+		{tasks.Filter{Shard: &sixteen}, "shard"},
+		{tasks.Filter{Shard: &minus}, "shard"},
+		{tasks.Filter{States: []tasks.State{"paused"}}, "state"},
+	} {
+		_, err := c.List(ctx, tasks.ListRequest{Filter: tc.f})
+		var fe *tasks.FieldError
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("List with %+v: %v, want an invalid %s", tc.f, err, tc.field)
+		}
+		_, err = c.CancelMatching(ctx, tc.f)
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("CancelMatching with %+v: %v, want an invalid %s", tc.f, err, tc.field)
+		}
+		_, err = c.RetryMatching(ctx, tc.f)
+		if !errors.As(err, &fe) || fe.Field != tc.field {
+			t.Errorf("RetryMatching with %+v: %v, want an invalid %s", tc.f, err, tc.field)
+		}
+	}
+}

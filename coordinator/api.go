@@ -15,7 +15,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/internal/httpauth"
+	"github.com/shardrun/shardrun/internal/httpjson"
 	"github.com/shardrun/shardrun/internal/jsonbody"
+	"github.com/shardrun/shardrun/schedule"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -49,8 +51,9 @@ func (c *Coordinator) Handler() http.Handler {
 	mux.HandleFunc("POST /api/schedules", auth(c.handleCreateSchedule))
 	mux.HandleFunc("GET /api/schedules", auth(c.handleListSchedules))
 	mux.HandleFunc("DELETE /api/schedules/{name}", auth(c.handleDeleteSchedule))
+	c.queueRoutes(mux, auth)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{}))
-	return mux
+	return httpjson.Errors(mux)
 }
 
 // RunnerView is one runner in GET /api/cluster.
@@ -102,6 +105,9 @@ type ClusterView struct {
 	Unhandled []store.KindCount `json:"unhandled"`
 	// Schedules with their next run, by name (at most MaxSchedulesListed).
 	Schedules []ScheduleSummary `json:"schedules"`
+	// Queues with their ready and running tasks, pause and completion rate
+	// over RateWindow.
+	Queues []store.QueueStats `json:"queues"`
 }
 
 // rateWindow is the window of ClusterView.Rates: long enough to smooth
@@ -126,15 +132,16 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	if err != nil {
 		return ClusterView{}, err
 	}
-	scheds, err := c.schedules.List(ctx, MaxSchedulesListed)
+	page, err := c.schedules.List(ctx, schedule.ListRequest{Limit: MaxSchedulesListed})
 	if err != nil {
 		return ClusterView{}, err
 	}
+	scheds := page.Schedules
 	now := c.clock.Now()
 	v := ClusterView{Unhandled: unhandled, Schedules: make([]ScheduleSummary, len(scheds)),
 		Prefix: c.cfg.Prefix, ShardCount: c.cfg.ShardCount, Revision: cl.Revision,
 		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Owners: cl.Owners, Epochs: cl.Epochs, Tasks: tc.counts,
-		TasksEstimated: tc.estimated, Attention: tc.attention,
+		TasksEstimated: tc.estimated, Attention: tc.attention, Queues: tc.queues,
 		Runners: []RunnerView{}, Rates: rates, RateWindow: rateWindow.Seconds()}
 	for i, sc := range scheds {
 		v.Schedules[i] = summarize(sc)
@@ -183,40 +190,69 @@ type TaskRequest struct {
 	RunAfter    *time.Time      `json:"run_after,omitempty"`
 	Deadline    *time.Time      `json:"deadline,omitempty"`
 	UniqueKey   string          `json:"unique_key,omitempty"`
+	Queue       string          `json:"queue,omitempty"`
+	// Priority: 1 (most urgent) to 5; left out, the default 3.
+	Priority         *int   `json:"priority,omitempty"`
+	SequenceKey      string `json:"sequence_key,omitempty"`
+	SequenceContinue bool   `json:"sequence_continue,omitempty"`
 }
 
-// newTask turns the request into the task vocabulary. A field that is
-// given must mean something: max_attempts 0 and the zero time
-// (0001-01-01T00:00:00Z), which the Go vocabulary reads as "not set", are
-// refused rather than silently taken as the default.
+// newTask turns the request into the task vocabulary (see givenMaxAttempts
+// and givenTime).
 func (t TaskRequest) newTask() (tasks.NewTask, error) {
-	n := tasks.NewTask{Kind: t.Kind, Key: t.Key, Payload: t.Payload, UniqueKey: t.UniqueKey}
-	if t.MaxAttempts != nil {
-		if *t.MaxAttempts < 1 {
-			return n, &tasks.FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d (leave it out for the default)", tasks.MaxAttemptsLimit, *t.MaxAttempts)}
+	n := tasks.NewTask{Kind: t.Kind, Key: t.Key, Payload: t.Payload, UniqueKey: t.UniqueKey, Queue: t.Queue,
+		SequenceKey: t.SequenceKey, SequenceContinue: t.SequenceContinue}
+	if t.Priority != nil {
+		if err := tasks.CheckPriority(*t.Priority); err != nil {
+			return n, err
 		}
-		n.MaxAttempts = *t.MaxAttempts
+		n.Priority = *t.Priority
 	}
-	for _, f := range []struct {
-		name string
-		in   *time.Time
-		out  *time.Time
-	}{{"run_after", t.RunAfter, &n.RunAfter}, {"deadline", t.Deadline, &n.Deadline}} {
-		if f.in == nil {
-			continue
-		}
-		if f.in.IsZero() {
-			return n, &tasks.FieldError{Field: f.name, Problem: "must not be the zero time 0001-01-01T00:00:00Z (leave it out for none)"}
-		}
-		*f.out = *f.in
+	var err error
+	if n.MaxAttempts, err = givenMaxAttempts(t.MaxAttempts); err != nil {
+		return n, err
 	}
-	return n, nil
+	if n.RunAfter, err = givenTime("run_after", t.RunAfter, "none"); err != nil {
+		return n, err
+	}
+	n.Deadline, err = givenTime("deadline", t.Deadline, "none")
+	return n, err
 }
 
+// givenMaxAttempts reads an optional max_attempts of a body. A field that
+// is given must mean something: 0, which the Go vocabulary reads as "not
+// set", is refused rather than silently taken as the default.
+func givenMaxAttempts(p *int) (int, error) {
+	if p == nil {
+		return 0, nil
+	}
+	if *p < 1 {
+		return 0, &tasks.FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d (leave it out for the default)", tasks.MaxAttemptsLimit, *p)}
+	}
+	return *p, nil
+}
+
+// givenTime reads an optional time of a body; the zero time
+// 0001-01-01T00:00:00Z, which the Go vocabulary reads as "not set", is
+// refused. unset says what leaving the field out means.
+func givenTime(field string, p *time.Time, unset string) (time.Time, error) {
+	if p == nil {
+		return time.Time{}, nil
+	}
+	if p.IsZero() {
+		return time.Time{}, &tasks.FieldError{Field: field, Problem: "must not be the zero time 0001-01-01T00:00:00Z (leave it out for " + unset + ")"}
+	}
+	return *p, nil
+}
+
+// apiError is every error answer: the message, and what it is about when
+// known — the field of the request (and its index in a batch), the state
+// of the task a conflict is about.
 type apiError struct {
-	Error string `json:"error"`
-	Field string `json:"field,omitempty"`
-	Index *int   `json:"index,omitempty"`
+	Error string      `json:"error"`
+	Field string      `json:"field,omitempty"`
+	Index *int        `json:"index,omitempty"`
+	State tasks.State `json:"state,omitempty"`
 }
 
 // badRequest answers 400 for a malformed body or an invalid task, naming
@@ -303,6 +339,12 @@ const retryAfter = "2"
 // refused the request's values, 500 otherwise. The database's own message
 // goes to the log only: it can quote SQL and values.
 func (c *Coordinator) storeError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	c.storeErrorOn(w, r, what, 0, err)
+}
+
+// storeErrorOn is storeError for an operation on task id (0: none): a
+// conflict then carries the task's state, like the operations' own 409.
+func (c *Coordinator) storeErrorOn(w http.ResponseWriter, r *http.Request, what string, id int64, err error) {
 	err = store.Classify(err)
 	var se *store.Error
 	errors.As(err, &se)
@@ -323,7 +365,13 @@ func (c *Coordinator) storeError(w http.ResponseWriter, r *http.Request, what st
 		writeJSON(w, http.StatusBadRequest, apiError{Error: "the database refused a value" + code, Field: se.Column})
 	case errors.Is(err, store.ErrConflict):
 		c.log.Info(what+": conflict", "error", err)
-		writeJSON(w, http.StatusConflict, apiError{Error: "conflicts with an existing task" + code})
+		e := apiError{Error: "conflicts with an existing task" + code}
+		if id > 0 {
+			if t, gerr := c.cfg.Store.Get(r.Context(), id); gerr == nil {
+				e.State = t.State
+			}
+		}
+		writeJSON(w, http.StatusConflict, e)
 	default:
 		c.log.Error(what+" failed", "error", err)
 		writeJSON(w, http.StatusInternalServerError, apiError{Error: "internal error" + code + "; see the coordinator's log"})
@@ -353,7 +401,7 @@ func (c *Coordinator) handleGetTask(w http.ResponseWriter, r *http.Request) {
 	}
 	t, err := c.cfg.Store.Get(r.Context(), id)
 	if err != nil {
-		c.taskError(w, r, "reading a task", err)
+		c.taskError(w, r, "reading a task", id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, t)
@@ -366,13 +414,20 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 // warnUnhandled adds "warnings" to an enqueue answer when no attached
-// runner handles one of the kinds just enqueued: such tasks stay ready until
-// a runner that handles them attaches. It is advice, so an etcd error adds
-// nothing.
+// runner handles one of the kinds just enqueued (unhandledWarnings).
 func (c *Coordinator) warnUnhandled(ctx context.Context, resp map[string]any, ins []tasks.Insert) {
+	if warnings := c.unhandledWarnings(ctx, ins); len(warnings) > 0 {
+		resp["warnings"] = warnings
+	}
+}
+
+// unhandledWarnings says which kinds of ins no attached runner handles:
+// such tasks stay ready until a runner that handles them attaches. It is
+// advice, so an etcd error says nothing.
+func (c *Coordinator) unhandledWarnings(ctx context.Context, ins []tasks.Insert) []string {
 	handled, err := c.handledKinds(ctx)
 	if err != nil {
-		return
+		return nil
 	}
 	var warnings []string
 	seen := map[string]bool{}
@@ -383,9 +438,7 @@ func (c *Coordinator) warnUnhandled(ctx context.Context, resp map[string]any, in
 		seen[in.Kind] = true
 		warnings = append(warnings, fmt.Sprintf("no attached runner handles kind %q: its tasks stay ready until one does", in.Kind))
 	}
-	if len(warnings) > 0 {
-		resp["warnings"] = warnings
-	}
+	return warnings
 }
 
 // handledKinds returns the kinds the attached runners publish, read from

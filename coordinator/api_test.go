@@ -145,3 +145,58 @@ func FuzzEnqueueBatch(f *testing.F) {
 		`[{"kind": "a", "key": "\u0000"}]`, `[null]`, `[{"kind": "a"}, 1]`,
 	})
 }
+
+// Unknown routes and methods answer like every other error: JSON
+// {"error": …}, 404 and 405 (with Allow).
+func TestUnknownRoutesAndMethodsAnswerJSON(t *testing.T) {
+	e := newEnv(t)
+	c, err := New(Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := c.Handler()
+	for _, tc := range []struct {
+		method, path string
+		code         int
+		allow        string
+	}{
+		{"GET", "/nope", 404, ""},
+		{"GET", "/api/tasks/1/nope", 404, ""},
+		{"DELETE", "/api/tasks", 405, "GET, HEAD, POST"},
+		{"PUT", "/api/schedules", 405, "GET, HEAD, POST"},
+		{"POST", "/api/tasks/1", 405, "GET, HEAD"},
+		{"GET", "/api/schedules/x", 405, "DELETE"},
+	} {
+		w := serveOnce(h, tc.method, tc.path, "")
+		var body map[string]string
+		jerr := json.Unmarshal(w.Body.Bytes(), &body)
+		if w.Code != tc.code || w.Header().Get("Allow") != tc.allow || jerr != nil || body["error"] == "" ||
+			w.Header().Get("Content-Type") != "application/json" {
+			t.Errorf("%s %s: %d Allow %q %q %s, want %d Allow %q with a JSON error", tc.method, tc.path, w.Code,
+				w.Header().Get("Allow"), w.Header().Get("Content-Type"), w.Body, tc.code, tc.allow)
+		}
+	}
+}
+
+// A conflict the database reports (a unique constraint) on a task
+// operation answers 409 with the task's state, as the operations' own 409
+// does.
+func TestGenericConflictCarriesTheState(t *testing.T) {
+	e := newEnv(t)
+	c, err := New(Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	id, err := e.store.Enqueue(ctx, tasks.Insert{Kind: "k", Key: "k", Payload: []byte("{}"), MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	c.taskError(w, httptest.NewRequest("POST", "/", nil), "retrying a task", id,
+		&pgconn.PgError{Code: "23505", Message: "duplicate key value violates unique constraint"})
+	var got apiError
+	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != 409 || got.State != tasks.Ready {
+		t.Fatalf("generic conflict on task %d: %d %s, want 409 with state ready", id, w.Code, w.Body)
+	}
+}

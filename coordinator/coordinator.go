@@ -254,7 +254,7 @@ func (c *Coordinator) maintenanceSetup(f promauto.Factory) error {
 	}
 	var err error
 	c.schedules, err = schedule.NewClient(c.cfg.Store, schedule.ClientConfig{ShardCount: c.cfg.ShardCount,
-		MaxAttempts: c.cfg.MaxAttempts, Clock: c.clock})
+		MaxAttempts: c.cfg.MaxAttempts})
 	if err != nil {
 		return err
 	}

@@ -191,11 +191,8 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 
 func seedStale(t *testing.T, st *store.Store, n int) {
 	t.Helper()
-	if _, err := st.Pool().Exec(context.Background(), `
-		INSERT INTO tasks (kind, shard, key, state, claimed_by, claim_epoch, claimed_at)
-		SELECT 'k', g % 16, g::text, 'running', 'gone', 1, now() - interval '1 hour' FROM generate_series(1, $1) g`, n); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.InsertClaimed(t, st, `INSERT INTO tasks (kind, shard, key) SELECT 'k', g % 16, g::text FROM generate_series(1, $1) g RETURNING id`,
+		"gone", 1, "now() - interval '1 hour'", n)
 }
 
 func TestResignOnShutdownHandsOverAtOnce(t *testing.T) {
@@ -254,7 +251,9 @@ func TestTasksAPI(t *testing.T) {
 		{"payload not JSON", "tok", `{"kind": "k", "payload": nope}`, 400, "malformed JSON"},
 		{"max attempts zero", "tok", `{"kind": "k", "max_attempts": 0}`, 400, `"field":"max_attempts"`},
 		{"deadline in the past", "tok", `{"kind": "k", "deadline": "` + past + `"}`, 400, `"field":"deadline"`},
-		{"unknown field", "tok", `{"kind": "k", "priority": 3}`, 400, "unknown field"},
+		{"unknown field", "tok", `{"kind": "k", "urgency": 3}`, 400, "unknown field"},
+		{"priority out of range", "tok", `{"kind": "k", "priority": 0}`, 400, `"field":"priority"`},
+		{"queue name", "tok", `{"kind": "k", "queue": "a b"}`, 400, `"field":"queue"`},
 		{"bad task in a batch", "tok", `[{"kind": "a"}, {"kind": "b"}, {"kind": ""}]`, 400, `"index":2`},
 		{"empty batch", "tok", `[]`, 400, "1 to 10000"},
 		{"trailing data", "tok", `{"kind": "a"} {"kind": "b"}`, 400, "unexpected data"},
@@ -343,7 +342,10 @@ func TestClusterShowsRunnerHealth(t *testing.T) {
 		}
 	}
 	seedStale(t, e.store, 1)
-	if _, err := e.store.Pool().Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now()`); err != nil {
+	if _, err := e.store.Pool().Exec(ctx, `
+		WITH k AS (DELETE FROM task_claims RETURNING id),
+		u AS (UPDATE tasks SET state = 'completed', finished_at = now() WHERE id IN (SELECT id FROM k) RETURNING id, finished_at)
+		INSERT INTO task_finished (state, id, finished_at, queue) SELECT 'completed', id, finished_at, 'default' FROM u`); err != nil {
 		t.Fatal(err)
 	}
 	health := func(rs []RunnerView) map[string]string {

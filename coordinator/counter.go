@@ -49,6 +49,17 @@ type Attention struct {
 	Dead        []AttentionTask `json:"dead"`
 	Failed      []AttentionTask `json:"failed"`
 	LongRunning []AttentionTask `json:"long_running"`
+	// Blocked lists the first blocked sequences (by key), each with the
+	// dead or failed task that holds it back.
+	Blocked []BlockedSequence `json:"blocked_sequences"`
+}
+
+// BlockedSequence is a sequence held back by a dead or failed task, until
+// an operator retries or cancels it.
+type BlockedSequence struct {
+	Key     string        `json:"sequence_key"`
+	Task    AttentionTask `json:"blocked_by"`
+	Waiting int64         `json:"waiting"`
 }
 
 // taskCounts is what the counter serves.
@@ -59,6 +70,8 @@ type taskCounts struct {
 	// when none has run yet.
 	estimated []tasks.State
 	attention Attention
+	// queues are the queues with their counts, rates and pauses.
+	queues []store.QueueStats
 }
 
 // counter is the loop that keeps the tasks{state} gauge current, and the
@@ -105,6 +118,9 @@ func (c *counter) View(ctx context.Context) (taskCounts, error) {
 	if v.attention, err = c.attention(ctx); err != nil {
 		return taskCounts{}, err
 	}
+	if v.queues, err = c.store.Queues(ctx, rateWindow); err != nil {
+		return taskCounts{}, err
+	}
 	c.last, c.at = v, c.clock.Now()
 	for st, n := range v.counts {
 		c.gauge.WithLabelValues(string(st)).Set(float64(n))
@@ -138,6 +154,14 @@ func (c *counter) attention(ctx context.Context) (Attention, error) {
 	}
 	for _, t := range running {
 		a.LongRunning = append(a.LongRunning, attentionTask(t, t.ClaimedAt))
+	}
+	blocked, err := c.store.BlockedSequences(ctx, "", attentionSize)
+	if err != nil {
+		return Attention{}, err
+	}
+	a.Blocked = make([]BlockedSequence, len(blocked))
+	for i, b := range blocked {
+		a.Blocked[i] = BlockedSequence{Key: b.Key, Task: attentionTask(b.Task, b.Task.FinishedAt), Waiting: b.Waiting}
 	}
 	return a, nil
 }

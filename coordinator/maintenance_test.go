@@ -47,7 +47,8 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 10*time.Second, "b leads", b.IsLeader)
-	// b's first pass fixes its term start; then three more ticks.
+	// b's term starts when it raised the fence (its first pass says when);
+	// then three more ticks.
 	first, ok := passes["coord-b"].Wait(10*time.Second, func(r schedule.Result) bool { return r.Err == nil })
 	if !ok {
 		t.Fatal("b ran no scheduler pass")
@@ -143,8 +144,12 @@ func TestSchedulesAPI(t *testing.T) {
 	c := e.start("coord", nil, func(c *Config) { c.APIToken = "tok" })
 	base := "http://" + c.Addr() + "/api/schedules"
 	code, body := testutil.HTTP(t, "POST", base, "tok", `{"name": "digest", "kind": "noop", "cron": "0 9 * * 1-5", "timezone": "Europe/Berlin", "payload": {"to": "ops"}}`)
-	if code != 201 || !strings.Contains(body, `"next_run"`) || !strings.Contains(body, "warnings") {
-		t.Fatalf("create: %d %s", code, body)
+	created := decode[struct {
+		ScheduleView
+		Warnings []string
+	}](t, body)
+	if code != 201 || created.Name != "digest" || created.NextRun.IsZero() || len(created.Warnings) != 1 {
+		t.Fatalf("create (the schedule itself, with warnings): %d %s", code, body)
 	}
 	code, body = testutil.HTTP(t, "POST", base, "tok", `{"name": "tick", "kind": "noop", "every": "90s"}`)
 	if code != 201 {
@@ -165,6 +170,8 @@ func TestSchedulesAPI(t *testing.T) {
 		{"bad name", "tok", `{"name": "a b", "kind": "noop", "every": "1m"}`, 400, `"field":"name"`},
 		{"no kind", "tok", `{"name": "x", "every": "1m"}`, 400, `"field":"kind"`},
 		{"unknown field", "tok", `{"name": "x", "kind": "noop", "every": "1m", "jitter": 1}`, 400, "unknown field"},
+		{"max_attempts 0", "tok", `{"name": "x", "kind": "noop", "every": "1m", "max_attempts": 0}`, 400, `"field":"max_attempts"`},
+		{"zero start", "tok", `{"name": "x", "kind": "noop", "every": "1m", "start": "0001-01-01T00:00:00Z"}`, 400, `"field":"start"`},
 	} {
 		code, body := testutil.HTTP(t, "POST", base, tc.token, tc.body)
 		if code != tc.code || !strings.Contains(body, tc.want) {
@@ -187,6 +194,24 @@ func TestSchedulesAPI(t *testing.T) {
 	}
 	if list.Schedules[1].Every != "1m30s" {
 		t.Fatalf("tick: %+v", list.Schedules[1])
+	}
+	// Pages by name, with a cursor, like GET /api/tasks.
+	code, body = testutil.HTTP(t, "GET", base+"?limit=1", "tok", "")
+	page := decode[struct {
+		Schedules []ScheduleView
+		Next      string
+	}](t, body)
+	if code != 200 || len(page.Schedules) != 1 || page.Schedules[0].Name != "digest" || page.Next != "digest" {
+		t.Fatalf("first page: %d %s", code, body)
+	}
+	code, body = testutil.HTTP(t, "GET", base+"?limit=1&after="+page.Next, "tok", "")
+	if code != 200 || !strings.Contains(body, `"name":"tick"`) || strings.Contains(body, `"next"`) {
+		t.Fatalf("last page: %d %s", code, body)
+	}
+	for _, q := range []string{"limit=0", "limit=1001", "limit=", "after=", "after=a%00b", "after=%FF", "colour=red", "limit=1&limit=2"} {
+		if code, body := testutil.HTTP(t, "GET", base+"?"+q, "tok", ""); code != 400 || !strings.Contains(body, `"field"`) {
+			t.Errorf("GET /api/schedules?%s: %d %s, want 400 naming the field", q, code, body)
+		}
 	}
 	if code, body := testutil.HTTP(t, "DELETE", base+"/digest", "tok", ""); code != 200 {
 		t.Fatalf("delete: %d %s", code, body)

@@ -17,8 +17,9 @@ import (
 // Limits of the schedules API.
 const (
 	maxScheduleBody = 1<<20 + 4096
-	// MaxSchedulesListed bounds GET /api/schedules and the cluster view.
-	MaxSchedulesListed = 1000
+	// MaxSchedulesListed bounds the cluster view's schedules (the first by
+	// name); GET /api/schedules pages.
+	MaxSchedulesListed = tasks.MaxListLimit
 )
 
 // ScheduleRequest is the body of POST /api/schedules.
@@ -27,7 +28,7 @@ type ScheduleRequest struct {
 	Kind        string          `json:"kind"`
 	Key         string          `json:"key,omitempty"`
 	Payload     json.RawMessage `json:"payload,omitempty"`
-	MaxAttempts int             `json:"max_attempts,omitempty"`
+	MaxAttempts *int            `json:"max_attempts,omitempty"`
 	// Every is a Go duration ("90s", "5m", "1h"); or Cron with Timezone.
 	Every    string     `json:"every,omitempty"`
 	Start    *time.Time `json:"start,omitempty"`
@@ -58,6 +59,20 @@ type ScheduleView struct {
 	MaxAttempts int             `json:"max_attempts,omitempty"`
 	Start       *time.Time      `json:"start,omitempty"`
 	CreatedAt   time.Time       `json:"created_at"`
+}
+
+// ScheduleCreated is the answer of POST /api/schedules: the schedule, and
+// warnings when no attached runner handles its kind.
+type ScheduleCreated struct {
+	ScheduleView
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// SchedulePage is the answer of GET /api/schedules: one page by name, and
+// the cursor of the next ("next", absent at the end).
+type SchedulePage struct {
+	Schedules []ScheduleView `json:"schedules"`
+	Next      string         `json:"next,omitempty"`
 }
 
 func summarize(sc store.Schedule) ScheduleSummary {
@@ -99,7 +114,11 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 		return
 	}
 	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Key: req.Key, Payload: req.Payload,
-		MaxAttempts: req.MaxAttempts, Cron: req.Cron, Timezone: req.Timezone}
+		Cron: req.Cron, Timezone: req.Timezone}
+	if d.MaxAttempts, err = givenMaxAttempts(req.MaxAttempts); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
 	if req.Every != "" {
 		d.Every, err = time.ParseDuration(req.Every)
 		if err != nil {
@@ -111,15 +130,12 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 			return
 		}
 	}
-	if req.Start != nil {
-		if req.Cron != "" {
-			writeJSON(w, http.StatusBadRequest, apiError{Error: "invalid start: only an interval schedule (every) has a start", Field: "start"})
-			return
-		}
-		d.Start = *req.Start
+	if req.Start != nil && req.Cron != "" {
+		writeJSON(w, http.StatusBadRequest, apiError{Error: "invalid start: only an interval schedule (every) has a start", Field: "start"})
+		return
 	}
-	if req.MaxAttempts < 0 {
-		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("invalid max_attempts: must be at least 1, got %d", req.MaxAttempts), Field: "max_attempts"})
+	if d.Start, err = givenTime("start", req.Start, "one interval after the definition"); err != nil {
+		badRequest(w, err, false, -1)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -138,24 +154,41 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 		return
 	}
 	c.schedWake.Notify()
-	resp := map[string]any{"schedule": viewOf(sc)}
-	c.warnUnhandled(ctx, resp, []tasks.Insert{{Kind: sc.Kind}})
-	writeJSON(w, http.StatusCreated, resp)
+	writeJSON(w, http.StatusCreated, ScheduleCreated{ScheduleView: viewOf(sc),
+		Warnings: c.unhandledWarnings(ctx, []tasks.Insert{{Kind: sc.Kind}})})
 }
 
+// handleListSchedules is GET /api/schedules: one page by name, with limit
+// and after (the cursor) checked like the task listing's.
 func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var req schedule.ListRequest
+	err := checkParams(q, []string{"limit", "after"})
+	if err == nil {
+		req.Limit, err = parseLimit(q)
+	}
+	if err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	req.After = q.Get("after")
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	list, err := c.schedules.List(ctx, MaxSchedulesListed)
-	if err != nil {
+	page, err := c.schedules.List(ctx, req)
+	var fe *tasks.FieldError
+	switch {
+	case errors.As(err, &fe):
+		badRequest(w, err, false, -1)
+		return
+	case err != nil:
 		c.storeError(w, r, "listing schedules", err)
 		return
 	}
-	views := make([]ScheduleView, len(list))
-	for i, sc := range list {
-		views[i] = viewOf(sc)
+	resp := SchedulePage{Schedules: make([]ScheduleView, len(page.Schedules)), Next: page.Next}
+	for i, sc := range page.Schedules {
+		resp.Schedules[i] = viewOf(sc)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"schedules": views})
+	writeJSON(w, http.StatusOK, resp)
 }
 
 func (c *Coordinator) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {

@@ -14,9 +14,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -110,21 +112,16 @@ func taskID(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	return id, true
 }
 
-// conflictError is the 409 answer: the operation and the task's state.
-type conflictError struct {
-	Error string      `json:"error"`
-	State tasks.State `json:"state"`
-}
-
-// taskError answers an error about one task: 404 when it does not exist,
-// 409 with its state when the operation does not apply to it, 400 for a
-// bad field, and a database error by its class (storeError).
-func (c *Coordinator) taskError(w http.ResponseWriter, r *http.Request, what string, err error) {
+// taskError answers an error about task id (0: tasks in general): 404 when
+// it does not exist, 409 with its state when the operation does not apply
+// to it, 400 for a bad field, and a database error by its class
+// (storeErrorOn).
+func (c *Coordinator) taskError(w http.ResponseWriter, r *http.Request, what string, id int64, err error) {
 	var ce *tasks.ConflictError
 	var fe *tasks.FieldError
 	switch {
 	case errors.As(err, &ce):
-		writeJSON(w, http.StatusConflict, conflictError{Error: ce.Error(), State: ce.State})
+		writeJSON(w, http.StatusConflict, apiError{Error: ce.Error(), State: ce.State})
 	case errors.Is(err, tasks.ErrNotFound):
 		var nf *tasks.NotFoundError
 		msg := "no such task"
@@ -135,7 +132,7 @@ func (c *Coordinator) taskError(w http.ResponseWriter, r *http.Request, what str
 	case errors.As(err, &fe):
 		writeJSON(w, http.StatusBadRequest, apiError{Error: fe.Error(), Field: fe.Field})
 	default:
-		c.storeError(w, r, what, err)
+		c.storeErrorOn(w, r, what, id, err)
 	}
 }
 
@@ -148,7 +145,7 @@ func (c *Coordinator) handleCancelTask(w http.ResponseWriter, r *http.Request) {
 	}
 	t, err := c.cfg.Store.CancelTask(r.Context(), id)
 	if err != nil {
-		c.taskError(w, r, "cancelling a task", err)
+		c.taskError(w, r, "cancelling a task", id, err)
 		return
 	}
 	code := http.StatusOK
@@ -165,7 +162,7 @@ func (c *Coordinator) handleRetryTask(w http.ResponseWriter, r *http.Request) {
 	}
 	t, err := c.cfg.Store.RetryTask(r.Context(), id)
 	if err != nil {
-		c.taskError(w, r, "retrying a task", err)
+		c.taskError(w, r, "retrying a task", id, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, t)
@@ -173,25 +170,18 @@ func (c *Coordinator) handleRetryTask(w http.ResponseWriter, r *http.Request) {
 
 // The query parameters of the listing and of the bulk operations.
 var (
-	filterParams = []string{"state", "kind", "shard", "key", "created_before", "after"}
+	filterParams = []string{"state", "kind", "shard", "key", "queue", "priority", "sequence_key", "created_before", "after"}
 	listParams   = append([]string{"limit", "order"}, filterParams...)
 )
 
-// parseFilter reads the filter and the cursor from q, refusing parameters
-// not in allowed.
-func parseFilter(q url.Values, allowed []string) (tasks.Filter, int64, error) {
+// parseFilter reads the filter and the cursor from q. It refuses
+// parameters not in allowed, given twice or given empty, and values a
+// task's field could not hold (tasks.Filter.Check: text PostgreSQL would
+// refuse, a shard outside the cluster's shardCount), naming the parameter.
+func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, int64, error) {
 	var f tasks.Filter
-	for name := range q {
-		found := false
-		for _, a := range allowed {
-			found = found || a == name
-		}
-		if !found {
-			return f, 0, &tasks.FieldError{Field: name, Problem: "is not a parameter here (" + strings.Join(allowed, ", ") + ")"}
-		}
-		if len(q[name]) > 1 {
-			return f, 0, &tasks.FieldError{Field: name, Problem: "is given more than once"}
-		}
+	if err := checkParams(q, allowed); err != nil {
+		return f, 0, err
 	}
 	if v := q.Get("state"); v != "" {
 		for _, s := range strings.Split(v, ",") {
@@ -202,18 +192,29 @@ func parseFilter(q url.Values, allowed []string) (tasks.Filter, int64, error) {
 			f.States = append(f.States, st)
 		}
 	}
-	f.Kind, f.Key = q.Get("kind"), q.Get("key")
+	f.Kind, f.Key, f.Queue, f.SequenceKey = q.Get("kind"), q.Get("key"), q.Get("queue"), q.Get("sequence_key")
+	if v := q.Get("priority"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return f, 0, &tasks.FieldError{Field: "priority", Problem: fmt.Sprintf("must be %d to %d, got %q", tasks.MostUrgent, tasks.LeastUrgent, v)}
+		}
+		f.Priority = n
+	}
 	if v := q.Get("shard"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return f, 0, &tasks.FieldError{Field: "shard", Problem: fmt.Sprintf("must be a shard number, got %q", v)}
+		if err != nil {
+			return f, 0, &tasks.FieldError{Field: "shard", Problem: fmt.Sprintf("must be a shard number, 0 to %d, got %q", shardCount-1, v)}
 		}
 		f.Shard = &n
 	}
 	if v := q.Get("created_before"); v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)
-		if err != nil {
+		switch {
+		case err != nil:
 			return f, 0, &tasks.FieldError{Field: "created_before", Problem: fmt.Sprintf("must be an RFC 3339 time, got %q", v)}
+		case t.IsZero():
+			// The filter's zero value means "no bound".
+			return f, 0, &tasks.FieldError{Field: "created_before", Problem: "must not be the zero time 0001-01-01T00:00:00Z (leave it out for no bound)"}
 		}
 		f.CreatedBefore = t
 	}
@@ -225,40 +226,66 @@ func parseFilter(q url.Values, allowed []string) (tasks.Filter, int64, error) {
 		}
 		after = n
 	}
-	return f, after, nil
+	return f, after, f.Check(shardCount)
+}
+
+// checkParams refuses query parameters not in allowed, given twice or given
+// empty.
+func checkParams(q url.Values, allowed []string) error {
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		switch {
+		case !slices.Contains(allowed, name):
+			return &tasks.FieldError{Field: name, Problem: "is not a parameter here (" + strings.Join(allowed, ", ") + ")"}
+		case len(q[name]) > 1:
+			return &tasks.FieldError{Field: name, Problem: "is given more than once"}
+		case q[name][0] == "":
+			return &tasks.FieldError{Field: name, Problem: "is given empty (leave it out instead)"}
+		}
+	}
+	return nil
+}
+
+// parseLimit reads a listing's limit: 1 to tasks.MaxListLimit when given,
+// 0 (the default) when left out.
+func parseLimit(q url.Values) (int, error) {
+	v := q.Get("limit")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > tasks.MaxListLimit {
+		return 0, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (leave it out for %d), got %q", tasks.MaxListLimit, tasks.DefaultListLimit, v)}
+	}
+	return n, nil
 }
 
 // handleListTasks is GET /api/tasks: one page of task summaries in id
 // order and the cursor of the next page ("next", absent at the end).
 func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f, after, err := parseFilter(q, listParams)
+	f, after, err := parseFilter(q, listParams, c.cfg.ShardCount)
 	if err != nil {
-		c.taskError(w, r, "listing tasks", err)
+		c.taskError(w, r, "listing tasks", 0, err)
 		return
 	}
-	req := tasks.ListRequest{Filter: f, After: after, Limit: tasks.DefaultListLimit}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > tasks.MaxListLimit {
-			c.taskError(w, r, "listing tasks", &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d, got %q", tasks.MaxListLimit, v)})
-			return
-		}
-		req.Limit = n
+	req := tasks.ListRequest{Filter: f, After: after}
+	if req.Limit, err = parseLimit(q); err != nil {
+		c.taskError(w, r, "listing tasks", 0, err)
+		return
 	}
 	switch q.Get("order") {
 	case "", "asc":
 	case "desc":
 		req.Desc = true
 	default:
-		c.taskError(w, r, "listing tasks", &tasks.FieldError{Field: "order", Problem: fmt.Sprintf("must be asc or desc, got %q", q.Get("order"))})
+		c.taskError(w, r, "listing tasks", 0, &tasks.FieldError{Field: "order", Problem: fmt.Sprintf("must be asc or desc, got %q", q.Get("order"))})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	page, err := c.cfg.Store.List(ctx, req)
 	if err != nil {
-		c.taskError(w, r, "listing tasks", err)
+		c.taskError(w, r, "listing tasks", 0, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, page)
@@ -270,16 +297,16 @@ func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 // sent again with after=next.
 func (c *Coordinator) handleBulk(op string, run func(context.Context, tasks.Filter, int64, time.Duration) (tasks.BulkResult, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		f, after, err := parseFilter(r.URL.Query(), filterParams)
+		f, after, err := parseFilter(r.URL.Query(), filterParams, c.cfg.ShardCount)
 		if err != nil {
-			c.taskError(w, r, "bulk "+op, err)
+			c.taskError(w, r, "bulk "+op, 0, err)
 			return
 		}
 		res, err := run(r.Context(), f, after, bulkBudget)
 		if err != nil {
 			// What was done before the error stays done; the caller sends
 			// the request again.
-			c.taskError(w, r, "bulk "+op, err)
+			c.taskError(w, r, "bulk "+op, 0, err)
 			return
 		}
 		resp := map[string]any{"done": res.Done}

@@ -64,10 +64,10 @@ func TestTaskOperationsAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.store.RaiseFences(ctx, "r", []tasks.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}); err != nil {
+	if _, _, _, err := e.store.RaiseFences(ctx, "r", []tasks.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := e.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}, []string{"other"}, 1); err != nil || len(got) != 1 {
+	if got, err := e.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}, tasks.DefaultQueue, []string{"other"}, 1); err != nil || len(got) != 1 {
 		t.Fatalf("claim: %v %v", got, err)
 	}
 
@@ -103,7 +103,7 @@ func TestTaskOperationsAPI(t *testing.T) {
 		t.Fatalf("cancel of a running task: %d %s", code, body)
 	}
 	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/cancel", base, first.ID), "tok", "")
-	if code != 409 || decode[conflictError](t, body).State != tasks.Cancelled {
+	if code != 409 || decode[apiError](t, body).State != tasks.Cancelled {
 		t.Fatalf("cancel of a cancelled task: %d %s", code, body)
 	}
 	if code, body := testutil.HTTP(t, "POST", base+"/api/tasks/424242/cancel", "tok", ""); code != 404 {
@@ -116,7 +116,7 @@ func TestTaskOperationsAPI(t *testing.T) {
 		t.Fatalf("retry of a cancelled task: %d %s", code, body)
 	}
 	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/retry", base, first.ID), "tok", "")
-	if code != 409 || decode[conflictError](t, body).State != tasks.Ready {
+	if code != 409 || decode[apiError](t, body).State != tasks.Ready {
 		t.Fatalf("retry of a ready task: %d %s", code, body)
 	}
 
@@ -180,5 +180,50 @@ func TestTaskReadsOpenWithoutAToken(t *testing.T) {
 	}
 	if code, body := testutil.HTTP(t, "GET", base+"/api/tasks", "", ""); code != 200 || !strings.Contains(body, fmt.Sprintf(`"id":%d`, id)) {
 		t.Fatalf("list: %d %s", code, body)
+	}
+}
+
+// Query parameters are checked with the rules of body fields, and the
+// error names the parameter: nothing PostgreSQL would refuse reaches it,
+// and a shard outside the cluster is refused like a negative one.
+func TestQueryParametersAreCheckedLikeBodies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c, err := New(Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := c.Handler()
+	for _, tc := range []struct{ query, field string }{
+		{"kind=a%00b", "kind"},
+		{"kind=%FF", "kind"},
+		{"kind=", "kind"},
+		{"key=%00", "key"},
+		{"key=%C3", "key"},
+		{"key=", "key"},
+		{"shard=16", "shard"},
+		{"shard=1000000000", "shard"},
+		{"shard=-1", "shard"},
+		{"state=", "state"},
+		{"created_before=0001-01-01T00:00:00Z", "created_before"},
+		{"created_before=", "created_before"},
+		{"limit=", "limit"},
+		{"order=", "order"},
+		{"after=", "after"},
+	} {
+		for _, target := range []string{"GET /api/tasks", "POST /api/tasks/cancel", "POST /api/tasks/retry"} {
+			method, path, _ := strings.Cut(target, " ")
+			if method == "POST" && (tc.field == "limit" || tc.field == "order") {
+				continue
+			}
+			w := serveOnce(h, method, path+"?"+tc.query, "")
+			got := decode[apiError](t, w.Body.String())
+			if w.Code != 400 || got.Field != tc.field || strings.Contains(got.Error, "SQLSTATE") {
+				t.Errorf("%s?%s: %d %s, want 400 naming %s", target, tc.query, w.Code, w.Body, tc.field)
+			}
+		}
+	}
+	if w := serveOnce(h, "GET", "/api/tasks?shard=15&kind=noop&key=k&created_before=2020-01-01T00:00:00Z", ""); w.Code != 200 {
+		t.Fatalf("a valid filter: %d %s", w.Code, w.Body)
 	}
 }

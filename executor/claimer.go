@@ -3,6 +3,8 @@ package executor
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -30,6 +32,9 @@ type claimer struct {
 	m     *Metrics
 	// wake is signalled by enqueue notifications for held shards.
 	wake wake.Signal
+	// queues are the queues served, in name order, each with its worker
+	// limit and its pending shards.
+	queues []*queueClaims
 	// held are the shards of the last hold, to filter notifications.
 	held atomic.Pointer[map[int]bool]
 	// round is when the last claim round completed (unix nanoseconds on
@@ -41,9 +46,20 @@ type claimer struct {
 	unsure bool
 }
 
+// queueClaims is one served queue: how many of its tasks may run at once,
+// and which held shards may have its tasks due.
+type queueClaims struct {
+	name    string
+	limit   int
+	pending *pending
+}
+
 func newClaimer(cfg Config, p *pool) *claimer {
 	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
 		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, wake: wake.New()}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Queues)) {
+		c.queues = append(c.queues, &queueClaims{name: name, limit: cfg.Queues[name], pending: newPending(cfg.Clock.Now())})
+	}
 	c.round.Store(cfg.Clock.Now().UnixNano())
 	return c
 }
@@ -57,9 +73,13 @@ func (c *claimer) heldCount() int {
 	return 0
 }
 
-// Wake is called for enqueue notifications (all: any shard). It never
-// blocks; wake-ups coalesce.
-func (c *claimer) Wake(all bool, shards []int) {
+// Wake is called for enqueue notifications (all: any shard; urgent: the
+// shards that got tasks more urgent than the default). It never blocks;
+// wake-ups coalesce.
+func (c *claimer) Wake(all bool, shards, urgent []int) {
+	for _, q := range c.queues {
+		q.pending.notify(all, shards, urgent)
+	}
 	if !all {
 		held := c.held.Load()
 		if held == nil {
@@ -85,7 +105,7 @@ func (c *claimer) Run(ctx context.Context) {
 	defer poll.Stop()
 	backoff := dbRetry
 	for {
-		n, limit, err := c.once(ctx)
+		err := c.once(ctx)
 		if ctx.Err() != nil {
 			return
 		}
@@ -99,8 +119,8 @@ func (c *claimer) Run(ctx context.Context) {
 		}
 		backoff.Reset()
 		c.round.Store(c.clock.Now().UnixNano())
-		if n > 0 && n == limit {
-			continue // more work is likely waiting
+		if c.more() {
+			continue // more work may be waiting
 		}
 		poll.Reset(c.poll)
 		select {
@@ -115,11 +135,11 @@ func (c *claimer) Run(ctx context.Context) {
 }
 
 // once fences newly owned shards, then claims as many tasks as there are
-// free workers from the held shards and starts them. It returns how many
-// it claimed and the limit it asked for.
-func (c *claimer) once(ctx context.Context) (n, limit int, err error) {
+// free workers from the held shards that may have due tasks, and starts
+// them.
+func (c *claimer) once(ctx context.Context) error {
 	if err := c.fence(ctx); err != nil {
-		return 0, 0, err
+		return err
 	}
 	hold := c.own.Hold()
 	defer hold.Release()
@@ -131,23 +151,50 @@ func (c *claimer) once(ctx context.Context) (n, limit int, err error) {
 	c.held.Store(&held)
 	if c.unsure {
 		if err := c.recover(ctx, terms); err != nil {
-			return 0, 0, err
+			return err
 		}
 		c.unsure = false
 	}
-	limit = min(c.pool.free(), claimBatch)
-	if len(terms) == 0 || limit <= 0 {
-		return 0, limit, nil
+	if len(terms) == 0 {
+		return nil
+	}
+	for _, q := range c.queues {
+		if err := c.claimQueue(ctx, hold, terms, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// more reports whether a claim round could take more now: some served
+// queue may have due tasks and room for them.
+func (c *claimer) more() bool {
+	for _, q := range c.queues {
+		if q.pending.any() && c.pool.free(q.name, q.limit) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// claimQueue claims as many of queue q's tasks as it has free workers
+// from the held shards that may have some due, and starts them.
+func (c *claimer) claimQueue(ctx context.Context, hold Hold, terms []tasks.ShardEpoch, q *queueClaims) error {
+	order := q.pending.order(terms, c.clock.Now(), c.poll)
+	limit := min(c.pool.free(q.name, q.limit), claimBatch)
+	if len(order) == 0 || limit <= 0 {
+		return nil
 	}
 	// Not cancelled by shutdown: a cancelled statement may still have
 	// committed, leaving claims nobody runs.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
-	claimed, err := c.store.Claim(cctx, c.owner, terms, c.kinds, limit)
+	claimed, err := c.store.Claim(cctx, c.owner, order, q.name, c.kinds, limit)
 	cancel()
 	if err != nil {
 		c.unsure = true
-		return 0, limit, fmt.Errorf("claiming tasks: %w", err)
+		return fmt.Errorf("claiming tasks of queue %s: %w", q.name, err)
 	}
+	q.pending.claimed(order, claimed, limit)
 	c.m.Claimed.Add(float64(len(claimed)))
 	var giveBack []tasks.Ref
 	for _, t := range claimed {
@@ -161,11 +208,12 @@ func (c *claimer) once(ctx context.Context) (n, limit int, err error) {
 	if len(giveBack) > 0 {
 		c.unclaim(giveBack)
 	}
-	return len(claimed), limit, nil
+	return nil
 }
 
-// fence raises the fence of every newly owned term and requeues the tasks
-// earlier owners left running, before anything is claimed there. A term
+// fence raises the fence of every newly owned term and, in the same
+// transaction, requeues the tasks earlier owners left running, before
+// anything is claimed there. A term
 // whose fence is already newer was taken over: it is reported lost.
 func (c *claimer) fence(ctx context.Context) error {
 	fresh := c.own.Unfenced()
@@ -174,7 +222,7 @@ func (c *claimer) fence(ctx context.Context) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	raised, err := c.store.RaiseFences(cctx, c.owner, fresh)
+	raised, requeued, dead, err := c.store.RaiseFences(cctx, c.owner, fresh)
 	if err != nil {
 		return fmt.Errorf("raising fences: %w", err)
 	}
@@ -190,10 +238,6 @@ func (c *claimer) fence(ctx context.Context) error {
 	}
 	if len(raised) == 0 {
 		return nil
-	}
-	requeued, dead, err := c.store.RequeueOrphans(cctx, c.owner, raised)
-	if err != nil {
-		return fmt.Errorf("requeueing orphans: %w", err)
 	}
 	c.own.Fenced(raised)
 	if requeued+dead > 0 {

@@ -38,9 +38,13 @@ import (
 
 // Store is what the executor needs from the database (store.Store).
 type Store interface {
-	RaiseFences(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, error)
-	RequeueOrphans(ctx context.Context, owner string, terms []tasks.ShardEpoch) (requeued, dead int64, err error)
-	Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error)
+	// RaiseFences raises the fences of terms and requeues, in the same
+	// transaction, what earlier owners left running on them; it returns
+	// the terms whose fence now holds their epoch.
+	RaiseFences(ctx context.Context, owner string, terms []tasks.ShardEpoch) (raised []tasks.ShardEpoch, requeued, dead int64, err error)
+	// Claim claims up to limit tasks of queue and of kinds, visiting the
+	// shards of terms in the order given.
+	Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
 	Claimed(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error)
 	Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)
 	Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error)
@@ -123,6 +127,10 @@ type Config struct {
 	Retry tasks.RetryPolicy
 	// MaxWorkers bounds the attempts running at once (--max-workers).
 	MaxWorkers int
+	// Queues are the queues the executor claims from, each with the most
+	// of its tasks that may run at once (--queues); MaxWorkers bounds them
+	// all together. Default: the default queue, up to MaxWorkers.
+	Queues map[string]int
 	// HeartbeatInterval between heartbeats of the running attempts, one
 	// statement for all of them (--heartbeat-interval).
 	HeartbeatInterval time.Duration
@@ -151,6 +159,9 @@ func (c *Config) fill() {
 	c.FlushDelay = cmp.Or(c.FlushDelay, DefaultFlushDelay)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 	c.StuckAfter = cmp.Or(c.StuckAfter, DefaultStuckAfter)
+	if len(c.Queues) == 0 {
+		c.Queues = map[string]int{tasks.DefaultQueue: c.MaxWorkers}
+	}
 	if c.Retry == (tasks.RetryPolicy{}) {
 		c.Retry = tasks.DefaultRetryPolicy()
 	}
@@ -180,6 +191,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("executor: shutdown timeout must not be negative, got %s", c.ShutdownTimeout)
 	case c.StuckAfter < 0:
 		return fmt.Errorf("executor: stuck-after must not be negative, got %s", c.StuckAfter)
+	}
+	for name, limit := range c.Queues {
+		if err := tasks.CheckQueue(name); err != nil {
+			return fmt.Errorf("--queues: %w", err)
+		}
+		if limit < 1 || limit > c.MaxWorkers {
+			return fmt.Errorf("--queues: queue %s: the worker limit must be 1 to --max-workers (%d), got %d", name, c.MaxWorkers, limit)
+		}
 	}
 	return c.Retry.Validate()
 }
@@ -220,9 +239,10 @@ func New(cfg Config) (*Executor, error) {
 	}, nil
 }
 
-// Wake tells the executor that shards got ready tasks (all: any shard). It
-// never blocks; wake-ups coalesce.
-func (e *Executor) Wake(all bool, shards []int) { e.claimer.Wake(all, shards) }
+// Wake tells the executor that shards got ready tasks (all: any shard;
+// urgent: shards that got tasks more urgent than the default, which the
+// next claim visits first). It never blocks; wake-ups coalesce.
+func (e *Executor) Wake(all bool, shards, urgent []int) { e.claimer.Wake(all, shards, urgent) }
 
 // InFlight is the number of attempts running now.
 func (e *Executor) InFlight() int { return e.pool.inFlight() }
@@ -241,7 +261,7 @@ const stalledPolls = 3
 // but no longer works is the worst failure, because nobody takes over.
 func (e *Executor) Stalled() (bool, string) {
 	since := e.cfg.Clock.Now().Sub(e.claimer.lastRound())
-	if since <= stalledPolls*e.cfg.PollInterval || e.pool.free() <= 0 || e.claimer.heldCount() == 0 {
+	if since <= stalledPolls*e.cfg.PollInterval || e.pool.idle() <= 0 || e.claimer.heldCount() == 0 {
 		return false, ""
 	}
 	return true, fmt.Sprintf("no claim round completed for %s (poll interval %s) while holding %d shards", since.Round(time.Millisecond), e.cfg.PollInterval, e.claimer.heldCount())

@@ -148,6 +148,33 @@ func TestFailedAttemptIsRetriedThenCompletes(t *testing.T) {
 	}
 }
 
+// A task an operator retried starts its new budget of attempts from the
+// shortest backoff again, not from the one its absolute attempt number
+// would give (attempt 4 after a retry at 3 of 3: 8 times the base).
+func TestBackoffCountsFromTheLastRetry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]tasks.Handler{"bad": func(context.Context, *tasks.Task) error { return errors.New("boom") }})
+	e.store.add(1, "bad", 0, 6)
+	e.store.mu.Lock()
+	e.store.tasks[1].Attempt, e.store.tasks[1].AttemptBudget = 4, 3 // retried once, at attempt 3 of 3
+	e.store.mu.Unlock()
+	e.own.own(0, 1)
+	e.run()
+	e.until("the first attempt after the retry failed", func() bool {
+		e.store.mu.Lock()
+		defer e.store.mu.Unlock()
+		return len(e.store.failed) > 0
+	})
+	e.store.mu.Lock()
+	first := e.store.failed[0]
+	e.store.mu.Unlock()
+	// Base 10ms: the first attempt of a budget waits [5ms, 10ms), the
+	// fourth would wait [40ms, 80ms).
+	if first.Ref.Attempt != 4 || first.RetryAfter >= 10*time.Millisecond {
+		t.Fatalf("the first failure after a retry waits %s (attempt %d), want under the 10ms base", first.RetryAfter, first.Ref.Attempt)
+	}
+}
+
 func TestAttemptsUsedUpGoDead(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, map[string]tasks.Handler{"bad": func(context.Context, *tasks.Task) error { panic("boom") }})
@@ -500,8 +527,8 @@ func TestConfigNamesTheFlag(t *testing.T) {
 
 // An operator cancels a running task: the next heartbeat carries the
 // request, the handler's context ends with tasks.ErrCancelled within one
-// interval, and the attempt is recorded as cancelled although the handler
-// then returns success.
+// interval, and the attempt is recorded as cancelled when the handler then
+// returns an error.
 func TestCancelRequestEndsTheHandlerAndRecordsCancelled(t *testing.T) {
 	t.Parallel()
 	type end struct {
@@ -513,7 +540,7 @@ func TestCancelRequestEndsTheHandlerAndRecordsCancelled(t *testing.T) {
 	e = newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, _ *tasks.Task) error {
 		<-ctx.Done()
 		ended <- end{context.Cause(ctx), e.clock.Now()}
-		return nil
+		return context.Cause(ctx)
 	}})
 	e.store.add(1, "slow", 0, 3)
 	e.own.own(0, 1)
@@ -545,6 +572,44 @@ func TestCancelRequestEndsTheHandlerAndRecordsCancelled(t *testing.T) {
 	}
 	if e.store.count("complete") != 0 || e.store.count("fail") != 0 {
 		t.Fatal("a cancelled attempt was also completed or failed")
+	}
+}
+
+// A handler that sees the cancel request (tasks.CancelRequested, the
+// context's cause) but returns success has done its work: the attempt is
+// recorded completed, with its result, so that a retry does not repeat its
+// side effects.
+func TestSuccessAfterACancelRequestIsRecordedCompleted(t *testing.T) {
+	t.Parallel()
+	saw := make(chan bool, 1)
+	e := newEnv(t, map[string]tasks.Handler{"slow": func(ctx context.Context, task *tasks.Task) error {
+		<-ctx.Done()
+		saw <- tasks.CancelRequested(ctx)
+		return task.SetResult(map[string]string{"sent": "invoice-7"})
+	}})
+	e.store.add(1, "slow", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("running", func() bool { return e.exec.InFlight() == 1 })
+	e.store.requestCancel(1)
+	e.until("recorded completed", func() bool { return e.state(1) == tasks.Completed })
+	if !<-saw {
+		t.Fatal("tasks.CancelRequested was false in the handler of a task cancelled on request")
+	}
+	if got := e.store.get(1); string(got.Result) != `{"sent":"invoice-7"}` || len(got.Errors) != 0 {
+		t.Fatalf("task %+v, want its result and no error", got)
+	}
+	if n := counterValue(e.exec.cfg.Metrics.Finished.WithLabelValues("slow", "completed")); n != 1 {
+		t.Fatalf("tasks_finished_total{outcome=completed} = %v", n)
+	}
+	if e.store.count("cancel") != 0 {
+		t.Fatal("a completed attempt was also recorded cancelled")
+	}
+	// Losing the shard is not a cancel request.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(tasks.ErrOwnershipLost)
+	if tasks.CancelRequested(ctx) || tasks.CancelRequested(context.Background()) {
+		t.Fatal("CancelRequested without a cancel request")
 	}
 }
 

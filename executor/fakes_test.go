@@ -32,6 +32,8 @@ type fakeStore struct {
 	// claimAnswersLost: that many claims commit, then fail as if the
 	// connection dropped before the answer.
 	claimAnswersLost int
+	// failed records every failure written.
+	failed []tasks.Failure
 }
 
 type fence struct {
@@ -51,7 +53,8 @@ func newFakeStore() *fakeStore {
 func (s *fakeStore) add(id int64, kind string, shard, maxAttempts int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.tasks[id] = &tasks.Task{ID: id, Kind: kind, Shard: shard, State: tasks.Ready, Attempt: 1, MaxAttempts: maxAttempts, Payload: []byte("{}")}
+	s.tasks[id] = &tasks.Task{ID: id, Kind: kind, Shard: shard, Queue: tasks.DefaultQueue, State: tasks.Ready, Attempt: 1,
+		MaxAttempts: maxAttempts, Payload: []byte("{}")}
 }
 
 func (s *fakeStore) get(id int64) tasks.Task {
@@ -88,11 +91,11 @@ func (s *fakeStore) enter(op string) error {
 	return nil
 }
 
-func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, error) {
+func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, int64, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("raise"); err != nil {
-		return nil, err
+		return nil, 0, 0, err
 	}
 	var raised []tasks.ShardEpoch
 	for _, t := range terms {
@@ -101,28 +104,20 @@ func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.S
 			raised = append(raised, t)
 		}
 	}
-	return raised, nil
-}
-
-func (s *fakeStore) RequeueOrphans(_ context.Context, owner string, terms []tasks.ShardEpoch) (int64, int64, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.enter("orphans"); err != nil {
-		return 0, 0, err
-	}
+	// Orphans of the raised terms, in the same step.
 	var n int64
 	for _, t := range s.tasks {
-		for _, term := range terms {
+		for _, term := range raised {
 			if t.Shard == term.Shard && t.State == tasks.Running && t.Epoch < term.Epoch && s.fences[t.Shard] == (fence{term.Epoch, owner}) {
 				s.retryOrBury(t, "orphaned")
 				n++
 			}
 		}
 	}
-	return n, 0, nil
+	return raised, n, 0, nil
 }
 
-func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error) {
+func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("claim"); err != nil {
@@ -139,7 +134,7 @@ func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEp
 		if len(out) == limit {
 			break
 		}
-		if t.State != tasks.Ready || !slices.Contains(kinds, t.Kind) {
+		if t.State != tasks.Ready || t.Queue != queue || !slices.Contains(kinds, t.Kind) {
 			continue
 		}
 		for _, term := range terms {
@@ -230,6 +225,9 @@ func (s *fakeStore) Fail(_ context.Context, owner string, failed []tasks.Failure
 	for i, f := range failed {
 		refs[i] = f.Ref
 	}
+	s.mu.Lock()
+	s.failed = append(s.failed, failed...)
+	s.mu.Unlock()
 	return s.fenced("fail", owner, refs, func(t *tasks.Task, i int) {
 		if failed[i].Expired && t.CancelRequestedAt == nil {
 			t.State = tasks.Failed

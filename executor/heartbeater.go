@@ -14,7 +14,8 @@ import (
 // statement, that all running attempts are alive. An attempt whose fence
 // moved loses its shard; an attempt a sweep took back is cancelled; an
 // attempt whose task an operator cancelled is cancelled with cause
-// tasks.ErrCancelled, so its outcome is recorded as cancelled.
+// tasks.ErrCancelled, so its outcome is recorded as cancelled unless its
+// handler returns success.
 type heartbeater struct {
 	store    Store
 	owner    string

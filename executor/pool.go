@@ -32,9 +32,10 @@ type result struct {
 	// done ends the attempt once its outcome is written: it leaves the
 	// pool's heartbeat set and its hold on the term ends.
 	done func()
-	// cancelled: an operator cancelled the task and the heartbeat cancelled
-	// the handler's context (cause tasks.ErrCancelled); the attempt is
-	// recorded as cancelled whatever the handler returned.
+	// cancelled: an operator cancelled the task, the heartbeat cancelled
+	// the handler's context (cause tasks.ErrCancelled), and the handler
+	// returned an error; the attempt is recorded as cancelled. A handler
+	// that returned nil has done its work: it is a completion.
 	cancelled bool
 	// expired: the handler failed after the task's deadline passed; the
 	// task ends failed, as the sweeper's deadline rule would end it.
@@ -84,6 +85,8 @@ type pool struct {
 	wg       sync.WaitGroup
 	inflight atomic.Int64 // handlers running
 	mu       sync.Mutex
+	// byQueue counts the handlers running per queue.
+	byQueue map[string]int
 	// attempts is keyed by the whole claim: a sweep may requeue a task
 	// whose handler still runs here, and this runner may claim it again.
 	attempts map[tasks.Ref]*attempt
@@ -91,13 +94,22 @@ type pool struct {
 
 func newPool(registry *tasks.Registry, max int, results chan<- result, stuckAfter time.Duration, clk clock.Clock, m *Metrics) *pool {
 	return &pool{registry: registry, max: max, results: results, stuckAfter: stuckAfter, clock: clk, m: m,
-		freed: wake.New(), attempts: map[tasks.Ref]*attempt{}}
+		freed: wake.New(), attempts: map[tasks.Ref]*attempt{}, byQueue: map[string]int{}}
 }
 
 func (p *pool) inFlight() int { return int(p.inflight.Load()) }
 
-// free is how many more attempts may start now.
-func (p *pool) free() int { return p.max - p.inFlight() }
+// free is how many more attempts of queue may start now: within the
+// queue's limit and the pool's.
+func (p *pool) free(queue string, limit int) int {
+	p.mu.Lock()
+	running := p.byQueue[queue]
+	p.mu.Unlock()
+	return min(limit-running, p.max-p.inFlight())
+}
+
+// idle is how many more attempts of any queue may start now.
+func (p *pool) idle() int { return p.max - p.inFlight() }
 
 // start runs one claimed task under its term's context; termDone ends the
 // attempt's hold on the term.
@@ -112,6 +124,7 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 	a := &attempt{task: t, ctx: ctx, cancel: cancel}
 	p.mu.Lock()
 	p.attempts[ref] = a
+	p.byQueue[t.Queue]++
 	p.mu.Unlock()
 	stopWatch := context.AfterFunc(ctx, func() {
 		p.mu.Lock()
@@ -135,12 +148,13 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 		if cause := context.Cause(ctx); err != nil && errors.Is(cause, tasks.ErrOwnershipLost) {
 			r.interrupted = cause
 		}
-		r.cancelled = errors.Is(context.Cause(ctx), tasks.ErrCancelled)
+		r.cancelled = err != nil && tasks.CancelRequested(ctx)
 		stopWatch()
 		stopDeadline()
 		cancel(nil)
 		p.mu.Lock()
 		a.finished = true
+		p.byQueue[t.Queue]--
 		if a.stuck {
 			p.m.Stuck.Dec()
 		}

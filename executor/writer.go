@@ -98,7 +98,7 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 			interruptions = append(interruptions, tasks.Interruption{Ref: r.task.Ref(), Reason: "interrupted: " + r.interrupted.Error()})
 			iItems = append(iItems, r)
 		default:
-			failures = append(failures, tasks.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.Attempt, nil),
+			failures = append(failures, tasks.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.BudgetAttempt(), nil),
 				Final: errors.Is(r.err, tasks.ErrPermanent), Expired: r.expired})
 			fItems = append(fItems, r)
 		}
@@ -205,10 +205,11 @@ func (w *writer) account(items []result, res []tasks.WriteResult) {
 	}
 }
 
-// writeCancelled records attempts cancelled on request, whatever their
-// handlers returned (what they returned goes into the task's history). If
-// the task's completion or failure landed first, the write finds it no
-// longer running and changes nothing: one outcome per attempt.
+// writeCancelled records attempts cancelled on request whose handlers
+// returned an error (it goes into the task's history; a handler that
+// returned nil is completed). If the task's completion or failure landed
+// first, the write finds it no longer running and changes nothing: one
+// outcome per attempt.
 func (w *writer) writeCancelled(ctx context.Context, items []result) {
 	if len(items) == 0 {
 		return

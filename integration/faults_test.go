@@ -112,7 +112,7 @@ func TestPostgresOutageCostsNoWork(t *testing.T) {
 	c.waitFor(30*time.Second, "a task claimed after the restart", func() bool {
 		var ms *float64
 		err := c.store.Pool().QueryRow(context.Background(), `SELECT extract(epoch FROM min(claimed_at) - pg_postmaster_start_time()) * 1000
-			FROM tasks WHERE claimed_at > pg_postmaster_start_time()`).Scan(&ms)
+			FROM task_view WHERE claimed_at > pg_postmaster_start_time()`).Scan(&ms)
 		if err != nil || ms == nil {
 			return false
 		}
@@ -122,8 +122,8 @@ func TestPostgresOutageCostsNoWork(t *testing.T) {
 	s := c.finish(90 * time.Second)
 	var stale, lateDeadline int
 	if err := c.store.Pool().QueryRow(context.Background(), `SELECT
-		(SELECT count(*) FROM tasks, jsonb_array_elements(errors) e WHERE e->>'error' LIKE 'stale claim%'),
-		(SELECT count(*) FROM tasks WHERE deadline IS NOT NULL AND state <> 'completed')`).Scan(&stale, &lateDeadline); err != nil {
+		(SELECT count(*) FROM task_view, jsonb_array_elements(errors) e WHERE e->>'error' LIKE 'stale claim%'),
+		(SELECT count(*) FROM task_view WHERE deadline IS NOT NULL AND state <> 'completed')`).Scan(&stale, &lateDeadline); err != nil {
 		t.Fatal(err)
 	}
 	if stale > 0 {
@@ -166,7 +166,7 @@ func TestPausedRunnerStartsNoWorkOnWaking(t *testing.T) {
 	})
 	c.waitFor(30*time.Second, "balanced again", func() bool { return c.balanced("runner-1", "runner-2", "runner-3") })
 	var started int
-	if err := c.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM tasks
+	if err := c.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM task_view
 		WHERE claimed_by = 'runner-2' AND claimed_at > $1 AND claimed_at < $2`, woke, back).Scan(&started); err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestDetachInterruptsWithoutSpendingAttempts(t *testing.T) {
 	interrupted := c.metric(r1, `shardrun_tasks_finished_total{kind="sleep",outcome="interrupted"}`)
 	s := c.finish(60 * time.Second)
 	var recorded int
-	if err := c.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM tasks, jsonb_array_elements(errors) e
+	if err := c.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM task_view, jsonb_array_elements(errors) e
 		WHERE (e->>'interrupted')::boolean AND state = 'completed'`).Scan(&recorded); err != nil {
 		t.Fatal(err)
 	}

@@ -416,7 +416,7 @@ func (c *cluster) enqueueWith(coord *proc, n int, kind, payload string, fields m
 		c.t.Fatalf("enqueue through the API: %d %s", code, resp)
 	}
 	// Read back the ids of what was just inserted.
-	rows, err := c.store.Pool().Query(context.Background(), `SELECT id FROM tasks WHERE kind = $1 ORDER BY id DESC LIMIT $2`, kind, n)
+	rows, err := c.store.Pool().Query(context.Background(), `SELECT id FROM task_view WHERE kind = $1 ORDER BY id DESC LIMIT $2`, kind, n)
 	if err != nil {
 		c.t.Fatal(err)
 	}

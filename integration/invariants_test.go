@@ -57,7 +57,7 @@ func (c *cluster) finish(drain time.Duration) summary {
 func (c *cluster) checkOutcomes() {
 	c.t.Helper()
 	ctx := context.Background()
-	rows, err := c.store.Pool().Query(ctx, `SELECT id, kind, shard, state, coalesce(claimed_by, ''), coalesce(claim_epoch, 0), attempt FROM tasks`)
+	rows, err := c.store.Pool().Query(ctx, `SELECT id, kind, shard, state, coalesce(claimed_by, ''), coalesce(claim_epoch, 0), attempt FROM task_view`)
 	if err != nil {
 		c.t.Fatal(err)
 	}

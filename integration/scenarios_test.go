@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -63,7 +64,7 @@ func TestKill9RunnerMidLoad(t *testing.T) {
 	c.waitFor(15*time.Second, "a task of a moved shard completed elsewhere", func() bool {
 		var at time.Time
 		shardList := keys(moved)
-		err := c.store.Pool().QueryRow(context.Background(), `SELECT coalesce(min(finished_at), 'epoch') FROM tasks
+		err := c.store.Pool().QueryRow(context.Background(), `SELECT coalesce(min(finished_at), 'epoch') FROM task_view
 			WHERE shard = ANY($1) AND state = 'completed' AND claimed_by <> 'runner-2' AND finished_at > $2`, shardList, killed).Scan(&at)
 		if err == nil && at.After(killed) {
 			firstDone = at.Sub(killed)
@@ -243,12 +244,9 @@ func TestKillTheLeaderCoordinator(t *testing.T) {
 	coord2 := c.startCoordinator("coord-2")
 	load(c, coord1, 100, 50)
 	// Stale claims of a runner that is gone: only a sweeping leader frees them.
-	if _, err := c.store.Pool().Exec(context.Background(), `
-		INSERT INTO tasks (kind, shard, key, state, claimed_by, claim_epoch, claimed_at, max_attempts)
-		SELECT 'noop', g % 64, 'orphan-' || g, 'running', 'ghost', 1, now() - interval '1 minute', 5 FROM generate_series(1, 50) g`); err != nil {
-		t.Fatal(err)
-	}
-	rows, _ := c.store.Pool().Query(context.Background(), `SELECT id FROM tasks WHERE claimed_by = 'ghost'`)
+	pgtest.InsertClaimed(t, c.store, `INSERT INTO tasks (kind, shard, key, max_attempts)
+		SELECT 'noop', g % 64, 'orphan-' || g, 5 FROM generate_series(1, 50) g RETURNING id`, "ghost", 1, "now() - interval '1 minute'")
+	rows, _ := c.store.Pool().Query(context.Background(), `SELECT id FROM task_view WHERE claimed_by = 'ghost'`)
 	for rows.Next() {
 		var id int64
 		_ = rows.Scan(&id)
@@ -288,7 +286,7 @@ func TestRestartPostgresMidLoad(t *testing.T) {
 	down := time.Since(restarted)
 	recovered := c.waitFor(30*time.Second, "work resumes after the restart", func() bool {
 		var n int
-		err := c.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM tasks WHERE finished_at > $1`, time.Now().Add(-500*time.Millisecond)).Scan(&n)
+		err := c.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM task_view WHERE finished_at > $1`, time.Now().Add(-500*time.Millisecond)).Scan(&n)
 		return err == nil && n > 0
 	})
 	s := c.finish(90 * time.Second)

@@ -45,7 +45,7 @@ func finished(t *testing.T, st *store.Store, state string, n int, age time.Durat
 func count(t *testing.T, st *store.Store, state string) int {
 	t.Helper()
 	var n int
-	if err := st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM tasks WHERE state = $1`, state).Scan(&n); err != nil {
+	if err := st.Pool().QueryRow(context.Background(), `SELECT count(*) FROM task_view WHERE state = $1`, state).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -231,7 +231,7 @@ func TestReaperFailsKindsUnhandledForLongEnough(t *testing.T) {
 		t.Fatalf("failed %d, ready %d", count(t, st, "failed"), count(t, st, "ready"))
 	}
 	var msg string
-	if err := st.Pool().QueryRow(ctx, `SELECT errors->0->>'error' FROM tasks WHERE state = 'failed' LIMIT 1`).Scan(&msg); err != nil {
+	if err := st.Pool().QueryRow(ctx, `SELECT errors->0->>'error' FROM task_view WHERE state = 'failed' LIMIT 1`).Scan(&msg); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(msg, `no attached runner handles kind "orphan"`) || !strings.Contains(msg, "--unhandled-after 1h0m0s") {

@@ -92,7 +92,8 @@ run weakened:margin_0_slow_clock               fails "-DTTL=4 -DMARGIN=0 -DLAG=1
 # (the bug needs a response delayed by more than the margin while the runner
 # is still attached: MARGIN < delay < TTL - MARGIN - 1, so TTL 5, MARGIN 1)
 run weakened:deadline_from_receipt             fails "-DTTL=5 -DMARGIN=1 -DRECEIPT_BUG=1" "$fails" "-E"
-run weakened:fenced_write_without_lock         fails "-DTTL=4 -DMARGIN=2 -DNOLOCK=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
+run weakened:raise_and_requeue_apart          fails "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DSPLIT_RAISE=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
+run weakened:claim_without_fence_lock          fails "-DTTL=4 -DMARGIN=2 -DCLAIM_NOLOCK=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
 run weakened:claim_without_lease_clock         fails "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DIDLE_PAUSE=1 -DCLAIM_NO_CLOCK=1" "$fails" "-E"
 else
 # The bound, at its edges (slower: make model-bounds): holds while

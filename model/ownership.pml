@@ -19,8 +19,11 @@
  *            by hand; 0: none of that, keep-alives on schedule (Progress)
  *   RECEIPT_BUG  1: the deadline counts from the keep-alive's receipt
  *            instead of its send time (the mistake the design warns about)
- *   NOLOCK   1: fenced writes check the fence and write in two steps, as
- *            without the FOR SHARE lock on the fence row
+ *   SPLIT_RAISE 1: the new owner raises the fence and requeues the orphans
+ *            in two transactions instead of one (the writes, which match
+ *            the claim row and take no lock on the fence, then land between)
+ *   CLAIM_NOLOCK 1: claims check the fence and take the task in two steps,
+ *            as without the FOR SHARE lock on the fence row
  *   MANUAL   1: an operator may detach each runner by hand once, and attach it
  *   IDLE_PAUSE 1: pauses start only while the runner executes nothing, to
  *            check new work alone: a runner waking from any pause must
@@ -52,8 +55,11 @@
 #ifndef RECEIPT_BUG
 #define RECEIPT_BUG 0
 #endif
-#ifndef NOLOCK
-#define NOLOCK 0
+#ifndef SPLIT_RAISE
+#define SPLIT_RAISE 0
+#endif
+#ifndef CLAIM_NOLOCK
+#define CLAIM_NOLOCK 0
 #endif
 #ifndef MANUAL
 #define MANUAL 0
@@ -92,10 +98,10 @@ byte rev;                 /* etcd's revision counter */
 
 /* ---- PostgreSQL ---- */
 byte fence;               /* shard_fences.epoch */
-byte task_state = READY;
-byte task_epoch;          /* tasks.claim_epoch (a requeue always comes with a new
+byte task_state = READY;  /* READY: a task_ready entry; RUNNING: a task_claims row */
+byte task_epoch;          /* task_claims.epoch (a requeue always comes with a new
                            * epoch here, so the epoch stands in for the attempt) */
-byte task_owner = FREE;   /* tasks.claimed_by */
+byte task_owner = FREE;   /* task_claims.owner */
 byte outcomes;            /* terminal outcomes recorded */
 
 /* ---- runners ---- */
@@ -117,8 +123,7 @@ bool fenced[N];           /* raised the fence for it (executor.fenced) */
 bool requeued[N];         /* requeued the orphans of older epochs */
 bool exec[N];             /* a handler of the shard's task is running */
 byte cl_epoch[N];         /* epoch of the claim it runs */
-bool checked[N];          /* NOLOCK: read the fence, about to write */
-byte w_epoch[N];          /* NOLOCK: the epoch that write carries */
+bool checked[N];          /* CLAIM_NOLOCK: read the fence, about to take the task */
 bool manual_used[N];      /* the one manual detach per runner was used */
 bool can_pause[N];        /* the timer has run since the last pause, so a new
                            * pause may start (pauses do not chain into longer ones) */
@@ -133,6 +138,15 @@ bool can_pause[N];        /* the timer has run since the last pause, so a new
 #else
 #define check_double_exec assert(!double_exec)
 #endif
+
+/* requeue(i): the orphans of epochs older than runner i's go back to ready. */
+inline requeue(i) {
+	if
+	:: task_state == RUNNING && task_epoch < epoch[i] -> task_state = READY; task_owner = FREE
+	:: else
+	fi;
+	requeued[i] = true
+}
 
 /* detach(i): the subscriber cancels every shard's work at once. */
 inline detach(i) {
@@ -287,58 +301,60 @@ proctype worker(byte i) {
 		fi;
 		drop(i) }
 
-	/* ---- the executor (executor/claimer.go, store/claim.go) ---- */
+	/* ---- the executor (executor/claimer.go, store/fence.go, store/claim.go) ---- */
+	/* RaiseFences: raise the fence and, in the same transaction, requeue
+	 * the claims of older epochs (the orphans) */
 	:: atomic { paused[i] == 0 && attached[i] && owns[i] && !fenced[i] ->
-		if                                          /* RaiseFences */
-		:: fence <= epoch[i] -> fence = epoch[i]; fenced[i] = true
+		if
+		:: fence <= epoch[i] -> fence = epoch[i]; fenced[i] = true;
+#if !SPLIT_RAISE
+			requeue(i)
+#endif
 		:: else -> drop(i)                          /* FenceLost */
 		fi }
+#if SPLIT_RAISE
 	:: atomic { paused[i] == 0 && attached[i] && owns[i] && fenced[i] && !requeued[i] ->
-		if                                          /* RequeueOrphans, under the fence */
-		:: fence == epoch[i] ->
-			if
-			:: task_state == RUNNING && task_epoch < epoch[i] -> task_state = READY
-			:: else
-			fi;
-			requeued[i] = true
+		if                                          /* the requeue, a transaction of its own */
+		:: fence == epoch[i] -> requeue(i)
 		:: else -> drop(i)
 		fi }
+#endif
 	/* Claim and begin under a Hold: attached, and the lease clock before its
 	 * detach point (dl != 0), checked by the claim itself and not left to
 	 * the timer (shard.Manager.mayWork) */
+#if CLAIM_NOLOCK
+	/* Without the lock the claim reads the fence, then takes the task: the
+	 * raise and requeue can land in between. */
 	:: atomic { paused[i] == 0 && attached[i] && (CLAIM_NO_CLOCK || dl[i] != 0) &&
-	            owns[i] && requeued[i] && !exec[i] && fence == epoch[i] && task_state == READY ->
-		task_state = RUNNING; task_epoch = epoch[i]; task_owner = i; /* Claim, under the fence */
-		exec[i] = true; cl_epoch[i] = epoch[i];
-		check_double_exec }
-#if NOLOCK
-	/* Without the lock the statement reads the fence, then writes; once sent
-	 * it lands even if the runner detaches meanwhile, with the epoch it
-	 * carried. */
-	:: atomic { paused[i] == 0 && exec[i] && !checked[i] && fence == cl_epoch[i] ->
-		checked[i] = true; w_epoch[i] = cl_epoch[i] }
+	            owns[i] && requeued[i] && !exec[i] && !checked[i] && fence == epoch[i] ->
+		checked[i] = true }
 	:: atomic { checked[i] ->
 		if
-		:: task_state == RUNNING && task_owner == i && task_epoch == w_epoch[i] ->
-			assert(w_epoch[i] >= fence);            /* NoStaleWrite */
-			task_state = DONE; outcomes++;
-			assert(outcomes <= 1)                   /* OutcomeOnce */
+		:: task_state == READY ->
+			task_state = RUNNING; task_epoch = epoch[i]; task_owner = i;
+			exec[i] = true; cl_epoch[i] = epoch[i];
+			check_double_exec
 		:: else
 		fi;
-		checked[i] = false; w_epoch[i] = 0;
-		stop_exec(i) }
+		checked[i] = false }
 #else
-	:: atomic { paused[i] == 0 && exec[i] ->         /* Complete, fenced, under FOR SHARE */
+	:: atomic { paused[i] == 0 && attached[i] && (CLAIM_NO_CLOCK || dl[i] != 0) &&
+	            owns[i] && requeued[i] && !exec[i] && fence == epoch[i] && task_state == READY ->
+		task_state = RUNNING; task_epoch = epoch[i]; task_owner = i; /* Claim, under FOR SHARE of the fence */
+		exec[i] = true; cl_epoch[i] = epoch[i];
+		check_double_exec }
+#endif
+	/* Complete: matches the claim row (owner, epoch, attempt) and takes no
+	 * lock on the fence; one statement, atomic on that row */
+	:: atomic { paused[i] == 0 && exec[i] ->
 		if
-		:: fence == cl_epoch[i] && task_state == RUNNING && task_owner == i &&
-		   task_epoch == cl_epoch[i] ->
+		:: task_state == RUNNING && task_owner == i && task_epoch == cl_epoch[i] ->
 			assert(cl_epoch[i] >= fence);           /* NoStaleWrite */
 			task_state = DONE; outcomes++;
 			assert(outcomes <= 1)                   /* OutcomeOnce */
 		:: else -> drop(i)                          /* refused: FenceLost or TaskMoved */
 		fi;
 		stop_exec(i) }
-#endif
 	od
 }
 

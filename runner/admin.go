@@ -14,6 +14,7 @@ import (
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/httpauth"
+	"github.com/shardrun/shardrun/internal/httpjson"
 	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
@@ -112,7 +113,7 @@ func (r *Runner) adminHandler() http.Handler {
 	mux.HandleFunc("POST /admin/detach", r.authorized(r.handleDetach))
 	mux.HandleFunc("POST /admin/attach", r.authorized(r.handleAttach))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{}))
-	return mux
+	return httpjson.Errors(mux)
 }
 
 // authorized requires the admin token (internal/httpauth: "Authorization:

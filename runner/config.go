@@ -8,8 +8,11 @@
 package runner
 
 import (
+	"cmp"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -57,9 +60,13 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	PollInterval      time.Duration
 	MaxWorkers        int
-	HandoffTimeout    time.Duration
-	RetryBase         time.Duration
-	RetryCap          time.Duration
+	// Queues are the queues claimed from, each with the most of its tasks
+	// that may run at once (0: up to MaxWorkers) (--queues). Default: the
+	// default queue.
+	Queues         map[string]int
+	HandoffTimeout time.Duration
+	RetryBase      time.Duration
+	RetryCap       time.Duration
 	// Version is published in the runner's etcd key and /status.
 	Version string
 	// Logger is the root logger; default hclog at info on stderr.
@@ -125,9 +132,38 @@ func (c Config) retryPolicy() tasks.RetryPolicy {
 // cancellation before they are reported stuck, and five seconds more at
 // shutdown.
 func (c Config) executorConfig() executor.Config {
-	return executor.Config{RunnerID: c.RunnerID, Retry: c.retryPolicy(), MaxWorkers: c.MaxWorkers,
+	queues := make(map[string]int, len(c.Queues))
+	for name, limit := range c.Queues {
+		queues[name] = cmp.Or(limit, c.MaxWorkers)
+	}
+	return executor.Config{RunnerID: c.RunnerID, Retry: c.retryPolicy(), MaxWorkers: c.MaxWorkers, Queues: queues,
 		HeartbeatInterval: c.HeartbeatInterval, PollInterval: c.PollInterval,
 		ShutdownTimeout: c.HandoffTimeout + 5*time.Second, StuckAfter: c.HandoffTimeout}
+}
+
+// ParseQueues reads --queues: comma-separated queue names, each with an
+// optional worker limit (name=N); a name without one may use every worker.
+func ParseQueues(spec string) (map[string]int, error) {
+	queues := map[string]int{}
+	for _, part := range strings.Split(spec, ",") {
+		part = strings.TrimSpace(part)
+		name, limit, hasLimit := strings.Cut(part, "=")
+		if err := tasks.CheckQueue(name); err != nil {
+			return nil, fmt.Errorf("--queues: %q: %w", part, err)
+		}
+		if _, dup := queues[name]; dup {
+			return nil, fmt.Errorf("--queues: queue %s given twice", name)
+		}
+		n := 0
+		if hasLimit {
+			var err error
+			if n, err = strconv.Atoi(limit); err != nil || n < 1 {
+				return nil, fmt.Errorf("--queues: %q: the worker limit must be a positive number", part)
+			}
+		}
+		queues[name] = n
+	}
+	return queues, nil
 }
 
 // Validate reports the first bad setting in one line naming its flag,

@@ -274,9 +274,12 @@ func TestAdminRejectsBadRequests(t *testing.T) {
 		{"attach with trailing data", "POST", "/admin/attach", "s3cret", `{}]`, 400},
 		{"wrong method", "GET", "/admin/detach", "s3cret", "", 405},
 		{"wrong method on status", "POST", "/status", "", "", 405},
+		{"unknown path", "GET", "/admin", "", "", 404},
 	} {
-		if code, body := testutil.HTTP(t, tc.method, a.url(tc.path), tc.token, tc.body); code != tc.code {
-			t.Errorf("%s: %d %s, want %d", tc.name, code, body, tc.code)
+		code, body := testutil.HTTP(t, tc.method, a.url(tc.path), tc.token, tc.body)
+		var e map[string]any
+		if code != tc.code || json.Unmarshal([]byte(body), &e) != nil || e["error"] == nil {
+			t.Errorf("%s: %d %s, want %d with a JSON error", tc.name, code, body, tc.code)
 		}
 	}
 	if st := a.Status(); st.State != shard.StateAttached {

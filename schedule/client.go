@@ -7,7 +7,6 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -36,8 +35,8 @@ var namePattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
 
 // Store is what the client needs from the database (store.Store).
 type Store interface {
-	CreateSchedule(ctx context.Context, sc store.Schedule) (store.Schedule, error)
-	ListSchedules(ctx context.Context, limit int) ([]store.Schedule, error)
+	CreateSchedule(ctx context.Context, prepare func(now time.Time) (store.Schedule, error)) (store.Schedule, error)
+	ListSchedules(ctx context.Context, after string, limit int) ([]store.Schedule, error)
 	DeleteSchedule(ctx context.Context, name string) (bool, error)
 }
 
@@ -47,7 +46,6 @@ type ClientConfig struct {
 	ShardCount int
 	// MaxAttempts for ticks' tasks that do not set one. Default 5.
 	MaxAttempts int
-	Clock       clock.Clock
 }
 
 // Client defines, lists and deletes schedules.
@@ -64,19 +62,16 @@ func NewClient(st Store, cfg ClientConfig) (*Client, error) {
 	if cfg.MaxAttempts == 0 {
 		cfg.MaxAttempts = tasks.DefaultMaxAttempts
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real()
-	}
 	return &Client{st: st, cfg: cfg}, nil
 }
 
 // Prepare validates d and returns the row to store, with its first tick:
-// the first tick after now.
-func (c *Client) Prepare(d Definition) (store.Schedule, error) {
+// the first tick from now on (an interval schedule without a start starts
+// one interval after now). Create gives it the database's time.
+func (c *Client) Prepare(d Definition, now time.Time) (store.Schedule, error) {
 	if !namePattern.MatchString(d.Name) {
 		return store.Schedule{}, &tasks.FieldError{Field: "name", Problem: fmt.Sprintf("must be 1 to 200 letters, digits, '.', '_', '-' or ':', got %q", d.Name)}
 	}
-	now := c.cfg.Clock.Now()
 	// The task of a tick must be valid now, as it will be at every tick.
 	in, err := tasks.NewTask{Kind: d.Kind, Key: d.Key, Payload: d.Payload, MaxAttempts: d.MaxAttempts}.Prepare(now, c.cfg.ShardCount, c.cfg.MaxAttempts)
 	if err != nil {
@@ -115,18 +110,55 @@ func (c *Client) Prepare(d Definition) (store.Schedule, error) {
 }
 
 // Create validates and stores a schedule; store.ErrScheduleExists when
-// the name is taken. Its first tick is the first one after now.
+// the name is taken. Its first tick is computed from the database's time
+// (now() of the transaction that stores it), as every time rule of the
+// scheduler is: a process whose clock runs ahead would skip ticks.
 func (c *Client) Create(ctx context.Context, d Definition) (store.Schedule, error) {
-	sc, err := c.Prepare(d)
-	if err != nil {
+	// Invalid definitions are refused before the database is asked.
+	if _, err := c.Prepare(d, time.Now()); err != nil {
 		return store.Schedule{}, err
 	}
-	return c.st.CreateSchedule(ctx, sc)
+	return c.st.CreateSchedule(ctx, func(now time.Time) (store.Schedule, error) { return c.Prepare(d, now) })
 }
 
-// List returns up to limit schedules by name.
-func (c *Client) List(ctx context.Context, limit int) ([]store.Schedule, error) {
-	return c.st.ListSchedules(ctx, limit)
+// ListRequest asks for one page of schedules, by name.
+type ListRequest struct {
+	// After is the cursor: the Next of the previous page ("": from the
+	// first schedule).
+	After string
+	// Limit bounds the page: 1 to tasks.MaxListLimit, or 0 for
+	// tasks.DefaultListLimit (as for tasks: Go's zero value is "not set").
+	Limit int
+}
+
+// Page is one page of schedules. Next, when not "", is the cursor of the
+// next page; the listing is complete once a page comes without one.
+type Page struct {
+	Schedules []store.Schedule
+	Next      string
+}
+
+// List returns one page of schedules by name; follow Page.Next (as
+// req.After) until it is "".
+func (c *Client) List(ctx context.Context, req ListRequest) (Page, error) {
+	switch {
+	case req.Limit < 0 || req.Limit > tasks.MaxListLimit:
+		return Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (0 for the default, %d), got %d", tasks.MaxListLimit, tasks.DefaultListLimit, req.Limit)}
+	case req.After != "" && !namePattern.MatchString(req.After):
+		return Page{}, &tasks.FieldError{Field: "after", Problem: fmt.Sprintf("must be a schedule name (the next of the previous page), got %q", req.After)}
+	case req.Limit == 0:
+		req.Limit = tasks.DefaultListLimit
+	}
+	list, err := c.st.ListSchedules(ctx, req.After, req.Limit+1)
+	if err != nil {
+		return Page{}, err
+	}
+	p := Page{Schedules: list}
+	if len(list) > req.Limit {
+		p.Schedules = list[:req.Limit]
+		p.Next = p.Schedules[req.Limit-1].Name
+	}
+	return p, nil
 }
 
 // Delete deletes the named schedule and reports whether it existed; the

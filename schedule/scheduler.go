@@ -21,7 +21,7 @@ import (
 // TickStore is what the Scheduler needs from the database (store.Store).
 type TickStore interface {
 	EnqueueTicks(ctx context.Context, epoch int64, limit int,
-		plan func(sc store.Schedule, now time.Time) (store.TickPlan, error)) (store.TickResult, error)
+		plan func(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error)
 }
 
 // Defaults of SchedulerConfig.
@@ -82,8 +82,9 @@ func (c *SchedulerConfig) Validate() error {
 type Result struct {
 	Started  time.Time
 	Duration time.Duration
-	// TermStart is the database time the term's first pass began: ticks
-	// before it were missed while no leader ran.
+	// TermStart is the database time the leader raised the coordinator
+	// fence (zero until a pass succeeded): ticks before it were missed
+	// while no leader ran.
 	TermStart time.Time
 	// Due schedules handled, tasks Enqueued, ticks Skipped by the
 	// missed-tick policy, Duplicates refused by the unique index (never
@@ -189,9 +190,7 @@ func (s *Scheduler) pass(ctx context.Context, r *Result) error {
 		if err != nil {
 			return err
 		}
-		if s.termStart.IsZero() {
-			s.termStart = res.Now // the first batch of the term found nothing due
-		}
+		s.termStart = res.TermStart
 		r.Due += res.Schedules
 		r.Enqueued += res.Enqueued
 		r.Skipped += res.Skipped
@@ -211,11 +210,10 @@ func (s *Scheduler) pass(ctx context.Context, r *Result) error {
 }
 
 // plan is the missed-tick policy applied to one due schedule (see the
-// package comment). The term starts at the first batch's database time.
-func (s *Scheduler) plan(sc store.Schedule, now time.Time) (store.TickPlan, error) {
-	if s.termStart.IsZero() {
-		s.termStart = now
-	}
+// package comment). The term starts when the leader raised the
+// coordinator fence, whenever its first pass succeeds: ticks that came due
+// while its passes failed (the database was down) came due in its term.
+func (s *Scheduler) plan(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error) {
 	timer, err := TimerOf(sc)
 	if err != nil {
 		// A stored schedule that no longer compiles (its time zone left the
@@ -224,7 +222,7 @@ func (s *Scheduler) plan(sc store.Schedule, now time.Time) (store.TickPlan, erro
 		s.log.Error("schedule does not compile; it stops ticking", "schedule", sc.Name, "error", err)
 		return store.TickPlan{Next: Never}, nil
 	}
-	ticks, next, skipped := Plan(timer, sc.NextTick, now, s.termStart)
+	ticks, next, skipped := Plan(timer, sc.NextTick, now, termStart)
 	p := store.TickPlan{Next: next, Skipped: skipped}
 	for _, at := range ticks {
 		in, err := tasks.NewTask{Kind: sc.Kind, Key: sc.Key, Payload: sc.Payload, MaxAttempts: sc.MaxAttempts}.
@@ -238,7 +236,7 @@ func (s *Scheduler) plan(sc store.Schedule, now time.Time) (store.TickPlan, erro
 	}
 	if skipped > 0 {
 		s.log.Warn("ticks missed while no leader ran were skipped; enqueued the latest", "schedule", sc.Name,
-			"skipped", skipped, "from", sc.NextTick, "term_start", s.termStart)
+			"skipped", skipped, "from", sc.NextTick, "term_start", termStart)
 	}
 	return p, nil
 }

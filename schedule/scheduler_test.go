@@ -50,9 +50,13 @@ func TestSchedulerEnqueuesEachTickOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Eleven ticks missed while no leader ran (the newest at creation).
+	// Eleven ticks missed while no leader ran (the newest at creation); the
+	// leader's term begins now.
 	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = next_tick - interval '11 hours',
 		start_at = start_at - interval '11 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now()`); err != nil {
 		t.Fatal(err)
 	}
 	r := newScheduler(t, b.st, 1).runOnce(ctx)
@@ -129,7 +133,9 @@ func TestTicksDueDuringTheTermAreAllEnqueued(t *testing.T) {
 	if r := s.runOnce(ctx); r.Err != nil {
 		t.Fatal(r.Err)
 	}
-	s.termStart = s.termStart.Add(-10 * time.Second)
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now() - interval '10 seconds'`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '3.5 seconds',
 		start_at = now() - interval '3.5 seconds'`); err != nil {
 		t.Fatal(err)
@@ -178,5 +184,102 @@ func TestClientValidatesAndDeletes(t *testing.T) {
 	}
 	if ok, _ := b.client.Delete(ctx, "berlin"); ok {
 		t.Fatal("deleted twice")
+	}
+}
+
+// failFirst is a TickStore whose first pass fails, as with the database
+// down when the term begins.
+type failFirst struct {
+	TickStore
+	failed bool
+}
+
+func (f *failFirst) EnqueueTicks(ctx context.Context, epoch int64, limit int,
+	plan func(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error) {
+	if !f.failed {
+		f.failed = true
+		return store.TickResult{}, errors.New("database down")
+	}
+	return f.TickStore.EnqueueTicks(ctx, epoch, limit, plan)
+}
+
+// The term begins when the leader raised the coordinator fence, not at
+// its first successful pass: ticks that came due after the fence was
+// raised, while the leader's first passes failed, are all enqueued.
+func TestTermStartsWhenLeadershipStarted(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.client.Create(ctx, Definition{Name: "fast", Kind: "noop", Every: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	// Leadership began 10s ago; the schedule's ticks came due from 5.5s
+	// ago on, while the leader's passes failed.
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now() - interval '10 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '5.5 seconds',
+		start_at = now() - interval '5.5 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewScheduler(SchedulerConfig{Store: &failFirst{TickStore: b.st}, Epoch: 1, ShardCount: 16, Clock: clock.NewFake()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.runOnce(ctx); r.Err == nil {
+		t.Fatal("the first pass did not fail")
+	}
+	r := s.runOnce(ctx)
+	if r.Err != nil || r.Enqueued < 6 || r.Skipped != 0 {
+		t.Fatalf("pass after the failed one: %+v; want the (at least) 6 ticks of the term enqueued, none skipped", r)
+	}
+	var raised time.Time
+	if err := b.st.Pool().QueryRow(ctx, `SELECT raised_at FROM coordinator_fence`).Scan(&raised); err != nil {
+		t.Fatal(err)
+	}
+	if !r.TermStart.Equal(raised) {
+		t.Fatalf("term start %s, want the fence's raise %s", r.TermStart, raised)
+	}
+}
+
+// fixedNow is a Store whose database time is at: it prepares the schedule
+// as the real store does and stores nothing.
+type fixedNow struct {
+	Store
+	at time.Time
+}
+
+func (f fixedNow) CreateSchedule(_ context.Context, prepare func(now time.Time) (store.Schedule, error)) (store.Schedule, error) {
+	return prepare(f.at)
+}
+
+// A schedule's first tick comes from the database's time, not the
+// process's clock (one running ahead would skip ticks): the store gives
+// its now() to the client, and the client computes the first tick from it.
+func TestFirstTickComesFromTheDatabaseClock(t *testing.T) {
+	dbNow := time.Date(2020, 5, 17, 10, 20, 30, 0, time.UTC)
+	c, err := NewClient(fixedNow{at: dbNow}, ClientConfig{ShardCount: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	iv, err := c.Create(ctx, Definition{Name: "iv", Kind: "noop", Every: time.Minute})
+	if err != nil || !iv.Start.Equal(dbNow.Add(time.Minute)) || !iv.NextTick.Equal(iv.Start) {
+		t.Fatalf("interval schedule: start %s, first tick %s (%v); want both one minute after the database's now %s", iv.Start, iv.NextTick, err, dbNow)
+	}
+	cr, err := c.Create(ctx, Definition{Name: "cr", Kind: "noop", Cron: "*/5 * * * *"})
+	if want := time.Date(2020, 5, 17, 10, 25, 0, 0, time.UTC); err != nil || !cr.NextTick.Equal(want) {
+		t.Fatalf("cron schedule: first tick %s (%v), want %s", cr.NextTick, err, want)
+	}
+
+	// The real store prepares with the now() of the transaction that
+	// inserts the row: the row's created_at.
+	b := setup(t)
+	var got time.Time
+	sc, err := b.st.CreateSchedule(ctx, func(now time.Time) (store.Schedule, error) {
+		got = now
+		return b.client.Prepare(Definition{Name: "db", Kind: "noop", Every: time.Minute}, now)
+	})
+	if err != nil || !got.Equal(sc.CreatedAt) {
+		t.Fatalf("prepared at %s, created at %s (%v): want the transaction's now()", got, sc.CreatedAt, err)
 	}
 }

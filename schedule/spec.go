@@ -103,7 +103,19 @@ func (s Spec) Compile() (Timer, error) {
 	if spec.Next(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)).IsZero() {
 		return nil, fmt.Errorf("%w: cron %q never matches", ErrSpec, s.Cron)
 	}
-	return calendar{spec}, nil
+	return calendar{spec: spec, fixed: fixedTime(expr)}, nil
+}
+
+// fixedTime reports whether a cron expression runs at particular times of
+// day: neither its minute nor its hour field is a wildcard ('*', '*/n'),
+// and it is not @hourly. Vixie cron runs such a job once when the clocks
+// go back and repeat its wall time, and a wildcard job on real time.
+func fixedTime(expr string) bool {
+	if strings.HasPrefix(expr, "@") {
+		return expr != "@hourly"
+	}
+	f := strings.Fields(expr)
+	return len(f) >= 2 && !strings.HasPrefix(f[0], "*") && !strings.HasPrefix(f[1], "*")
 }
 
 type interval struct {
@@ -119,18 +131,44 @@ func (iv interval) Next(t time.Time) time.Time {
 	return iv.start.Add(k * iv.every)
 }
 
-type calendar struct{ spec *cron.SpecSchedule }
+// calendar is a cron expression's timer. A wall time repeated by clocks
+// going back ticks once, at its first occurrence, when the expression is
+// fixedTime; robfig/cron would tick at both. A wall time skipped by clocks
+// going forward does not tick (robfig/cron's behaviour, kept).
+type calendar struct {
+	spec  *cron.SpecSchedule
+	fixed bool
+}
 
 // Never is the next tick of a cron expression with no match left (robfig
 // gives up after five years without one).
 var Never = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
 func (c calendar) Next(t time.Time) time.Time {
-	n := c.spec.Next(t)
-	if n.IsZero() {
-		return Never
+	for {
+		n := c.spec.Next(t)
+		if n.IsZero() {
+			return Never
+		}
+		if !c.fixed || !repeatedWallTime(n.In(c.spec.Location)) {
+			return n.UTC()
+		}
+		t = n
 	}
-	return n.UTC()
+}
+
+// repeatedWallTime reports whether the wall time of t (in its location)
+// already occurred an instant earlier: t lies within the stretch that
+// clocks going back at the start of t's zone period repeat.
+func repeatedWallTime(t time.Time) bool {
+	start, _ := t.ZoneBounds()
+	if start.IsZero() {
+		return false
+	}
+	_, offset := t.Zone()
+	_, before := start.Add(-time.Nanosecond).Zone()
+	back := time.Duration(before-offset) * time.Second
+	return back > 0 && t.Before(start.Add(back))
 }
 
 // maxTicksPerPlan bounds the ticks one schedule enqueues in one batch; the

@@ -118,3 +118,54 @@ func TestPlanMissedTickPolicy(t *testing.T) {
 		t.Errorf("a backlog of 1000 ticks: %d ticks, next %s", len(ticks), after)
 	}
 }
+
+// The night clocks go back repeats an hour of wall time. A cron
+// expression with a fixed minute and hour ticks once in it, at the first
+// occurrence, as Vixie cron runs such jobs once; one with a wildcard in
+// its minute or hour field (or @hourly) keeps ticking on real time, as
+// Vixie cron runs wildcard jobs.
+func TestCronTicksOnceWhenClocksGoBack(t *testing.T) {
+	utc := func(mo time.Month, d, h, m int) time.Time { return time.Date(2026, mo, d, h, m, 0, 0, time.UTC) }
+	for _, tc := range []struct {
+		name, cron, zone string
+		from             time.Time
+		want             []time.Time
+	}{
+		{"02:30 Berlin", "30 2 * * *", "Europe/Berlin", utc(10, 24, 12, 0),
+			[]time.Time{utc(10, 25, 0, 30), utc(10, 26, 1, 30), utc(10, 27, 1, 30)}},
+		{"01:30 New York", "30 1 * * *", "America/New_York", utc(10, 31, 12, 0),
+			[]time.Time{utc(11, 1, 5, 30), utc(11, 2, 6, 30)}},
+		{"a list of fixed times in the repeated hour", "0,45 2 * * *", "Europe/Berlin", utc(10, 24, 12, 0),
+			[]time.Time{utc(10, 25, 0, 0), utc(10, 25, 0, 45), utc(10, 26, 1, 0)}},
+		{"hourly keeps real time", "30 * * * *", "Europe/Berlin", utc(10, 25, 0, 0),
+			[]time.Time{utc(10, 25, 0, 30), utc(10, 25, 1, 30), utc(10, 25, 2, 30)}},
+		{"@hourly keeps real time", "@hourly", "America/New_York", utc(11, 1, 4, 30),
+			[]time.Time{utc(11, 1, 5, 0), utc(11, 1, 6, 0), utc(11, 1, 7, 0)}},
+		{"a wildcard minute keeps real time", "*/30 2 * * *", "Europe/Berlin", utc(10, 24, 12, 0),
+			[]time.Time{utc(10, 25, 0, 0), utc(10, 25, 0, 30), utc(10, 25, 1, 0), utc(10, 25, 1, 30), utc(10, 26, 1, 0)}},
+	} {
+		timer, err := Spec{Cron: tc.cron, Timezone: tc.zone}.Compile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := tc.from
+		for i, want := range tc.want {
+			if at = timer.Next(at); !at.Equal(want) {
+				t.Errorf("%s: tick %d = %s, want %s", tc.name, i, at, want)
+				break
+			}
+		}
+	}
+	// Between the two occurrences (a schedule created at 00:45Z) the next
+	// tick is the next night's: the wall time 02:30 has passed.
+	timer, _ := Spec{Cron: "30 2 * * *", Timezone: "Europe/Berlin"}.Compile()
+	if got, want := timer.Next(utc(10, 25, 0, 45)), utc(10, 26, 1, 30); !got.Equal(want) {
+		t.Errorf("02:30 Berlin after its first occurrence: %s, want %s", got, want)
+	}
+	// The scheduler's plan over the night, as a leader running through it
+	// sees it: one tick.
+	ticks, _, skipped := Plan(timer, utc(10, 25, 0, 30), utc(10, 25, 3, 0), utc(10, 24, 0, 0))
+	if len(ticks) != 1 || skipped != 0 {
+		t.Errorf("ticks of the night clocks go back: %v (skipped %d), want one", ticks, skipped)
+	}
+}

@@ -80,7 +80,7 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 	for i := range owned {
 		owned[i] = tasks.ShardEpoch{Shard: i, Epoch: 1}
 	}
-	if _, err := s.RaiseFences(ctx, "r", owned); err != nil {
+	if _, _, _, err := s.RaiseFences(ctx, "r", owned); err != nil {
 		b.Fatal(err)
 	}
 	// Enough ready work for the loop, plus a backlog the claim
@@ -99,7 +99,7 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 	start := time.Now()
 	n := 0
 	for b.Loop() {
-		got, err := s.Claim(ctx, "r", owned, []string{"k"}, size)
+		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, size)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,7 +1,16 @@
 package store
 
 // Claims and the writes about claimed tasks (heartbeat, complete, fail,
-// unclaim, orphan requeue), each fenced by the shard's epoch.
+// interrupt, cancel, unclaim).
+//
+// A claim moves a task's entry from task_ready to task_claims; every later
+// write about the attempt matches that claim row on the whole claim (task,
+// owner, epoch, attempt) and ends it, or touches it for a heartbeat. The
+// next owner of a shard raises its fence and requeues the shard's claims of
+// older epochs in one transaction (fence.go), so a claim row that still
+// matches is one no newer owner has taken over: the writes need no lock on
+// the fence. The claim itself locks the fence rows of the shards it takes
+// from, so that a raise waits for it and then sees what it claimed.
 
 import (
 	"cmp"
@@ -9,119 +18,121 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// RequeueOrphans moves the running tasks of the given shards whose claim
-// epoch is older than the shard's epoch back to ready (attempt+1), or to dead
-// when their attempts are used up. Their owner is gone by construction: the
-// shard changed hands. It applies only to shards whose fence the caller holds.
-func (s *Store) RequeueOrphans(ctx context.Context, owner string, owned []tasks.ShardEpoch) (requeued, dead int64, err error) {
-	if len(owned) == 0 {
-		return 0, 0, nil
+// Plans must not depend on fresh statistics: the queue tables are
+// bulk-loaded and churned faster than autovacuum analyses them, and the
+// planner then estimates their CTEs and scans at a row or two. So the rows
+// of the claim path are found by primary key from input arrays (unnest,
+// or id = ANY(ARRAY(...))), by ctid, or by an ordered walk of one lane of
+// task_ready's primary key; docs/architecture.md has what a join cost.
+
+// claimSQL is the claim statement for each number of kinds (the lanes of
+// a shard are one index range per kind, merged in priority order).
+var claimSQL sync.Map
+
+// ClaimQuery returns the claim statement for n kinds: the plans test and the
+// benchmark explain it.
+func ClaimQuery(n int) string {
+	if q, ok := claimSQL.Load(n); ok {
+		return q.(string)
 	}
-	shards, epochs := splitSorted(owned)
-	rows, err := s.pool.Query(ctx, `
-		WITH `+fenceCTE("$3", "SELECT * FROM unnest($1::int[], $2::bigint[])")+`
-		UPDATE tasks t SET
-		`+retryOrBury("now()", "t.claimed_by", `format('orphaned: shard %s moved from epoch %s to %s', t.shard, t.claim_epoch,
-			($2::bigint[])[array_position($1::int[], t.shard)])`)+`
-		WHERE t.shard = ANY (ARRAY(SELECT shard FROM fence)) AND t.state = 'running'
-		  AND t.claim_epoch < ($2::bigint[])[array_position($1::int[], t.shard)]
-		RETURNING t.state`, shards, epochs, owner)
-	if err != nil {
-		return 0, 0, fmt.Errorf("requeueing orphans of %d shards: %w", len(owned), err)
+	lane := func(k int) string {
+		return `SELECT r.ctid AS tid, r.priority, r.run_after, r.id FROM task_ready r
+				WHERE r.shard = s.shard AND r.queue = $6 AND r.kind = ($4::text[])[` + strconv.Itoa(k) + `]
+				  AND r.run_after <= now() AND (r.deadline IS NULL OR r.deadline > now())
+				ORDER BY r.priority, r.run_after, r.id`
 	}
-	return countStates(rows, "requeueing orphans")
+	lanes := lane(1) + ` LIMIT $5`
+	if n > 1 {
+		parts := make([]string, n)
+		for k := range parts {
+			parts[k] = "(" + lane(k+1) + ")"
+		}
+		lanes = `SELECT x.tid FROM (` + strings.Join(parts, " UNION ALL ") + `) x ORDER BY x.priority, x.run_after, x.id LIMIT $5`
+	}
+	q := `/* shardrun.claim */
+		WITH cand AS (
+			SELECT c.tid, s.shard FROM unnest($2::int[]) AS s(shard)
+			CROSS JOIN LATERAL (` + lanes + `) c
+			WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = $6 AND q.paused_at IS NOT NULL)
+			LIMIT $5
+		), fence AS (
+			SELECT f.shard FROM shard_fences f
+			WHERE f.shard = ANY (ARRAY(SELECT DISTINCT shard FROM cand)) AND f.owner = $1
+			  AND f.epoch = ($3::bigint[])[array_position($2::int[], f.shard)]
+			ORDER BY f.shard
+			FOR SHARE
+		), del AS (
+			DELETE FROM task_ready r
+			WHERE r.ctid = ANY (ARRAY(SELECT tid FROM cand WHERE shard = ANY (ARRAY(SELECT shard FROM fence))))
+			RETURNING r.id
+		), picked AS MATERIALIZED (
+			SELECT ` + claimColumns + `, ($3::bigint[])[array_position($2::int[], t.shard)] AS epoch
+			FROM tasks t WHERE t.id = ANY (ARRAY(SELECT id FROM del ORDER BY id)) AND t.state = 'ready'
+		), ins AS (
+			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, deadline)
+			SELECT id, shard, queue, epoch, $1, attempt, deadline FROM picked
+		)
+		SELECT id, kind, shard, key, queue, priority, coalesce(sequence_key, ''), coalesce(sequence_blocks, false), payload,
+			attempt, max_attempts, coalesce(attempt_budget, 0), run_after, deadline, epoch, now(), created_at
+		FROM picked`
+	claimSQL.Store(n, q)
+	return q
 }
 
-// claimColumns are the fields a handler needs.
-const claimColumns = `t.id, t.kind, t.shard, t.key, t.payload, t.state, t.attempt, t.max_attempts,
-	t.run_after, t.deadline, t.claimed_by, t.claim_epoch, t.claimed_at, t.created_at`
+// claimColumns are the fields of a claimed task, as scanClaimed reads them.
+const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.sequence_key, t.sequence_blocks, t.payload,
+	t.attempt, t.max_attempts, t.attempt_budget, t.run_after, t.deadline, t.created_at`
 
-// Plans must not depend on fresh statistics: a queue table is often
-// bulk-loaded and churned faster than autovacuum analyses it, and the
-// planner then estimates its CTEs and scans at a row or two. So rows of
-// tasks are found only by primary key from input arrays (unnest, or
-// id = ANY(ARRAY(...))) or by an index scan whose filter is an array
-// (shard = ANY(ARRAY(SELECT shard FROM fence)), the epoch looked up in the
-// input arrays), never by joining a scan of tasks to a CTE.
-// docs/architecture.md has what the join cost.
-
-// Claim moves up to limit ready tasks of the given kinds, in run_after order,
-// from the shards the runner holds the fence of, to running under that
-// shard's epoch. Shards whose fence is not (owner, epoch) yield nothing.
+// Claim moves up to limit ready tasks of queue and of the given kinds, due
+// by the database clock, from the shards the runner holds the fence of to
+// running under that shard's epoch; nothing while the queue is paused. It visits the shards in the order given and
+// takes each one's tasks in (priority, run_after, id) order until it has
+// limit: the caller rotates the order so that every shard is served, and
+// leaves out shards it knows to be empty. Shards whose fence is not
+// (owner, epoch) yield nothing.
 //
-// The ready index is keyed by kind first (tasks_ready_idx: kind, run_after,
-// id), and the claim walks one range of it per kind it handles, taking at
-// most limit candidates from each, then the oldest limit of those. Ready
-// tasks of kinds the runner does not handle are never visited, however many
-// there are. The candidates are locked in a second step, by primary key,
-// skipping rows another transaction holds; PostgreSQL re-checks the
-// state, run_after and deadline on the newest version of each row it locks.
-func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, kinds []string, limit int) ([]tasks.Task, error) {
+// A claim reads only the lanes (shard, queue, kind) of the shards it visits
+// and the kinds it handles: other runners' tasks and kinds nobody handles
+// are never read, however many there are. It locks the fence rows of the
+// shards it takes from FOR SHARE, so a new owner's fence raise waits for it.
+func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	if len(owned) == 0 || len(kinds) == 0 || limit <= 0 {
 		return nil, nil
 	}
-	shards, epochs := splitSorted(owned)
-	rows, err := s.pool.Query(ctx, `
-		WITH `+fenceCTE("$1", "SELECT * FROM unnest($2::int[], $3::bigint[])")+`, candidates AS (
-			SELECT c.id FROM unnest($4::text[]) AS k(kind)
-			CROSS JOIN LATERAL (
-				SELECT t.id, t.run_after FROM tasks t
-				WHERE t.state = 'ready' AND t.kind = k.kind AND t.run_after <= now()
-				  AND (t.deadline IS NULL OR t.deadline > now())
-				  AND t.shard = ANY (ARRAY(SELECT shard FROM fence))
-				ORDER BY t.run_after, t.id
-				LIMIT $5
-			) c
-			ORDER BY c.run_after, c.id
-			LIMIT $5
-		), picked AS (
-			SELECT t.id, ($3::bigint[])[array_position($2::int[], t.shard)] AS epoch
-			FROM tasks t
-			WHERE t.id = ANY (ARRAY(SELECT id FROM candidates)) AND t.state = 'ready' AND t.run_after <= now()
-			  AND (t.deadline IS NULL OR t.deadline > now())
-			  AND t.shard = ANY (ARRAY(SELECT shard FROM fence))
-			FOR UPDATE OF t SKIP LOCKED
-		)
-		UPDATE tasks t SET state = 'running', claimed_by = $1, claim_epoch = p.epoch,
-			claimed_at = now(), heartbeat_at = NULL
-		FROM unnest(ARRAY(SELECT id FROM picked ORDER BY id), ARRAY(SELECT epoch FROM picked ORDER BY id)) AS p(id, epoch)
-		WHERE t.id = p.id
-		RETURNING `+claimColumns, owner, shards, epochs, kinds, limit)
+	shards := make([]int32, len(owned))
+	epochs := make([]int64, len(owned))
+	for i, se := range owned {
+		shards[i], epochs[i] = int32(se.Shard), se.Epoch
+	}
+	rows, err := s.pool.Query(ctx, ClaimQuery(len(kinds)), owner, shards, epochs, kinds, limit, queue)
 	if err != nil {
 		return nil, fmt.Errorf("claiming tasks on %d shards: %w", len(owned), err)
 	}
-	claimed, err := pgx.CollectRows(rows, scanClaimed)
+	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Task, error) {
+		t := tasks.Task{State: tasks.Running, ClaimedBy: owner}
+		var priority int16
+		err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &t.SequenceBlocks, &t.Payload,
+			&t.Attempt, &t.MaxAttempts, &t.AttemptBudget, &t.RunAfter, &t.Deadline, &t.Epoch, &t.ClaimedAt, &t.CreatedAt)
+		t.Priority = int(priority)
+		return t, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("claiming tasks on %d shards: %w", len(owned), err)
 	}
 	return claimed, nil
 }
 
-func scanClaimed(r pgx.CollectableRow) (tasks.Task, error) {
-	var t tasks.Task
-	var state string
-	var claimedBy *string
-	var epoch *int64
-	err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Payload, &state, &t.Attempt, &t.MaxAttempts,
-		&t.RunAfter, &t.Deadline, &claimedBy, &epoch, &t.ClaimedAt, &t.CreatedAt)
-	t.State = tasks.State(state)
-	if claimedBy != nil {
-		t.ClaimedBy = *claimedBy
-	}
-	if epoch != nil {
-		t.Epoch = *epoch
-	}
-	return t, err
-}
-
-// inputCol is an extra per-task column of a fenced write, visible to its SET
-// list as c.<name>.
+// inputCol is an extra per-task column of a claim write, visible to its SET
+// list as k.<name>.
 type inputCol struct {
 	name, sqlType string
 	values        any
@@ -137,48 +148,97 @@ func permuted(values any, order []int) any {
 	return out.Interface()
 }
 
-// fencedWrite is the common shape of heartbeat, complete and fail: an input
-// table of refs (plus extra columns), the caller's fence rows locked FOR
-// SHARE, and an UPDATE that applies only to rows still running under exactly
-// that claim.
-func (s *Store) fencedWrite(ctx context.Context, what, owner string, refs []tasks.Ref,
-	set string, extra ...inputCol) ([]tasks.WriteResult, error) {
-	if len(refs) == 0 {
-		return nil, nil
-	}
-	// The rows are sent, and so locked, in id order: the heartbeats and the
-	// outcome writes of one runner touch the same rows concurrently, and
-	// two statements locking them in different orders would deadlock.
+// claimInput is the input table of a write about claims: the refs sorted by
+// task id (two statements that lock the same claim rows in different
+// orders would deadlock: a runner's heartbeats and outcome writes do run
+// concurrently), as the array arguments $2.. of c(id, attempt, epoch,
+// extra...), after $1, the owner.
+func claimInput(owner string, refs []tasks.Ref, extra []inputCol) (cte string, args []any) {
 	order := make([]int, len(refs))
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(refs[a].ID, refs[b].ID) })
 	ids := make([]int64, len(refs))
-	shards := make([]int32, len(refs))
 	attempts := make([]int32, len(refs))
 	epochs := make([]int64, len(refs))
 	for i, o := range order {
 		r := refs[o]
-		ids[i], shards[i], attempts[i], epochs[i] = r.ID, int32(r.Shard), int32(r.Attempt), r.Epoch
+		ids[i], attempts[i], epochs[i] = r.ID, int32(r.Attempt), r.Epoch
 	}
-	args := []any{owner, ids, shards, attempts, epochs}
-	arrays := "$2::bigint[], $3::int[], $4::int[], $5::bigint[]"
-	names := "id, shard, attempt, epoch"
+	args = []any{owner, ids, attempts, epochs}
+	arrays := "$2::bigint[], $3::int[], $4::bigint[]"
+	names := "id, attempt, epoch"
 	for _, col := range extra {
 		args = append(args, permuted(col.values, order))
 		arrays += fmt.Sprintf(", $%d::%s[]", len(args), col.sqlType)
 		names += ", " + col.name
 	}
-	sql := `
-		WITH c AS (
-			SELECT * FROM unnest(` + arrays + `) AS u(` + names + `)
-		), ` + fenceCTE("$1", "SELECT DISTINCT shard, epoch FROM c") + `
-		UPDATE tasks t SET ` + set + `
-		FROM c JOIN fence ON fence.shard = c.shard AND fence.epoch = c.epoch
-		WHERE t.id = c.id AND t.shard = c.shard AND t.state = 'running'
-		  AND t.claimed_by = $1 AND t.claim_epoch = c.epoch AND t.attempt = c.attempt
-		RETURNING t.id, c.attempt, c.epoch, t.state, t.cancel_requested_at IS NOT NULL`
+	return `c AS (SELECT * FROM unnest(` + arrays + `) AS u(` + names + `))`, args
+}
+
+// endClaims is the tail of every statement that ends claims. Given the CTE
+// k of the task_claims rows the statement deleted (k.*, plus the columns
+// it computed), it updates their tasks with set (which reads k), files the
+// tasks it left ready back into their lanes, records the finished ones in
+// task_finished and frees their unique keys. It defines the CTE t: the
+// tasks as updated, with the claim's attempt and epoch.
+func endClaims(set string) string {
+	return `, t AS (
+			UPDATE tasks t SET ` + set + `
+			FROM k WHERE t.id = k.id AND t.state = 'ready'
+			RETURNING t.id, t.shard, t.queue, t.kind, t.priority, t.run_after, t.deadline, t.state, t.unique_key,
+				t.finished_at, t.cancel_requested_at, k.attempt AS claim_attempt, k.epoch AS claim_epoch
+		)` + fileTail("t")
+}
+
+// fileTail is what follows a CTE (named t) of updated tasks: the ready ones
+// back into their lanes, the finished ones into task_finished, and their
+// unique keys freed.
+func fileTail(t string) string {
+	return `, refiled AS (
+			INSERT INTO task_ready (shard, queue, kind, priority, run_after, id, deadline)
+			SELECT shard, queue, kind, priority, run_after, id, deadline FROM ` + t + ` WHERE state = 'ready'
+		), finished AS (
+			INSERT INTO task_finished (state, id, finished_at, queue)
+			SELECT state, id, finished_at, queue FROM ` + t + ` WHERE state <> 'ready'
+		), freed AS (
+			DELETE FROM task_unique_keys u USING ` + t + ` f
+			WHERE f.state <> 'ready' AND f.unique_key IS NOT NULL AND u.unique_key = f.unique_key AND u.id = f.id
+		)`
+}
+
+// claimEvidence is the SET list that records the claim in a task that
+// finishes: who ran its last attempt, under which epoch, and when.
+const claimEvidence = `claimed_by = k.owner, claim_epoch = k.epoch, claimed_at = k.claimed_at,
+	heartbeat_at = coalesce(k.heartbeat_at, k.claimed_at)`
+
+// endClaimsOf is the shape of the runner's own writes that end attempts:
+// its claims matching refs (task, owner, epoch, attempt) are deleted, and
+// their tasks updated with set (see endClaims), in one statement.
+func (s *Store) endClaimsOf(ctx context.Context, what, name, owner string, refs []tasks.Ref,
+	set string, extra ...inputCol) ([]tasks.WriteResult, error) {
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	input, args := claimInput(owner, refs, extra)
+	extraCols := ""
+	for _, col := range extra {
+		extraCols += ", c." + col.name
+	}
+	sql := `/* shardrun.` + name + ` */
+		WITH ` + input + `, k AS (
+			DELETE FROM task_claims k USING c
+			WHERE k.id = c.id AND k.owner = $1 AND k.epoch = c.epoch AND k.attempt = c.attempt
+			RETURNING k.*` + extraCols + `
+		)` + endClaims(set) + `
+		SELECT id, claim_attempt, claim_epoch, state, cancel_requested_at IS NOT NULL FROM t`
+	return s.claimResults(ctx, what, owner, refs, sql, args)
+}
+
+// claimResults runs a write about the claims of refs and says, for each,
+// whether it applied and why not.
+func (s *Store) claimResults(ctx context.Context, what, owner string, refs []tasks.Ref, sql string, args []any) ([]tasks.WriteResult, error) {
 	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
@@ -231,7 +291,7 @@ func (s *Store) classify(ctx context.Context, owner string, results []tasks.Writ
 	for i, m := range missed {
 		ids[i], shards[i] = results[m].Ref.ID, int32(results[m].Ref.Shard)
 	}
-	rows, err := s.pool.Query(ctx, `
+	rows, err := s.pool.Query(ctx, `/* shardrun.classify */
 		SELECT c.id, t.id IS NOT NULL, coalesce(f.epoch, 0), coalesce(f.owner, '')
 		FROM unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS c(id, shard, n)
 		LEFT JOIN tasks t ON t.id = c.id
@@ -264,11 +324,21 @@ func (s *Store) classify(ctx context.Context, owner string, results []tasks.Writ
 }
 
 // Heartbeat records that the runner is still working on these attempts, in
-// one statement. Each result says whether an operator asked to cancel the
-// task meanwhile (CancelRequested): that is how a cancel request reaches
-// whichever runner runs the task, within one heartbeat interval.
+// one statement that touches only their claim rows. Each result says
+// whether an operator asked to cancel the task meanwhile (CancelRequested):
+// that is how a cancel request reaches whichever runner runs the task,
+// within one heartbeat interval.
 func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
-	return s.fencedWrite(ctx, "heartbeating", owner, refs, `heartbeat_at = now()`)
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	input, args := claimInput(owner, refs, nil)
+	return s.claimResults(ctx, "heartbeating", owner, refs, `/* shardrun.heartbeat */
+		WITH `+input+`
+		UPDATE task_claims k SET heartbeat_at = now()
+		FROM c WHERE k.id = c.id AND k.owner = $1 AND k.epoch = c.epoch AND k.attempt = c.attempt
+		RETURNING k.id, k.attempt, k.epoch, 'running',
+			(SELECT t.cancel_requested_at IS NOT NULL FROM tasks t WHERE t.id = k.id)`, args)
 }
 
 // Claimed lists the running tasks claimed by owner under the given terms.
@@ -279,15 +349,11 @@ func (s *Store) Claimed(ctx context.Context, owner string, terms []tasks.ShardEp
 	if len(terms) == 0 {
 		return nil, nil
 	}
-	shards := make([]int32, len(terms))
-	epochs := make([]int64, len(terms))
-	for i, t := range terms {
-		shards[i], epochs[i] = int32(t.Shard), t.Epoch
-	}
-	rows, err := s.pool.Query(ctx, `
-		SELECT t.id, t.shard, t.attempt, t.claim_epoch FROM tasks t
-		JOIN unnest($2::int[], $3::bigint[]) AS o(shard, epoch) ON t.shard = o.shard AND t.claim_epoch = o.epoch
-		WHERE t.state = 'running' AND t.claimed_by = $1`, owner, shards, epochs)
+	shards, epochs := splitSorted(terms)
+	rows, err := s.pool.Query(ctx, `/* shardrun.claimed */
+		SELECT k.id, k.shard, k.attempt, k.epoch FROM task_claims k
+		WHERE k.owner = $1 AND k.shard = ANY ($2::int[]) AND k.epoch = ($3::bigint[])[array_position($2::int[], k.shard)]`,
+		owner, shards, epochs)
 	if err != nil {
 		return nil, fmt.Errorf("listing the claims of %d shards: %w", len(terms), err)
 	}
@@ -301,27 +367,36 @@ func (s *Store) Claimed(ctx context.Context, owner string, terms []tasks.ShardEp
 	return refs, nil
 }
 
+// requeueOrCancel is the SET list of an attempt given back without being
+// spent (unclaim, interrupt): the task is ready again with the same
+// attempt, or cancelled when an operator asked to cancel it meanwhile,
+// since nothing would run it again.
+func requeueOrCancel(runAfter string) string {
+	return `
+		state       = CASE WHEN t.cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END,
+		run_after   = ` + runAfter + `,
+		finished_at = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+		claimed_by   = CASE WHEN t.cancel_requested_at IS NULL THEN t.claimed_by ELSE k.owner END,
+		claim_epoch  = CASE WHEN t.cancel_requested_at IS NULL THEN t.claim_epoch ELSE k.epoch END,
+		claimed_at   = CASE WHEN t.cancel_requested_at IS NULL THEN t.claimed_at ELSE k.claimed_at END,
+		heartbeat_at = CASE WHEN t.cancel_requested_at IS NULL THEN t.heartbeat_at ELSE k.heartbeat_at END`
+}
+
 // Unclaim gives back claims whose handler never started (the shard began
-// to move between the claim and the start): running -> ready with the same
-// attempt, since no attempt was made; or to cancelled when an operator asked
-// to cancel the task meanwhile, since nothing would run it again.
+// to move between the claim and the start): ready again with the same
+// attempt, since no attempt was made; or cancelled when an operator asked
+// to cancel the task meanwhile.
 func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]tasks.WriteResult, error) {
-	return s.fencedWrite(ctx, "unclaiming", owner, refs, `
-		state        = CASE WHEN t.cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END,
-		finished_at  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE now() END,
-		claimed_by   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_by END,
-		claim_epoch  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claim_epoch END,
-		claimed_at   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_at END,
-		heartbeat_at = NULL`)
+	return s.endClaimsOf(ctx, "unclaiming", "unclaim", owner, refs, requeueOrCancel("t.run_after"))
 }
 
 // CancelAttempts records attempts cancelled on request (the heartbeat
-// reported the request and the runner cancelled the handler's context):
-// running -> cancelled under the same claim, whatever the handler returned.
-// A completion or failure that landed first wins: the task is then no
-// longer running under this claim and the cancellation changes nothing, so
-// each attempt has exactly one outcome. The attempt is recorded in the
-// task's errors with what the handler returned.
+// reported the request, the runner cancelled the handler's context and the
+// handler returned an error; a success is recorded by Complete): cancelled
+// under the same claim. A completion or failure that landed first wins: the claim is then gone and
+// the cancellation changes nothing, so each attempt has exactly one
+// outcome. The attempt is recorded in the task's errors with what the
+// handler returned.
 func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []tasks.Cancellation) ([]tasks.WriteResult, error) {
 	refs := make([]tasks.Ref, len(cancelled))
 	msgs := make([]string, len(cancelled))
@@ -331,36 +406,27 @@ func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []ta
 			msgs[i] = StorableText(msgs[i] + "; the handler returned: " + c.Error)
 		}
 	}
-	return s.fencedWrite(ctx, "recording cancelled", owner, refs, `
-		state = 'cancelled', finished_at = now(), heartbeat_at = now(),
+	return s.endClaimsOf(ctx, "recording cancelled", "cancel_attempts", owner, refs, `
+		state = 'cancelled', finished_at = now(), `+claimEvidence+`,
 		errors = t.errors || jsonb_build_array(jsonb_build_object(
-			'attempt', t.attempt, 'at', now(), 'runner', $1::text, 'error', c.msg))`,
+			'attempt', t.attempt, 'at', now(), 'runner', k.owner, 'error', k.msg))`,
 		inputCol{"msg", "text", msgs})
 }
 
 // Interrupt records attempts cut short because the runner lost the shard
 // (detached, handoff timeout, fence lost, shutdown): back to ready with the
 // same attempt, since the handler did not fail, and the interruption
-// appended to the task's history. Fenced like every write: if a newer owner
-// has the shard already, it requeues the task instead.
+// appended to the task's history. If a newer owner has the shard already,
+// its orphan requeue took the claim and this changes nothing.
 func (s *Store) Interrupt(ctx context.Context, owner string, cut []tasks.Interruption) ([]tasks.WriteResult, error) {
 	refs := make([]tasks.Ref, len(cut))
 	msgs := make([]string, len(cut))
 	for i, c := range cut {
 		refs[i], msgs[i] = c.Ref, StorableText(c.Reason)
 	}
-	// A task whose cancel was requested is cancelled instead: nothing would
-	// run it again.
-	return s.fencedWrite(ctx, "interrupting", owner, refs, `
-		state        = CASE WHEN t.cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END,
-		run_after    = now(),
-		finished_at  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE now() END,
-		claimed_by   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_by END,
-		claim_epoch  = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claim_epoch END,
-		claimed_at   = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE t.claimed_at END,
-		heartbeat_at = NULL,
+	return s.endClaimsOf(ctx, "interrupting", "interrupt", owner, refs, requeueOrCancel("now()")+`,
 		errors = t.errors || jsonb_build_array(jsonb_build_object(
-			'attempt', t.attempt, 'at', now(), 'runner', $1::text, 'error', c.msg, 'interrupted', true))`,
+			'attempt', t.attempt, 'at', now(), 'runner', k.owner, 'error', k.msg, 'interrupted', true))`,
 		inputCol{"msg", "text", msgs})
 }
 
@@ -375,8 +441,8 @@ func (s *Store) Complete(ctx context.Context, owner string, done []tasks.Complet
 			results[i] = &r
 		}
 	}
-	return s.fencedWrite(ctx, "completing", owner, refs,
-		`state = 'completed', result = c.result::jsonb, finished_at = now(), heartbeat_at = now()`,
+	return s.endClaimsOf(ctx, "completing", "complete", owner, refs,
+		`state = 'completed', result = k.result::jsonb, finished_at = now(), `+claimEvidence,
 		inputCol{"result", "text", results})
 }
 
@@ -393,27 +459,30 @@ func (s *Store) Fail(ctx context.Context, owner string, failed []tasks.Failure) 
 	for i, f := range failed {
 		refs[i], msgs[i], delays[i], finals[i], expired[i] = f.Ref, StorableText(f.Error), f.RetryAfter.Milliseconds(), f.Final, f.Expired
 	}
-	return s.fencedWrite(ctx, "failing", owner, refs,
-		retryOrBuryUnless("c.final", "c.expired", "now() + c.delay_ms * interval '1 millisecond'", "$1::text", "c.msg"),
+	return s.endClaimsOf(ctx, "failing", "fail", owner, refs,
+		retryOrBuryUnless("k.final", "k.expired", "now() + k.delay_ms * interval '1 millisecond'", "k.msg"),
 		inputCol{"msg", "text", msgs}, inputCol{"delay_ms", "bigint", delays}, inputCol{"final", "boolean", finals},
 		inputCol{"expired", "boolean", expired})
 }
 
-// retryOrBury is the SET list of every statement that ends an attempt in
-// failure: back to ready with attempt+1 at runAfter and the claim cleared, or
-// to dead when the attempts are used up, keeping the claim as evidence. A
-// task whose cancel was requested goes to cancelled instead of either: it
-// must not run again. The error (an SQL expression, as is runner) is
+// retryOrBury is the SET list of every statement that ends a claimed
+// attempt in failure (k is the claim): back to ready with attempt+1 at
+// runAfter, or to dead when the attempts are used up, recording the claim
+// as evidence. A task whose cancel was requested goes to cancelled instead
+// of either: it must not run again. The error (an SQL expression) is
 // appended to the task's errors under the attempt that failed.
-func retryOrBury(runAfter, runner, errExpr string) string {
-	return retryOrBuryUnless("false", "false", runAfter, runner, errExpr)
+func retryOrBury(runAfter, errExpr string) string {
+	return retryOrBuryUnless("false", "false", runAfter, errExpr)
 }
 
 // retryOrBuryUnless is retryOrBury where final (an SQL boolean) buries the
 // task whatever attempts it has left (a handler's permanent failure), and
 // expired ends it failed (its deadline passed).
-func retryOrBuryUnless(final, expired, runAfter, runner, errExpr string) string {
+func retryOrBuryUnless(final, expired, runAfter, errExpr string) string {
 	again := `t.attempt < t.max_attempts AND t.cancel_requested_at IS NULL AND NOT (` + final + `) AND NOT (` + expired + `)`
+	keep := func(col, claim string) string {
+		return col + ` = CASE WHEN ` + again + ` THEN t.` + col + ` ELSE ` + claim + ` END`
+	}
 	return `
 		state        = CASE WHEN ` + again + ` THEN 'ready'
 		                    WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
@@ -421,12 +490,12 @@ func retryOrBuryUnless(final, expired, runAfter, runner, errExpr string) string 
 		attempt      = CASE WHEN ` + again + ` THEN t.attempt + 1 ELSE t.attempt END,
 		run_after    = CASE WHEN ` + again + ` THEN ` + runAfter + ` ELSE t.run_after END,
 		finished_at  = CASE WHEN ` + again + ` THEN NULL ELSE now() END,
-		claimed_by   = CASE WHEN ` + again + ` THEN NULL ELSE t.claimed_by END,
-		claim_epoch  = CASE WHEN ` + again + ` THEN NULL ELSE t.claim_epoch END,
-		claimed_at   = CASE WHEN ` + again + ` THEN NULL ELSE t.claimed_at END,
-		heartbeat_at = CASE WHEN ` + again + ` THEN NULL ELSE t.heartbeat_at END,
+		` + keep("claimed_by", "k.owner") + `,
+		` + keep("claim_epoch", "k.epoch") + `,
+		` + keep("claimed_at", "k.claimed_at") + `,
+		` + keep("heartbeat_at", "coalesce(k.heartbeat_at, k.claimed_at)") + `,
 		errors       = t.errors || jsonb_build_array(jsonb_build_object(
-			'attempt', t.attempt, 'at', now(), 'runner', ` + runner + `, 'error', ` + errExpr + `))`
+			'attempt', t.attempt, 'at', now(), 'runner', k.owner, 'error', ` + errExpr + `))`
 }
 
 // countStates counts the requeued (ready) and dead tasks a statement

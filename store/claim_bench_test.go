@@ -23,7 +23,7 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 			for sh := 0; sh < 256; sh += 3 {
 				owned = append(owned, tasks.ShardEpoch{Shard: sh, Epoch: 1})
 			}
-			if _, err := s.RaiseFences(ctx, "r", owned); err != nil {
+			if _, _, _, err := s.RaiseFences(ctx, "r", owned); err != nil {
 				b.Fatal(err)
 			}
 			if unhandled > 0 {
@@ -40,7 +40,7 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 			n, claims := 0, 0
 			for b.Loop() {
 				t0 := time.Now()
-				got, err := s.Claim(ctx, "r", owned, kinds, 512)
+				got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, kinds, 512)
 				claimTime += time.Since(t0)
 				claims++
 				if err != nil {

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,13 +16,15 @@ import (
 // The producer side: inserting tasks, one by one, by COPY, idempotently by
 // unique key, and inside the producer's own transaction.
 //
-// A task with a unique key is inserted with ON CONFLICT DO NOTHING against
-// the partial unique index tasks_unique_key_idx (unique_key of ready and
-// running tasks). PostgreSQL makes a second inserter of the same key wait
-// for the first one's transaction and then skip its row, so concurrent
-// producers create one task; the skipped ones then read the id of the task
-// that holds the key. If that task finished in between (the key is free
-// again) the insert is simply tried again.
+// A task with a unique key first registers the key in task_unique_keys
+// (one row per key an unfinished task holds) with ON CONFLICT DO NOTHING,
+// under the id the task is then inserted with, in the same statement.
+// PostgreSQL makes a second inserter of the same key wait for the first
+// one's transaction and then skip its row, so concurrent producers create
+// one task; the skipped ones then read the id of the task that holds the
+// key. If that task finished in between (the key is free again) the insert
+// is simply tried again. The insert trigger files every inserted task into
+// its lane of task_ready.
 
 // querier is where the producer statements run: the pool, or a producer's
 // own transaction.
@@ -42,10 +45,6 @@ const uniqueTries = 8
 // producer's REPEATABLE READ or SERIALIZABLE transaction it does.
 var errHolderInvisible = errors.New("another transaction holds the unique key but its task is not visible to this one; " +
 	"enqueue with a unique key inside READ COMMITTED transactions, or retry the transaction")
-
-// onConflictUnique is the conflict target of every insert: the partial
-// unique index of unfinished tasks' unique keys.
-const onConflictUnique = `ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('ready', 'running') DO NOTHING`
 
 // Enqueue inserts one task and returns its id. A task whose unique key an
 // unfinished task holds is not inserted: that task's id is returned.
@@ -70,10 +69,11 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 	} else {
 		quiet = " WHERE " + quietSetting + " = 'off'"
 	}
-	row := `
-		INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, deadline, unique_key)
-		SELECT $1::text, $2::int, $3::text, $4::jsonb, $5::int, coalesce($6::timestamptz, now()), $7::timestamptz, $8::text` + quiet
-	args := []any{in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline, nil}
+	cols := `kind, shard, key, payload, max_attempts, run_after, deadline, unique_key, queue, priority, sequence_key, sequence_blocks`
+	vals := `$1::text, $2::int, $3::text, $4::jsonb, $5::int, coalesce($6::timestamptz, now()), $7::timestamptz, $8::text,
+		$9::text, $10::smallint, $11::text, $12::boolean`
+	args := []any{in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline, nil,
+		queueOf(in), priorityOf(in), nullable(in.SequenceKey), sequenceBlocks(in)}
 	done := func(id int64) (tasks.Enqueued, error) {
 		if tx == nil {
 			s.notifyReady([]tasks.Insert{in}, func(int) bool { return true })
@@ -82,7 +82,8 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 	}
 	if in.UniqueKey == "" {
 		var id int64
-		if err := q.QueryRow(ctx, row+` RETURNING id`, args...).Scan(&id); err != nil {
+		if err := q.QueryRow(ctx, `/* shardrun.enqueue */
+			INSERT INTO tasks (`+cols+`) SELECT `+vals+quiet+` RETURNING id`, args...).Scan(&id); err != nil {
 			return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q: %w", in.Kind, err)
 		}
 		return done(id)
@@ -90,7 +91,15 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 	args[7] = in.UniqueKey
 	for range uniqueTries {
 		var id int64
-		err := q.QueryRow(ctx, row+` `+onConflictUnique+` RETURNING id`, args...).Scan(&id)
+		err := q.QueryRow(ctx, `/* shardrun.enqueue_unique */
+			WITH k AS (
+				INSERT INTO task_unique_keys (unique_key, id)
+				VALUES ($8::text, nextval(pg_get_serial_sequence('tasks', 'id')))
+				ON CONFLICT (unique_key) DO NOTHING
+				RETURNING id
+			)
+			INSERT INTO tasks (id, `+cols+`) OVERRIDING SYSTEM VALUE
+			SELECT k.id, `+vals+` FROM k`+quiet+` RETURNING id`, args...).Scan(&id)
 		if err == nil {
 			return done(id)
 		}
@@ -108,11 +117,31 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in tasks.Insert) (task
 	return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q with unique key %q: %w", in.Kind, in.UniqueKey, errHolderInvisible)
 }
 
+// queueOf, priorityOf and sequenceBlocks are an insert's column values,
+// with the defaults of an Insert made without tasks.NewTask.Prepare.
+func queueOf(in tasks.Insert) string { return cmp.Or(in.Queue, tasks.DefaultQueue) }
+
+func priorityOf(in tasks.Insert) int16 { return int16(cmp.Or(in.Priority, tasks.DefaultPriority)) }
+
+func sequenceBlocks(in tasks.Insert) *bool {
+	if in.SequenceKey == "" {
+		return nil
+	}
+	return &in.SequenceBlocks
+}
+
+// nullable is s, or NULL when empty.
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
 // uniqueHolders returns the ids of the unfinished tasks holding keys.
 func uniqueHolders(ctx context.Context, q querier, keys []string) (map[string]int64, error) {
-	rows, err := q.Query(ctx, `
-		SELECT unique_key, id FROM tasks
-		WHERE unique_key = ANY ($1::text[]) AND state IN ('ready', 'running')`, keys)
+	rows, err := q.Query(ctx, `/* shardrun.unique_holders */
+		SELECT unique_key, id FROM task_unique_keys WHERE unique_key = ANY ($1::text[])`, keys)
 	if err != nil {
 		return nil, fmt.Errorf("finding the tasks that hold %d unique keys: %w", len(keys), err)
 	}
@@ -192,14 +221,15 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []tasks.Inser
 func copyTasks(ctx context.Context, q querier, ins []tasks.Insert) (int64, error) {
 	var now, later [][]any
 	for _, in := range ins {
-		row := []any{in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts), in.Deadline}
+		row := []any{in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts), in.Deadline,
+			queueOf(in), priorityOf(in), nullable(in.SequenceKey), sequenceBlocks(in)}
 		if in.RunAfter == nil {
 			now = append(now, row)
 		} else {
 			later = append(later, append(row, *in.RunAfter))
 		}
 	}
-	cols := []string{"kind", "shard", "key", "payload", "max_attempts", "deadline"}
+	cols := []string{"kind", "shard", "key", "payload", "max_attempts", "deadline", "queue", "priority", "sequence_key", "sequence_blocks"}
 	var total int64
 	if len(now) > 0 {
 		n, err := q.CopyFrom(ctx, pgx.Identifier{"tasks"}, cols, pgx.CopyFromRows(now))
@@ -231,33 +261,43 @@ func insertUnique(ctx context.Context, q querier, ins []tasks.Insert) (tasks.Bat
 	}
 	for range uniqueTries {
 		n := len(todo)
-		kinds, keys, payloads := make([]string, n), make([]string, n), make([]string, n)
+		kinds, keys, payloads, queues := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		shards, maxAttempts := make([]int32, n), make([]int32, n)
+		priorities := make([]int16, n)
 		runAfters, deadlines := make([]*time.Time, n), make([]*time.Time, n)
-		uniqueKeys := make([]*string, n)
+		uniqueKeys, sequenceKeys := make([]*string, n), make([]*string, n)
+		blocks := make([]*bool, n)
 		for j, i := range todo {
 			in := ins[i]
 			kinds[j], shards[j], keys[j], payloads[j], maxAttempts[j] = in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts)
 			runAfters[j], deadlines[j] = in.RunAfter, in.Deadline
-			if in.UniqueKey != "" {
-				uniqueKeys[j] = &ins[i].UniqueKey
-			}
+			uniqueKeys[j], sequenceKeys[j] = nullable(in.UniqueKey), nullable(in.SequenceKey)
+			queues[j], priorities[j], blocks[j] = queueOf(in), priorityOf(in), sequenceBlocks(in)
 		}
-		rows, err := q.Query(ctx, `
-			WITH u AS (
-				SELECT nextval((SELECT pg_get_serial_sequence('tasks', 'id'))::regclass) AS id, x.*
-				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::timestamptz[], $7::timestamptz[], $8::text[])
-					WITH ORDINALITY AS x(kind, shard, key, payload, max_attempts, run_after, deadline, unique_key, n)
+		rows, err := q.Query(ctx, `/* shardrun.enqueue_batch_unique */
+			WITH u AS MATERIALIZED (
+				SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id, x.*
+				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::timestamptz[], $7::timestamptz[], $8::text[],
+						$9::text[], $10::smallint[], $11::text[], $12::boolean[])
+					WITH ORDINALITY AS x(kind, shard, key, payload, max_attempts, run_after, deadline, unique_key,
+						queue, priority, sequence_key, sequence_blocks, n)
+			), k AS (
+				INSERT INTO task_unique_keys (unique_key, id)
+				SELECT unique_key, id FROM u WHERE unique_key IS NOT NULL ORDER BY n
+				ON CONFLICT (unique_key) DO NOTHING
+				RETURNING id
 			), ins AS (
-				INSERT INTO tasks (id, kind, shard, key, payload, max_attempts, run_after, deadline, unique_key)
+				INSERT INTO tasks (id, kind, shard, key, payload, max_attempts, run_after, deadline, unique_key,
+					queue, priority, sequence_key, sequence_blocks)
 				OVERRIDING SYSTEM VALUE
-				SELECT id, kind, shard, key, payload::jsonb, max_attempts, coalesce(run_after, now()), deadline, unique_key
-				FROM u ORDER BY n
-				`+onConflictUnique+`
+				SELECT id, kind, shard, key, payload::jsonb, max_attempts, coalesce(run_after, now()), deadline, unique_key,
+					queue, priority, sequence_key, sequence_blocks
+				FROM u WHERE unique_key IS NULL OR id = ANY (ARRAY(SELECT id FROM k))
+				ORDER BY n
 				RETURNING id
 			)
 			SELECT u.id, ins.id IS NOT NULL FROM u LEFT JOIN ins ON ins.id = u.id ORDER BY u.n`,
-			kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys)
+			kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys, queues, priorities, sequenceKeys, blocks)
 		if err != nil {
 			return tasks.BatchEnqueued{}, err
 		}

@@ -16,16 +16,23 @@ import (
 )
 
 // seedMix inserts n tasks: kinds a, b, c; keys k0..k9; shards 0..7; states
-// spread over all six.
+// spread over all six (the running ones claimed by runner r).
 func seedMix(t testing.TB, s *store.Store, n int) {
 	t.Helper()
 	exec(t, s, `
-		INSERT INTO tasks (kind, shard, key, state, created_at, finished_at, unique_key)
+		INSERT INTO tasks (kind, shard, key, state, created_at, finished_at, unique_key, payload)
 		SELECT (ARRAY['a', 'b', 'c'])[g % 3 + 1], g % 8, 'k' || (g % 10),
-		       (ARRAY['ready', 'running', 'completed', 'completed', 'failed', 'dead', 'cancelled'])[g % 7 + 1],
+		       (ARRAY['ready', 'ready', 'completed', 'completed', 'failed', 'dead', 'cancelled'])[g % 7 + 1],
 		       now() - (($1 - g) * interval '1 second'),
-		       CASE WHEN g % 7 >= 2 THEN now() END, NULL
+		       CASE WHEN g % 7 >= 2 THEN now() END, NULL,
+		       CASE WHEN g % 7 = 1 THEN '{"seed": "running"}' ELSE '{}' END::jsonb
 		FROM generate_series(1, $1) g`, n)
+	exec(t, s, `
+		WITH r AS (
+			DELETE FROM task_ready WHERE id IN (SELECT id FROM tasks WHERE payload = '{"seed": "running"}')
+			RETURNING id, shard
+		)
+		INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt) SELECT id, shard, 'default', 1, 'r', 1 FROM r`)
 }
 
 // walk lists every page of req and returns the ids in order.
@@ -68,6 +75,9 @@ func TestListFiltersAndPages(t *testing.T) {
 		{"everything", tasks.Filter{}, "true"},
 		{"state", tasks.Filter{States: []tasks.State{tasks.Dead}}, "state = 'dead'"},
 		{"two states", tasks.Filter{States: []tasks.State{tasks.Dead, tasks.Failed}}, "state IN ('dead', 'failed')"},
+		{"running", tasks.Filter{States: []tasks.State{tasks.Running}}, "state = 'running'"},
+		{"ready", tasks.Filter{States: []tasks.State{tasks.Ready}}, "state = 'ready'"},
+		{"running and cancelled", tasks.Filter{States: []tasks.State{tasks.Running, tasks.Cancelled}}, "state IN ('running', 'cancelled')"},
 		{"kind", tasks.Filter{Kind: "b"}, "kind = 'b'"},
 		{"kind and state", tasks.Filter{Kind: "b", States: []tasks.State{tasks.Ready}}, "kind = 'b' AND state = 'ready'"},
 		{"key", tasks.Filter{Key: "k4"}, "key = 'k4'"},
@@ -77,7 +87,7 @@ func TestListFiltersAndPages(t *testing.T) {
 		{"created before", tasks.Filter{CreatedBefore: cutoff}, "created_at < '" + cutoff.Format(time.RFC3339Nano) + "'"},
 		{"nothing matches", tasks.Filter{Kind: "zzz"}, "false"},
 	} {
-		rows, err := s.Pool().Query(ctx, `SELECT id FROM tasks WHERE `+tc.where+` ORDER BY id`)
+		rows, err := s.Pool().Query(ctx, `SELECT id FROM task_view WHERE `+tc.where+` ORDER BY id`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -135,7 +145,8 @@ func TestBulkCancelAndRetry(t *testing.T) {
 	for range 2500 {
 		enqueue(t, s, insert("k", 1, 3))
 	}
-	exec(t, s, `UPDATE tasks SET kind = 'other' WHERE id % 5 = 0`)
+	exec(t, s, `WITH u AS (UPDATE tasks SET kind = 'other' WHERE id % 5 = 0 RETURNING id)
+		UPDATE task_ready r SET kind = 'other' FROM u WHERE r.id = u.id`)
 	running := claim(t, s, "a", 1, 5, 30)
 	var runningK int64
 	for _, r := range running {
@@ -291,13 +302,14 @@ func TestListPlansWalkTheirIndex(t *testing.T) {
 		index []string
 	}{
 		{"everything", tasks.ListRequest{}, []string{"tasks_pkey"}},
-		{"state", tasks.ListRequest{Filter: tasks.Filter{States: []tasks.State{tasks.Dead}}, After: 5}, []string{"tasks_state_id_idx"}},
-		{"completed, newest first", tasks.ListRequest{Filter: tasks.Filter{States: []tasks.State{tasks.Completed}}, Desc: true}, []string{"tasks_state_id_idx"}},
-		{"two states", tasks.ListRequest{Filter: tasks.Filter{States: []tasks.State{tasks.Dead, tasks.Failed}}}, []string{"tasks_state_id_idx"}},
-		{"kind", tasks.ListRequest{Filter: tasks.Filter{Kind: "b"}, After: 100}, []string{"tasks_kind_state_id_idx"}},
-		{"kind and state", tasks.ListRequest{Filter: tasks.Filter{Kind: "b", States: []tasks.State{tasks.Ready}}}, []string{"tasks_kind_state_id_idx"}},
+		{"state", tasks.ListRequest{Filter: tasks.Filter{States: []tasks.State{tasks.Dead}}, After: 5}, []string{"task_finished_pkey"}},
+		{"completed, newest first", tasks.ListRequest{Filter: tasks.Filter{States: []tasks.State{tasks.Completed}}, Desc: true}, []string{"task_finished_pkey"}},
+		{"two states", tasks.ListRequest{Filter: tasks.Filter{States: []tasks.State{tasks.Dead, tasks.Failed}}}, []string{"task_finished_pkey"}},
+		{"running", tasks.ListRequest{Filter: tasks.Filter{States: []tasks.State{tasks.Running, tasks.Dead}}}, []string{"task_claims_pkey", "task_finished_pkey"}},
+		{"kind", tasks.ListRequest{Filter: tasks.Filter{Kind: "b"}, After: 100}, []string{"tasks_kind_id_idx"}},
+		{"kind and state", tasks.ListRequest{Filter: tasks.Filter{Kind: "b", States: []tasks.State{tasks.Ready}}}, []string{"tasks_kind_id_idx"}},
 		{"key and state", tasks.ListRequest{Filter: tasks.Filter{Key: "k4", States: []tasks.State{tasks.Dead}}}, []string{"tasks_key_id_idx", "tasks_pkey"}},
-		{"shard and state", tasks.ListRequest{Filter: tasks.Filter{Shard: &three, States: []tasks.State{tasks.Dead}}}, []string{"tasks_state_id_idx", "tasks_pkey"}},
+		{"shard and state", tasks.ListRequest{Filter: tasks.Filter{Shard: &three, States: []tasks.State{tasks.Dead}}}, []string{"task_finished_pkey", "tasks_pkey"}},
 		{"shard", tasks.ListRequest{Filter: tasks.Filter{Shard: &three}}, []string{"tasks_pkey"}},
 	} {
 		tc.req.Limit = 100
@@ -315,9 +327,9 @@ func TestListPlansWalkTheirIndex(t *testing.T) {
 		}
 	}
 	plan := planOf(t, s, `SELECT s.state, (SELECT count(*) FROM (
-			SELECT 1 FROM tasks t WHERE t.state = ANY (ARRAY[s.state]) ORDER BY t.state, t.id LIMIT $1) x)
-		FROM unnest($2::text[]) AS s(state)`, []any{store.CountCap, []string{"ready", "completed"}}, true)
-	if !strings.Contains(plan, "tasks_state_id_idx") || seqScan.MatchString(plan) {
-		t.Errorf("capped counts must walk tasks_state_id_idx:\n%s", plan)
+			SELECT 1 FROM task_finished f WHERE f.state = ANY (ARRAY[s.state]) ORDER BY f.state, f.id LIMIT $1) x)
+		FROM unnest($2::text[]) AS s(state)`, []any{store.CountCap, []string{"dead", "completed"}}, true)
+	if !strings.Contains(plan, "task_finished_pkey") || seqScan.MatchString(plan) {
+		t.Errorf("capped counts must walk task_finished_pkey:\n%s", plan)
 	}
 }

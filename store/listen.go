@@ -15,12 +15,14 @@ import (
 // NotifyChannel is the channel the tasks table's insert trigger notifies.
 const NotifyChannel = "shardrun_tasks"
 
-// Notification tells which shards got new ready tasks. All is set when the
+// Notification tells which shards got new ready tasks, and which of them
+// got tasks more urgent than the default priority. All is set when the
 // list was too long for a notification, and after (re)connecting, when
 // notifications may have been missed.
 type Notification struct {
 	All    bool
 	Shards []int
+	Urgent []int
 }
 
 // Listener holds a dedicated connection that LISTENs for enqueue
@@ -87,11 +89,15 @@ func parseNotification(payload string) Notification {
 	parts := strings.Split(payload, ",")
 	n := Notification{Shards: make([]int, 0, len(parts))}
 	for _, p := range parts {
-		v, err := strconv.Atoi(p)
+		urgent := strings.HasPrefix(p, "!")
+		v, err := strconv.Atoi(strings.TrimPrefix(p, "!"))
 		if err != nil {
 			return Notification{All: true}
 		}
 		n.Shards = append(n.Shards, v)
+		if urgent {
+			n.Urgent = append(n.Urgent, v)
+		}
 	}
 	return n
 }

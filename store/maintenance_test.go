@@ -23,7 +23,7 @@ func finished(t testing.TB, s *store.Store, state string, n int, age time.Durati
 func countState(t testing.TB, s *store.Store, state string) int {
 	t.Helper()
 	var n int
-	if err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM tasks WHERE state = $1`, state).Scan(&n); err != nil {
+	if err := s.Pool().QueryRow(context.Background(), `SELECT count(*) FROM task_view WHERE state = $1`, state).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -88,9 +88,9 @@ func TestDeleteFinishedUsesTheStateIndex(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	finished(t, s, "completed", 2000, 2*time.Hour)
-	exec(t, s, "ANALYZE tasks")
-	rows, err := s.Pool().Query(context.Background(), `EXPLAIN SELECT id FROM tasks
-		WHERE state = 'completed' AND finished_at IS NOT NULL AND finished_at < now() - interval '1 hour'
+	exec(t, s, "ANALYZE task_finished")
+	rows, err := s.Pool().Query(context.Background(), `EXPLAIN SELECT id FROM task_finished
+		WHERE state = 'completed' AND finished_at < now() - interval '1 hour'
 		ORDER BY finished_at LIMIT 100`)
 	if err != nil {
 		t.Fatal(err)
@@ -101,8 +101,8 @@ func TestDeleteFinishedUsesTheStateIndex(t *testing.T) {
 		_ = rows.Scan(&l)
 		plan = append(plan, l)
 	}
-	if p := strings.Join(plan, "\n"); !strings.Contains(p, "tasks_finished_state_idx") {
-		t.Fatalf("the retention scan does not walk tasks_finished_state_idx:\n%s", p)
+	if p := strings.Join(plan, "\n"); !strings.Contains(p, "task_finished_at_idx") {
+		t.Fatalf("the retention scan does not walk task_finished_at_idx:\n%s", p)
 	}
 }
 

@@ -36,7 +36,8 @@ const quietSetting = `set_config('shardrun.notify', 'off', true)`
 const maxNotifyPayload = 7000
 
 // notifyTimeout bounds one notification: runners poll anyway, so a lost
-// notification costs at most a poll interval.
+// notification costs at most a poll interval. It also bounds how long
+// closing the store waits for the pending ones.
 const notifyTimeout = 5 * time.Second
 
 // notifyGap is the least time between two notifications of one store: the
@@ -52,11 +53,16 @@ const notifyGap = 2 * time.Millisecond
 // at most one pg_notify per store is in flight, at most one per gap, and
 // the shards that arrive meanwhile go in the next one. Its goroutine runs
 // only while there is something to send, so an idle store has none; close
-// waits for it.
+// lets it send what is pending, for at most closeTimeout.
 type notifier struct {
-	exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	log  hclog.Logger
-	gap  time.Duration
+	exec         func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	log          hclog.Logger
+	gap          time.Duration
+	closeTimeout time.Duration
+	// stop ends the notification on the wire when close has waited
+	// closeTimeout; nothing is sent after it.
+	stop       context.Context
+	cancelStop context.CancelFunc
 
 	mu      sync.Mutex
 	pending map[int]struct{}
@@ -66,7 +72,9 @@ type notifier struct {
 }
 
 func newNotifier(exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error), log hclog.Logger) *notifier {
-	return &notifier{exec: exec, log: log, gap: notifyGap, pending: map[int]struct{}{}}
+	stop, cancel := context.WithCancel(context.Background())
+	return &notifier{exec: exec, log: log, gap: notifyGap, closeTimeout: notifyTimeout,
+		stop: stop, cancelStop: cancel, pending: map[int]struct{}{}}
 }
 
 // add schedules a notification for shards, which got ready tasks in a
@@ -87,22 +95,24 @@ func (n *notifier) add(shards ...int) {
 	n.wg.Go(n.send)
 }
 
-// send notifies until nothing is pending.
+// send notifies until nothing is pending (also once closed: close waits
+// for it) or close stopped it.
 func (n *notifier) send() {
 	for {
 		n.mu.Lock()
-		if len(n.pending) == 0 || n.closed {
+		if len(n.pending) == 0 || n.stop.Err() != nil {
 			n.sending = false
 			n.mu.Unlock()
 			return
 		}
+		closed := n.closed
 		shards := make([]int, 0, len(n.pending))
 		for s := range n.pending {
 			shards = append(shards, s)
 		}
 		clear(n.pending)
 		n.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+		ctx, cancel := context.WithTimeout(n.stop, notifyTimeout)
 		// Committed asynchronously: the notification's transaction has
 		// nothing worth a WAL flush (a crash loses nothing a poll would not
 		// find), and without the flush it holds PostgreSQL's notify lock
@@ -112,16 +122,31 @@ func (n *notifier) send() {
 		if err != nil {
 			n.log.Warn("notifying runners of new tasks failed; they find them when they next poll", "shards", len(shards), "error", err)
 		}
-		time.Sleep(n.gap)
+		if !closed {
+			time.Sleep(n.gap)
+		}
 	}
 }
 
-// close stops sending and waits for a notification in flight.
+// close refuses further shards, lets the sender send what is pending, and
+// waits for it: at most closeTimeout, after which the notification on the
+// wire is abandoned (the runners find its tasks when they next poll).
 func (n *notifier) close() {
 	n.mu.Lock()
 	n.closed = true
 	n.mu.Unlock()
-	n.wg.Wait()
+	done := make(chan struct{})
+	go func() { n.wg.Wait(); close(done) }()
+	t := time.NewTimer(n.closeTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		n.log.Warn("notifying runners of new tasks at close took too long; they find them when they next poll", "timeout", n.closeTimeout)
+		n.cancelStop()
+		<-done
+	}
+	n.cancelStop()
 }
 
 // notifyPayload is the comma-separated sorted shard list, or '*'.

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -34,7 +35,69 @@ func TestNotifierCoalescesWhileSending(t *testing.T) {
 	}
 	release <- struct{}{}
 	n.close()
-	n.add(1) // after close: nothing is sent (exec would block on sent)
+}
+
+// What is pending when the store closes is sent before close returns: a
+// producer that enqueues and closes must not leave its tasks waiting for
+// the runners' next poll. After close nothing more is sent.
+func TestNotifierSendsPendingOnClose(t *testing.T) {
+	sent := make(chan string, 10)
+	release := make(chan struct{})
+	exec := func(_ context.Context, _ string, args ...any) (pgconn.CommandTag, error) {
+		sent <- args[1].(string)
+		<-release
+		return pgconn.CommandTag{}, nil
+	}
+	n := newNotifier(exec, hclog.NewNullLogger())
+	n.add(4)
+	if got := <-sent; got != "4" {
+		t.Fatalf("first notification %q, want 4", got)
+	}
+	n.add(7) // pending while the first is on the wire
+	closed := make(chan struct{})
+	go func() { n.close(); close(closed) }()
+	release <- struct{}{}
+	select {
+	case got := <-sent:
+		if got != "7" {
+			t.Fatalf("notification at close %q, want the pending 7", got)
+		}
+	case <-closed:
+		t.Fatal("close returned without sending the pending notification")
+	}
+	release <- struct{}{}
+	<-closed
+	close(release)
+	n.add(1)
+	n.close() // waits for a sender the add might have started
+	select {
+	case got := <-sent:
+		t.Fatalf("notification %q sent after close", got)
+	default:
+	}
+}
+
+// Close waits for the pending notifications at most closeTimeout: a
+// database that does not answer cannot hold up a shutdown.
+func TestNotifierCloseIsBounded(t *testing.T) {
+	cancelled := make(chan error, 1)
+	exec := func(ctx context.Context, _ string, _ ...any) (pgconn.CommandTag, error) {
+		<-ctx.Done()
+		cancelled <- ctx.Err()
+		return pgconn.CommandTag{}, ctx.Err()
+	}
+	n := newNotifier(exec, hclog.NewNullLogger())
+	n.closeTimeout = 20 * time.Millisecond
+	n.add(3)
+	n.close()
+	select {
+	case err := <-cancelled:
+		if err == nil {
+			t.Fatal("the notification's context ended without an error")
+		}
+	default:
+		t.Fatal("close returned without sending the pending notification, or before ending it")
+	}
 }
 
 func TestNotifyPayloadFallsBackToAll(t *testing.T) {

@@ -3,21 +3,25 @@ package store
 // Operators' statements: cancel, retry, list and count tasks.
 //
 // None of them is made under a claim, so none is fenced by a shard epoch;
-// each re-checks the state it acts on in its WHERE clause. Cancelling a
-// ready task moves a row nobody has claimed (a claim that got there first
-// makes it running, and the statement, re-evaluated on the new row version,
-// then records a cancel request instead). Cancelling a running task only
-// records the request (cancel_requested_at): the state, attempt and claim
-// of a running task change only by the fenced writes of the runner that
-// runs it (CancelAttempts), by the leader's sweeps and by the next owner's
-// orphan requeue, each of which turns a requested cancel into cancelled.
+// each re-checks the state it acts on. Cancelling a ready task takes its
+// entry out of task_ready, which a claim that got there first has taken
+// out already (the task is then running and the statement records a
+// cancel request instead). Cancelling a running task only records the
+// request (cancel_requested_at): the state, attempt and claim of a running
+// task change only by the writes of the runner that holds the claim
+// (CancelAttempts), by the leader's sweeps and by the next owner's orphan
+// requeue, each of which turns a requested cancel into cancelled. Each
+// statement locks the tasks row before its task_ready entry, and no
+// statement that holds a task_ready entry or a claim waits for a tasks row
+// another holds while wanting its entry or claim, so they cannot deadlock.
 //
 // Listing and bulk operations walk one ordered stream of candidate ids from
 // the index that matches the filter best (see stream) and apply the rest of
-// the filter to the rows they fetch by primary key, examining a bounded
-// number of candidates per statement. Each stream orders by every column of
-// its index, so no plan but a walk of that index can produce the order
-// without sorting the whole match: the plans do not depend on statistics.
+// the filter to the rows they fetch by primary key from task_view,
+// examining a bounded number of candidates per statement. Each stream
+// orders by every column of its index, so no plan but a walk of that index
+// can produce the order without sorting the whole match: the plans do not
+// depend on statistics.
 
 import (
 	"context"
@@ -51,16 +55,22 @@ const (
 // CancelTask cancels task id: a ready task at once (state cancelled), a
 // running one by recording the request that its runner's next heartbeat
 // picks up; the task is returned as it is after the statement (ready ->
-// cancelled, running with CancelRequestedAt set). Cancelling a running task
-// twice is harmless. A finished task gives a *tasks.ConflictError naming its
-// state, a missing one a *tasks.NotFoundError.
+// cancelled, running with CancelRequestedAt set). Either way the task no
+// longer holds its unique key: a producer may enqueue the key again at once.
+// Cancelling a running task twice is harmless. A finished task gives a
+// *tasks.ConflictError naming its state, a missing one a
+// *tasks.NotFoundError.
 func (s *Store) CancelTask(ctx context.Context, id int64) (tasks.Task, error) {
-	t, err := scanTask(s.pool.QueryRow(ctx, `
-		UPDATE tasks t SET `+cancelSet+`
-		WHERE t.id = $1 AND t.state IN ('ready', 'running')
-		RETURNING `+taskColumns, id))
+	t, err := scanTask(s.pool.QueryRow(ctx, `/* shardrun.cancel */
+		WITH locked AS (
+			SELECT id, shard, queue, kind, priority, run_after, state, sequence_key FROM tasks t
+			WHERE id = $1 AND (state = 'ready' OR (state IN ('failed', 'dead') AND `+headsItsSequence+`))
+			FOR UPDATE
+		)`+cancelLocked+`
+		SELECT `+taskColumnsOf("u")+`
+		FROM u LEFT JOIN LATERAL (`+claimOf("u")+`) k ON true`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return tasks.Task{}, s.refusal(ctx, id, "cancel", "it is finished")
+		return tasks.Task{}, s.refusal(ctx, id, "cancel", "it is finished (only a dead or failed task that blocks its sequence can be cancelled)")
 	}
 	if err != nil {
 		return tasks.Task{}, fmt.Errorf("cancelling task %d: %w", id, err)
@@ -68,12 +78,68 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (tasks.Task, error) {
 	return t, nil
 }
 
-// cancelSet is the SET list of a cancel: ready tasks end now, running ones
-// get the request (the first request's time is kept).
-const cancelSet = `
-		state               = CASE WHEN t.state = 'ready' THEN 'cancelled' ELSE t.state END,
-		finished_at         = CASE WHEN t.state = 'ready' THEN now() ELSE t.finished_at END,
-		cancel_requested_at = coalesce(t.cancel_requested_at, now())`
+// headsItsSequence: task t heads its sequence (SQL).
+const headsItsSequence = `t.sequence_key IS NOT NULL
+	AND EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = t.sequence_key AND s.head_id = t.id)`
+
+// cancelLocked follows a CTE (locked) of tasks to cancel, locked, with
+// their lane columns, state and sequence key: unfinished ones whose
+// task_ready entry it takes out are cancelled, and so are those waiting
+// for their turn in a sequence (in no lane, not claimed) and dead or
+// failed ones that block their sequence; the others (claimed: running) get
+// the request. All free their unique keys. It defines u, the tasks as
+// updated, with cancelled: whether the task ended now.
+const cancelLocked = `, taken AS (
+			DELETE FROM task_ready r USING locked l
+			WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind AND r.priority = l.priority
+			  AND r.run_after = l.run_after AND r.id = l.id
+			RETURNING r.id
+		), ending AS MATERIALIZED (
+			SELECT id FROM taken
+			UNION ALL
+			SELECT l.id FROM locked l WHERE l.state <> 'ready'
+			UNION ALL
+			SELECT l.id FROM locked l WHERE l.state = 'ready' AND l.sequence_key IS NOT NULL
+			  AND NOT EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = l.sequence_key AND s.head_id = l.id)
+		), unfinished AS (
+			DELETE FROM task_finished f USING locked l WHERE l.state <> 'ready' AND f.state = l.state AND f.id = l.id
+		), u AS (
+			UPDATE tasks t SET
+				state               = CASE WHEN t.id = ANY (ARRAY(SELECT id FROM ending)) THEN 'cancelled' ELSE t.state END,
+				finished_at         = CASE WHEN t.id = ANY (ARRAY(SELECT id FROM ending)) THEN now() ELSE t.finished_at END,
+				cancel_requested_at = CASE WHEN t.state = 'ready' THEN coalesce(t.cancel_requested_at, now()) ELSE t.cancel_requested_at END
+			WHERE t.id = ANY (ARRAY(SELECT id FROM locked))
+			RETURNING t.*, t.id = ANY (ARRAY(SELECT id FROM ending)) AS cancelled
+		), finished AS (
+			INSERT INTO task_finished (state, id, finished_at, queue)
+			SELECT state, id, finished_at, queue FROM u WHERE cancelled
+		), freed AS (
+			DELETE FROM task_unique_keys k USING u
+			WHERE u.unique_key IS NOT NULL AND k.unique_key = u.unique_key AND k.id = u.id
+		)`
+
+// claimOf is a lateral lookup of the claim of task alias.id, columns
+// owner, epoch, claimed_at, heartbeat_at (as task_view reads them).
+func claimOf(alias string) string {
+	return `SELECT c.id, c.owner, c.epoch, c.claimed_at, c.heartbeat_at FROM task_claims c WHERE c.id = ` + alias + `.id`
+}
+
+// taskColumnsOf is taskColumns over a tasks-shaped relation alias joined
+// to its claim k (claimOf): what task_view computes, for rows a statement
+// has just changed (the statement's own reads of task_view would not see
+// its changes). A task left 'ready' that the statement did not find in
+// task_ready is one a claim took: running.
+func taskColumnsOf(alias string) string {
+	a := alias + "."
+	return a + `id, ` + a + `kind, ` + a + `shard, ` + a + `key, ` + a + `queue, ` + a + `priority,
+		coalesce(` + a + `sequence_key, ''), coalesce(` + a + `sequence_blocks, false), ` + a + `payload,
+		CASE WHEN ` + a + `state <> 'ready' THEN ` + a + `state
+		     WHEN k.id IS NOT NULL OR ` + a + `cancel_requested_at IS NOT NULL THEN 'running' ELSE 'ready' END,
+		` + a + `attempt, ` + a + `max_attempts, coalesce(` + a + `attempt_budget, 0), ` + a + `run_after, ` + a + `deadline,
+		coalesce(k.owner, ` + a + `claimed_by), coalesce(k.epoch, ` + a + `claim_epoch),
+		coalesce(k.claimed_at, ` + a + `claimed_at), coalesce(k.heartbeat_at, ` + a + `heartbeat_at),
+		` + a + `cancel_requested_at, ` + a + `unique_key, ` + a + `errors, ` + a + `result, ` + a + `created_at, ` + a + `finished_at`
+}
 
 // retrySet is the SET list of a retry. The attempt number moves on (it only
 // ever grows, so that a late write of an earlier attempt can never match
@@ -96,6 +162,22 @@ const retrySet = `
 		cancel_requested_at = NULL,
 		result              = NULL`
 
+// retried follows a CTE (r) of tasks a retry just made ready: their
+// entries leave task_finished, go into their lanes (a task of a sequence
+// joins its sequence instead, at the commit: the sequence's trigger files
+// it when it heads the sequence), and their unique keys are held again (a key another unfinished task holds fails the statement
+// with a unique violation on task_unique_keys_pkey).
+const retried = `, unfinished AS (
+			DELETE FROM task_finished f
+			WHERE f.state = ANY ('{failed,dead,cancelled}'::text[]) AND f.id = ANY (ARRAY(SELECT id FROM r))
+		), filed AS (
+			INSERT INTO task_ready (shard, queue, kind, priority, run_after, id, deadline)
+			SELECT shard, queue, kind, priority, run_after, id, deadline FROM r WHERE sequence_key IS NULL
+		), held AS (
+			INSERT INTO task_unique_keys (unique_key, id)
+			SELECT unique_key, id FROM r WHERE unique_key IS NOT NULL ORDER BY id
+		)`
+
 // RetryTask puts a dead, failed or cancelled task back to ready (see
 // retrySet for the attempt budget) and wakes the runners of its shard. A
 // task in another state, or whose unique key another unfinished task holds
@@ -104,10 +186,13 @@ func (s *Store) RetryTask(ctx context.Context, id int64) (tasks.Task, error) {
 	var t tasks.Task
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var err error
-		t, err = scanTask(tx.QueryRow(ctx, `
-			UPDATE tasks t SET `+retrySet+`
-			WHERE t.id = $1 AND t.state IN ('failed', 'dead', 'cancelled')
-			RETURNING `+taskColumns, id))
+		t, err = scanTask(tx.QueryRow(ctx, `/* shardrun.retry */
+			WITH r AS (
+				UPDATE tasks t SET `+retrySet+`
+				WHERE t.id = $1 AND t.state IN ('failed', 'dead', 'cancelled')
+				RETURNING t.*
+			)`+retried+`
+			SELECT `+taskColumnsOf("r")+` FROM r LEFT JOIN LATERAL (`+claimOf("r")+`) k ON true`, id))
 		if err != nil {
 			return err
 		}
@@ -117,7 +202,7 @@ func (s *Store) RetryTask(ctx context.Context, id int64) (tasks.Task, error) {
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return tasks.Task{}, s.refusal(ctx, id, "retry", "only dead, failed and cancelled tasks can be retried")
-	case errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "tasks_unique_key_idx":
+	case errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "task_unique_keys_pkey":
 		cur, gerr := s.Get(ctx, id)
 		if gerr != nil {
 			return tasks.Task{}, fmt.Errorf("retrying task %d: %w", id, gerr)
@@ -179,17 +264,30 @@ func (b *sqlBuilder) arg(v any) string {
 	return "$" + strconv.Itoa(len(b.args))
 }
 
+// streamable reports whether every state of states has an index of its own
+// in id order: running tasks (task_claims) and each final state
+// (task_finished). Ready tasks have none (task_ready is ordered for claims).
+func streamable(states []tasks.State) bool {
+	for _, st := range states {
+		if st == tasks.Ready {
+			return false
+		}
+	}
+	return len(states) > 0
+}
+
 // stream returns the SQL of an ordered stream of at most n candidate ids
 // (column id) of tasks matching the driving part of f, after the cursor
-// (below it when desc), and the predicate over alias t of the rest of f,
-// which callers apply to the rows they fetch.
+// (below it when desc), and the predicate over alias t (a row of
+// task_view) of the rest of f, which callers apply to the rows they fetch.
 //
 // The driving index, by precedence: tasks_key_id_idx for a key (keys are
-// the most selective); tasks_kind_state_id_idx for a kind, one range per
-// state merged in id order (a Merge Append of index walks); tasks_state_id_idx
-// for states, likewise; the primary key otherwise.
+// the most selective); tasks_kind_id_idx for a kind; for states that all
+// have one, the primary keys of task_claims (running) and task_finished
+// (each final state), merged in id order (a Merge Append of index walks);
+// the primary key of tasks otherwise. A sequence key drives by
+// tasks_sequence_id_idx after a key.
 func (b *sqlBuilder) stream(f tasks.Filter, after int64, desc bool, n int) (stream, rest string) {
-	states := f.States
 	dir, cmp := "", ">"
 	if desc {
 		dir, cmp = " DESC", "<"
@@ -199,59 +297,67 @@ func (b *sqlBuilder) stream(f tasks.Filter, after int64, desc bool, n int) (stre
 		cursor = " AND id " + cmp + " " + b.arg(after)
 	}
 	limit := " LIMIT " + strconv.Itoa(n)
-	restArgs := 0
-	defer func() { b.streamArgs = len(b.args) - restArgs }()
 	var restParts []string
-	restArg := func(v any) string { restArgs++; return b.arg(v) }
 	// The driving values are hidden from the planner in sub-selects, and
-	// compared as arrays on the index's first column. A value the planner
-	// sees would let it prove a partial index's predicate (state = 'ready'
-	// matches tasks_ready_idx, ordered by kind and run_after) and prefer it, with a
-	// sort of every match, when stale statistics call the state rare. And
-	// a column equated to a value drops out of the ORDER BY, after which
-	// the primary key yields the same order; an array comparison on the
-	// first column keeps the ORDER BY whole, and only this index produces
-	// it without reading and sorting every match.
+	// compared as arrays on the index's first column: a column equated to
+	// a value drops out of the ORDER BY, after which another index (the
+	// primary key) yields the same order and the planner may prefer it,
+	// filtering every row; an array comparison on the first column keeps
+	// the ORDER BY whole, and only the intended index produces it without
+	// reading and sorting every match.
 	first := func(col, v string) string {
 		return col + " = ANY ((SELECT " + b.arg([]string{v}) + "::text[])::text[])"
 	}
-	hidden := func(v string) string { return "(SELECT " + b.arg(v) + "::text)" }
-	union := func(drive func(st tasks.State) string, order string) string {
-		parts := make([]string, len(states))
-		for i, st := range states {
-			parts[i] = "SELECT id FROM tasks WHERE " + drive(st) + cursor + " ORDER BY " + order + limit
-		}
-		if len(parts) == 1 {
-			return parts[0]
-		}
-		return "SELECT id FROM ((" + strings.Join(parts, ") UNION ALL (") + ")) u ORDER BY id" + dir + limit
-	}
+	states := f.States
 	switch {
 	case f.Key != "":
 		stream = "SELECT id FROM tasks WHERE " + first("key", f.Key) + cursor + " ORDER BY key" + dir + ", id" + dir + limit
-		if len(states) > 0 {
-			restParts = append(restParts, "t.state = ANY ("+restArg(stateStrings(states))+"::text[])")
-		}
-		if f.Kind != "" {
-			restParts = append(restParts, "t.kind = "+restArg(f.Kind))
-		}
+	case f.SequenceKey != "":
+		stream = "SELECT id FROM tasks WHERE " + first("sequence_key", f.SequenceKey) + cursor +
+			" ORDER BY sequence_key" + dir + ", id" + dir + limit
 	case f.Kind != "":
-		if len(states) == 0 {
-			states = tasks.States
+		stream = "SELECT id FROM tasks WHERE " + first("kind", f.Kind) + cursor + " ORDER BY kind" + dir + ", id" + dir + limit
+	case streamable(states):
+		parts := make([]string, len(states))
+		for i, st := range states {
+			if st == tasks.Running {
+				parts[i] = "SELECT id FROM task_claims WHERE true" + cursor + " ORDER BY id" + dir + limit
+			} else {
+				// The primary key (state, id) is the only index in id
+				// order within a state, so an equality keeps the plan.
+				parts[i] = "SELECT id FROM task_finished WHERE state = " + b.arg(string(st)) + "::text" + cursor +
+					" ORDER BY id" + dir + limit
+			}
 		}
-		kind := first("kind", f.Kind)
-		stream = union(func(st tasks.State) string { return kind + " AND state = " + hidden(string(st)) },
-			"kind"+dir+", state"+dir+", id"+dir)
-	case len(states) > 0:
-		stream = union(func(st tasks.State) string { return first("state", string(st)) }, "state"+dir+", id"+dir)
+		stream = parts[0]
+		if len(parts) > 1 {
+			stream = "SELECT id FROM ((" + strings.Join(parts, ") UNION ALL (") + ")) u ORDER BY id" + dir + limit
+		}
+		states = nil
 	default:
 		stream = "SELECT id FROM tasks WHERE true" + cursor + " ORDER BY id" + dir + limit
 	}
+	b.streamArgs = len(b.args)
+	if (f.Key != "" || f.SequenceKey != "") && f.Kind != "" {
+		restParts = append(restParts, "t.kind = "+b.arg(f.Kind))
+	}
+	if f.Key != "" && f.SequenceKey != "" {
+		restParts = append(restParts, "t.sequence_key = "+b.arg(f.SequenceKey))
+	}
+	if f.Queue != "" {
+		restParts = append(restParts, "t.queue = "+b.arg(f.Queue))
+	}
+	if f.Priority != 0 {
+		restParts = append(restParts, "t.priority = "+b.arg(f.Priority))
+	}
+	if len(states) > 0 {
+		restParts = append(restParts, "t.state = ANY ("+b.arg(stateStrings(states))+"::text[])")
+	}
 	if f.Shard != nil {
-		restParts = append(restParts, "t.shard = "+restArg(*f.Shard))
+		restParts = append(restParts, "t.shard = "+b.arg(*f.Shard))
 	}
 	if !f.CreatedBefore.IsZero() {
-		restParts = append(restParts, "t.created_at < "+restArg(f.CreatedBefore))
+		restParts = append(restParts, "t.created_at < "+b.arg(f.CreatedBefore))
 	}
 	return stream, strings.Join(restParts, " AND ")
 }
@@ -265,8 +371,8 @@ func stateStrings(states []tasks.State) []string {
 }
 
 // summaryColumns are the columns of a tasks.Summary, as scanSummary reads
-// them.
-const summaryColumns = `t.id, t.kind, t.shard, t.key, t.unique_key, t.state, t.attempt, t.max_attempts, t.run_after,
+// them, over a row t of task_view.
+const summaryColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, coalesce(t.sequence_key, ''), t.unique_key, t.state, t.attempt, t.max_attempts, t.run_after,
 	t.deadline, t.claimed_by, t.claimed_at, t.heartbeat_at, t.cancel_requested_at, t.errors -> -1 ->> 'error',
 	t.created_at, t.finished_at`
 
@@ -274,9 +380,10 @@ func scanSummary(r pgx.CollectableRow) (tasks.Summary, error) {
 	var t tasks.Summary
 	var state string
 	var uniqueKey, claimedBy, lastError *string
-	err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &uniqueKey, &state, &t.Attempt, &t.MaxAttempts, &t.RunAfter,
+	var priority int16
+	err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &uniqueKey, &state, &t.Attempt, &t.MaxAttempts, &t.RunAfter,
 		&t.Deadline, &claimedBy, &t.ClaimedAt, &t.HeartbeatAt, &t.CancelRequestedAt, &lastError, &t.CreatedAt, &t.FinishedAt)
-	t.State = tasks.State(state)
+	t.State, t.Priority = tasks.State(state), int(priority)
 	for _, p := range []struct {
 		from *string
 		to   *string
@@ -295,32 +402,30 @@ func ListQuery(req tasks.ListRequest) (string, []any) {
 	return sql, args
 }
 
-// byID fetches the rows of a stream of ids by primary key, in id order.
-// OFFSET 0 keeps the conditions callers apply to these rows out of this
-// scan: pushed into it, a condition on the state would let the planner walk
-// a state's index instead and filter by the ids, reading every task in that
-// state.
+// byID fetches the rows of a stream of ids from task_view by primary key,
+// in id order. OFFSET 0 keeps the conditions callers apply to these rows
+// out of this scan: pushed into it, a condition could let the planner walk
+// another index filtered by the ids.
 func byID(stream, dir string) string {
-	return `SELECT * FROM tasks WHERE id = ANY (ARRAY(` + stream + `)) ORDER BY id` + dir + ` OFFSET 0`
+	return `SELECT * FROM task_view WHERE id = ANY (ARRAY(` + stream + `)) ORDER BY id` + dir + ` OFFSET 0`
 }
 
-// filtersFetchedRows reports whether part of f is applied to fetched rows
-// rather than by the driving index of stream.
-func filtersFetchedRows(f tasks.Filter) bool {
-	return f.Shard != nil || !f.CreatedBefore.IsZero() || (f.Key != "" && (len(f.States) > 0 || f.Kind != ""))
-}
-
-// listScan is how many candidates one listing statement examines.
-func listScan(req tasks.ListRequest) int {
-	if filtersFetchedRows(req.Filter) {
+// listScan is how many candidates one listing statement examines: the
+// page's size when the stream is exact, ListScan when part of the filter
+// is applied to fetched rows.
+func listScan(req tasks.ListRequest, filtered bool) int {
+	if filtered {
 		return max(ListScan, req.Limit)
 	}
 	return req.Limit
 }
 
 func listQuery(req tasks.ListRequest) (sql string, args []any, filtered bool) {
+	var probe sqlBuilder
+	_, rest := probe.stream(req.Filter, req.After, req.Desc, 1)
+	filtered = rest != ""
 	var b sqlBuilder
-	stream, rest := b.stream(req.Filter, req.After, req.Desc, listScan(req))
+	stream, rest := b.stream(req.Filter, req.After, req.Desc, listScan(req, filtered))
 	dir, where := "", ""
 	if req.Desc {
 		dir = " DESC"
@@ -328,8 +433,18 @@ func listQuery(req tasks.ListRequest) (sql string, args []any, filtered bool) {
 	if rest != "" {
 		where = " WHERE " + rest
 	}
-	return `SELECT ` + summaryColumns + ` FROM (` + byID(stream, dir) + `) t` + where +
-		` ORDER BY t.id` + dir + ` LIMIT ` + strconv.Itoa(req.Limit), b.args, rest != ""
+	last := "max"
+	if req.Desc {
+		last = "min"
+	}
+	// The page and what the stream yielded, from one snapshot: a second
+	// statement would see the runners' claims since, and a cursor computed
+	// there could pass tasks the page never saw.
+	return `/* shardrun.list */
+		WITH c AS MATERIALIZED (` + stream + `)
+		SELECT ` + summaryColumns + `, (SELECT count(*) FROM c), (SELECT coalesce(` + last + `(id), 0) FROM c)
+		FROM (` + byID("SELECT id FROM c", dir) + `) t` + where + `
+		ORDER BY t.id` + dir + ` LIMIT ` + strconv.Itoa(req.Limit), b.args, filtered
 }
 
 // List returns one page of the tasks matching req's filter, in id order
@@ -340,35 +455,63 @@ func (s *Store) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, er
 	}
 	req.Limit = min(req.Limit, tasks.MaxListLimit)
 	sql, args, filtered := listQuery(req)
-	rows, err := s.pool.Query(ctx, sql, args...)
+	// A short page of a filtered listing carries, in every row, how many
+	// candidates the statement examined and the last of them; an empty
+	// one carries nothing, so the listing runs in one snapshot with a
+	// statement that asks for them alone.
+	var page tasks.Page
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		var examined, last int64
+		list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Summary, error) {
+			var t tasks.Summary
+			var state string
+			var priority int16
+			var uniqueKey, claimedBy, lastError *string
+			err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &uniqueKey, &state, &t.Attempt,
+				&t.MaxAttempts, &t.RunAfter, &t.Deadline, &claimedBy, &t.ClaimedAt, &t.HeartbeatAt, &t.CancelRequestedAt, &lastError,
+				&t.CreatedAt, &t.FinishedAt, &examined, &last)
+			t.State, t.Priority = tasks.State(state), int(priority)
+			t.UniqueKey, t.ClaimedBy, t.LastError = deref(uniqueKey), deref(claimedBy), deref(lastError)
+			return t, err
+		})
+		if err != nil {
+			return err
+		}
+		page.Tasks = list
+		switch {
+		case len(list) == req.Limit:
+			page.Next = list[len(list)-1].ID
+		case filtered:
+			if len(list) == 0 {
+				if betweenListStatements != nil {
+					betweenListStatements()
+				}
+				var b sqlBuilder
+				stream, _ := b.stream(req.Filter, req.After, req.Desc, listScan(req, true))
+				lastFn := "max"
+				if req.Desc {
+					lastFn = "min"
+				}
+				if err := tx.QueryRow(ctx, `/* shardrun.list_cursor */ SELECT count(*), coalesce(`+lastFn+`(id), 0) FROM (`+stream+`) c`,
+					b.args[:b.streamArgs]...).Scan(&examined, &last); err != nil {
+					return err
+				}
+			}
+			// More may match beyond the candidates this statement
+			// examined: continue after the last of them, if the stream
+			// was not exhausted.
+			if examined == int64(listScan(req, true)) {
+				page.Next = last
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return tasks.Page{}, fmt.Errorf("listing tasks: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, scanSummary)
-	if err != nil {
-		return tasks.Page{}, fmt.Errorf("listing tasks: %w", err)
-	}
-	page := tasks.Page{Tasks: list}
-	switch {
-	case len(list) == req.Limit:
-		page.Next = list[len(list)-1].ID
-	case filtered:
-		// A short page of a filtered listing: more may match beyond the
-		// candidates this statement examined. Continue after the last of
-		// them, if the stream was not exhausted.
-		var b sqlBuilder
-		stream, _ := b.stream(req.Filter, req.After, req.Desc, listScan(req))
-		last := "max"
-		if req.Desc {
-			last = "min"
-		}
-		var n, lastID int64
-		if err := s.pool.QueryRow(ctx, `SELECT count(*), coalesce(`+last+`(id), 0) FROM (`+stream+`) c`, b.args[:b.streamArgs]...).Scan(&n, &lastID); err != nil {
-			return tasks.Page{}, fmt.Errorf("listing tasks: %w", err)
-		}
-		if n == int64(listScan(req)) {
-			page.Next = lastID
-		}
 	}
 	if page.Tasks == nil {
 		page.Tasks = []tasks.Summary{}
@@ -376,16 +519,28 @@ func (s *Store) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, er
 	return page, nil
 }
 
+// betweenListStatements, when set (by a test), runs between a listing's
+// page and its cursor statement.
+var betweenListStatements func()
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
 // bulkOp is one kind of bulk operation.
 type bulkOp struct {
 	name string
 	// states it applies to, and the default filter.
 	states []tasks.State
-	// pass runs one pass of one batch in tx: candidates is the stream,
-	// rest the rest of the filter over t. It returns how many candidates
-	// the stream yielded and the last of them, the counts, how many
-	// eligible rows were locked by someone else (the pass is run again).
-	pass func(ctx context.Context, tx pgx.Tx, b *sqlBuilder, candidates, rest string) (bulkPass, error)
+	// pass runs one pass of one batch of the tasks matching f in tx:
+	// candidates is the stream, rest the rest of the filter over t (a row
+	// of task_view). It returns how many candidates the stream yielded
+	// and the last of them, the counts, how many eligible rows were locked
+	// by someone else (the pass is run again).
+	pass func(ctx context.Context, tx pgx.Tx, b *sqlBuilder, f tasks.Filter, candidates, rest string) (bulkPass, error)
 }
 
 type bulkPass struct {
@@ -405,8 +560,9 @@ func (s *Store) CancelMatching(ctx context.Context, f tasks.Filter, after int64,
 
 // RetryMatching retries the dead, failed and cancelled tasks matching f,
 // like RetryTask, in batches as CancelMatching. Of several matching tasks
-// with the same unique key only the newest is retried, and none whose key
-// another unfinished task holds: those are counted as Skipped.
+// with the same unique key only the newest is retried, wherever the batches
+// fall, and none whose key another unfinished task holds: those are counted
+// as Skipped.
 func (s *Store) RetryMatching(ctx context.Context, f tasks.Filter, after int64, budget time.Duration) (tasks.BulkResult, error) {
 	return s.bulk(ctx, bulkOp{name: "retry", states: []tasks.State{tasks.Failed, tasks.Dead, tasks.Cancelled}, pass: retryPass}, f, after, budget)
 }
@@ -447,6 +603,35 @@ func (s *Store) bulk(ctx context.Context, op bulkOp, f tasks.Filter, after int64
 	}
 }
 
+// matches is the whole of f as a predicate over alias (a row of
+// task_view): the driving part of a stream and its rest.
+func (b *sqlBuilder) matches(f tasks.Filter, alias string) string {
+	a := alias + "."
+	parts := []string{a + "state = ANY (" + b.arg(stateStrings(f.States)) + "::text[])"}
+	if f.Key != "" {
+		parts = append(parts, a+"key = "+b.arg(f.Key))
+	}
+	if f.SequenceKey != "" {
+		parts = append(parts, a+"sequence_key = "+b.arg(f.SequenceKey))
+	}
+	if f.Queue != "" {
+		parts = append(parts, a+"queue = "+b.arg(f.Queue))
+	}
+	if f.Priority != 0 {
+		parts = append(parts, a+"priority = "+b.arg(f.Priority))
+	}
+	if f.Kind != "" {
+		parts = append(parts, a+"kind = "+b.arg(f.Kind))
+	}
+	if f.Shard != nil {
+		parts = append(parts, a+"shard = "+b.arg(*f.Shard))
+	}
+	if !f.CreatedBefore.IsZero() {
+		parts = append(parts, a+"created_at < "+b.arg(f.CreatedBefore))
+	}
+	return strings.Join(parts, " AND ")
+}
+
 // bulkBatch runs one batch, again while some of its rows were locked.
 func (s *Store) bulkBatch(ctx context.Context, op bulkOp, f tasks.Filter, after int64) (bulkPass, error) {
 	for i := 0; ; i++ {
@@ -460,7 +645,7 @@ func (s *Store) bulkBatch(ctx context.Context, op bulkOp, f tasks.Filter, after 
 			}
 			rest += "t.state = ANY (" + b.arg(stateStrings(f.States)) + "::text[])"
 			var err error
-			if p, err = op.pass(ctx, tx, &b, candidates, rest); err != nil {
+			if p, err = op.pass(ctx, tx, &b, f, candidates, rest); err != nil {
 				return err
 			}
 			return notifyShards(ctx, tx, p.shards)
@@ -488,71 +673,68 @@ func (s *Store) bulkBatch(ctx context.Context, op bulkOp, f tasks.Filter, after 
 
 // cancelPass: running tasks already asked to cancel are not asked again,
 // so that a pass run again counts each task once. Rows are locked SKIP
-// LOCKED in id order: waiting on rows a heartbeat or completion holds, in
-// whatever order that statement took them, could deadlock; a locked row
-// makes the pass run again instead.
-func cancelPass(ctx context.Context, tx pgx.Tx, b *sqlBuilder, candidates, rest string) (bulkPass, error) {
+// LOCKED in id order: waiting on rows a runner's write holds, in whatever
+// order that statement took them, could deadlock; a locked row makes the
+// pass run again instead.
+func cancelPass(ctx context.Context, tx pgx.Tx, b *sqlBuilder, _ tasks.Filter, candidates, rest string) (bulkPass, error) {
 	var p bulkPass
-	err := tx.QueryRow(ctx, `
+	err := tx.QueryRow(ctx, `/* shardrun.cancel_matching */
 		WITH c AS MATERIALIZED (`+candidates+`),
-		elig AS (
+		elig AS MATERIALIZED (
 			SELECT t.id FROM (`+byID("SELECT id FROM c", "")+`) t
-			WHERE `+rest+` AND (t.state = 'ready' OR (t.state = 'running' AND t.cancel_requested_at IS NULL))
+			WHERE `+rest+` AND t.cancel_requested_at IS NULL
 		),
-		locked AS (
-			SELECT id FROM tasks WHERE id = ANY (ARRAY(SELECT id FROM elig))
-			  AND (state = 'ready' OR (state = 'running' AND cancel_requested_at IS NULL))
+		locked AS MATERIALIZED (
+			SELECT id, shard, queue, kind, priority, run_after, state, sequence_key FROM tasks
+			WHERE id = ANY (ARRAY(SELECT id FROM elig)) AND state = 'ready' AND cancel_requested_at IS NULL
 			ORDER BY id FOR UPDATE SKIP LOCKED
-		),
-		upd AS (
-			UPDATE tasks t SET `+cancelSet+`
-			WHERE t.id = ANY (ARRAY(SELECT id FROM locked))
-			  AND (t.state = 'ready' OR (t.state = 'running' AND t.cancel_requested_at IS NULL))
-			RETURNING t.state
-		)
+		)`+cancelLocked+`
 		SELECT (SELECT count(*) FROM c), (SELECT coalesce(max(id), 0) FROM c),
 		       (SELECT count(*) FROM elig) - (SELECT count(*) FROM locked),
-		       (SELECT count(*) FROM upd WHERE state = 'cancelled'),
-		       (SELECT count(*) FROM upd WHERE state = 'running')`, b.args...).Scan(
+		       (SELECT count(*) FROM u WHERE cancelled),
+		       (SELECT count(*) FROM u WHERE NOT cancelled)`, b.args...).Scan(
 		&p.candidates, &p.last, &p.locked, &p.res.Cancelled, &p.res.CancelRequested)
 	return p, err
 }
 
-// retryPass retries the newest candidate of each unique key whose key no
-// unfinished task holds, and every candidate without a unique key.
-func retryPass(ctx context.Context, tx pgx.Tx, b *sqlBuilder, candidates, rest string) (bulkPass, error) {
+// retryPass retries every candidate without a unique key, and each
+// candidate with one that is the newest matching task of its key (wherever
+// the newer ones fall among the batches) and whose key no unfinished task
+// holds.
+func retryPass(ctx context.Context, tx pgx.Tx, b *sqlBuilder, f tasks.Filter, candidates, rest string) (bulkPass, error) {
 	var p bulkPass
+	newer := b.matches(f, "o")
 	var shards []int32
-	err := tx.QueryRow(ctx, `
+	err := tx.QueryRow(ctx, `/* shardrun.retry_matching */
 		WITH c AS MATERIALIZED (`+candidates+`),
 		elig AS MATERIALIZED (
 			SELECT t.id, t.unique_key FROM (`+byID("SELECT id FROM c", "")+`) t
-			WHERE `+rest+` AND t.state IN ('failed', 'dead', 'cancelled')
+			WHERE `+rest+`
 		),
-		pick AS (
+		pick AS MATERIALIZED (
 			SELECT id FROM elig WHERE unique_key IS NULL
 			UNION ALL
-			SELECT id FROM (
-				SELECT DISTINCT ON (unique_key) id, unique_key FROM elig
-				WHERE unique_key IS NOT NULL ORDER BY unique_key, id DESC
-			) k
-			WHERE NOT EXISTS (
-				SELECT 1 FROM tasks o WHERE o.unique_key = k.unique_key AND o.state IN ('ready', 'running'))
+			SELECT e.id FROM elig e
+			WHERE e.unique_key IS NOT NULL
+			  AND NOT EXISTS (
+				SELECT 1 FROM tasks n JOIN LATERAL (SELECT * FROM task_view v WHERE v.id = n.id) o ON true
+				WHERE n.unique_key = e.unique_key AND n.id > e.id AND `+newer+`)
+			  AND NOT EXISTS (SELECT 1 FROM task_unique_keys h WHERE h.unique_key = e.unique_key)
 		),
-		locked AS (
+		locked AS MATERIALIZED (
 			SELECT id FROM tasks WHERE id = ANY (ARRAY(SELECT id FROM pick)) AND state IN ('failed', 'dead', 'cancelled')
 			ORDER BY id FOR UPDATE SKIP LOCKED
 		),
-		upd AS (
+		r AS (
 			UPDATE tasks t SET `+retrySet+`
 			WHERE t.id = ANY (ARRAY(SELECT id FROM locked)) AND t.state IN ('failed', 'dead', 'cancelled')
-			RETURNING t.shard
-		)
+			RETURNING t.*
+		)`+retried+`
 		SELECT (SELECT count(*) FROM c), (SELECT coalesce(max(id), 0) FROM c),
 		       (SELECT count(*) FROM pick) - (SELECT count(*) FROM locked),
 		       (SELECT count(*) FROM elig) - (SELECT count(*) FROM pick),
-		       (SELECT count(*) FROM upd),
-		       ARRAY(SELECT DISTINCT shard FROM upd)`, b.args...).Scan(
+		       (SELECT count(*) FROM r),
+		       ARRAY(SELECT DISTINCT shard FROM r)`, b.args...).Scan(
 		&p.candidates, &p.last, &p.locked, &p.res.Skipped, &p.res.Retried, &shards)
 	for _, s := range shards {
 		p.shards = append(p.shards, int(s))
@@ -568,20 +750,32 @@ func joinStates(states []tasks.State) string {
 const CountCap = 100_000
 
 // CountByStateCapped counts the tasks of each state (every state present)
-// up to limit: a count of limit means "limit or more". Each state's count
-// walks tasks_state_id_idx and stops at limit, so the statement costs at
-// most len(States) × limit index entries however large the table: about
-// 50ms with limit 100,000 at 10 million rows, where CountByState takes
-// 1.3s.
+// up to limit: a count of limit means "limit or more". Ready tasks are
+// counted in task_ready, running ones in task_claims, finished ones per
+// state in task_finished, each walk stopping at limit, so the statement
+// costs at most len(States) × limit index entries however large the table.
 func (s *Store) CountByStateCapped(ctx context.Context, limit int) (map[tasks.State]int64, error) {
-	rows, err := s.pool.Query(ctx, `
+	return s.countByState(ctx, "counting tasks by state up to "+strconv.Itoa(limit), `/* shardrun.count_capped */
+		SELECT 'ready', (SELECT count(*) FROM (SELECT 1 FROM task_ready LIMIT $1) x)
+		UNION ALL
+		SELECT 'running', (SELECT count(*) FROM (SELECT 1 FROM task_claims LIMIT $1) x)
+		UNION ALL
 		SELECT s.state, (SELECT count(*) FROM (
-			SELECT 1 FROM tasks t WHERE t.state = ANY (ARRAY[s.state]) ORDER BY t.state, t.id LIMIT $1) x)
-		FROM unnest($2::text[]) AS s(state)`, limit, stateStrings(tasks.States))
+			SELECT 1 FROM task_finished f WHERE f.state = ANY (ARRAY[s.state]) ORDER BY f.state, f.id LIMIT $1) x)
+		FROM unnest($2::text[]) AS s(state)`, limit, stateStrings(tasks.FinalStates))
+}
+
+// countByState runs a statement of (state, count) rows into a map holding
+// every state.
+func (s *Store) countByState(ctx context.Context, what, sql string, args ...any) (map[tasks.State]int64, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("counting tasks by state up to %d: %w", limit, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	counts := make(map[tasks.State]int64, len(tasks.States))
+	for _, st := range tasks.States {
+		counts[st] = 0
+	}
 	var state string
 	var n int64
 	_, err = pgx.ForEachRow(rows, []any{&state, &n}, func() error {
@@ -589,18 +783,18 @@ func (s *Store) CountByStateCapped(ctx context.Context, limit int) (map[tasks.St
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("counting tasks by state up to %d: %w", limit, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return counts, nil
 }
 
-// LongestRunning returns up to n running tasks, longest running first.
-// Running tasks are bounded by the runners' workers, so sorting them is
-// cheap.
+// LongestRunning returns up to n running tasks, longest running first, by
+// the claim time's index.
 func (s *Store) LongestRunning(ctx context.Context, n int) ([]tasks.Summary, error) {
-	rows, err := s.pool.Query(ctx, `
-		SELECT `+summaryColumns+` FROM tasks t WHERE t.state = 'running'
-		ORDER BY t.claimed_at, t.id LIMIT $1`, n)
+	rows, err := s.pool.Query(ctx, `/* shardrun.longest_running */
+		SELECT `+summaryColumns+` FROM task_view t
+		WHERE t.id = ANY (ARRAY(SELECT id FROM task_claims ORDER BY claimed_at, id LIMIT $1))
+		ORDER BY t.claimed_at, t.id`, n)
 	if err != nil {
 		return nil, fmt.Errorf("listing the longest running tasks: %w", err)
 	}

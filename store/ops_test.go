@@ -130,18 +130,14 @@ func TestCancelRequestedTaskIsNeverRequeued(t *testing.T) {
 	check("interrupted", cut.ID)
 
 	stale := requested()
-	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour' WHERE id = $1`, stale.ID)
+	retime(t, s, "claimed_at", "now() - interval '1 hour'", stale.ID)
 	if requeued, dead, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff); err != nil || requeued != 0 || dead != 0 {
 		t.Errorf("stale sweep of a cancel-requested claim: requeued %d dead %d %v", requeued, dead, err)
 	}
 	check("stale", stale.ID)
 
 	orphan := requested()
-	if requeued, _, err := s.RequeueOrphans(ctx, "b", []tasks.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
-		t.Errorf("orphans before the raise: %d %v", requeued, err)
-	}
-	raise(t, s, "b", 1, 9)
-	if requeued, _, err := s.RequeueOrphans(ctx, "b", []tasks.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
+	if _, requeued, _, err := s.RaiseFences(ctx, "b", []tasks.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
 		t.Errorf("orphan requeue of a cancel-requested claim: requeued %d %v", requeued, err)
 	}
 	check("orphaned", orphan.ID)
@@ -389,11 +385,16 @@ func TestUniqueKeyWindow(t *testing.T) {
 		t.Fatalf("enqueue while running: %+v %v", again, err)
 	}
 	one(t)(s.Complete(ctx, "a", []tasks.Completion{{Ref: c[0].Ref()}}))
-	if again, err := s.EnqueueIn(ctx, nil, uniqueInsert("u")); err != nil || again.Duplicate || again.ID == first.ID {
-		t.Fatalf("enqueue after completion: %+v %v", again, err)
+	second, err := s.EnqueueIn(ctx, nil, uniqueInsert("u"))
+	if err != nil || second.Duplicate || second.ID == first.ID {
+		t.Fatalf("enqueue after completion: %+v %v", second, err)
 	}
-	if id, err := s.Enqueue(ctx, uniqueInsert("u")); err != nil || id == first.ID {
-		t.Fatalf("Enqueue of a duplicate returns the holder: %d %v", id, err)
+	if id, err := s.Enqueue(ctx, uniqueInsert("u")); err != nil || id != second.ID {
+		t.Fatalf("Enqueue of a duplicate returned task %d (%v), want the holder %d", id, err, second.ID)
+	}
+	var n int
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM tasks WHERE key = $1`, uniqueInsert("u").Key).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d tasks enqueued (%v), want 2: the completed one and its successor", n, err)
 	}
 }
 

@@ -56,47 +56,66 @@ func scanSchedule(r pgx.CollectableRow) (Schedule, error) {
 	return sc, err
 }
 
-// CreateSchedule inserts sc (ID, LastTick, LastTaskID, Skipped and
-// CreatedAt are ignored) and returns the stored row; ErrScheduleExists when
-// the name is taken.
-func (s *Store) CreateSchedule(ctx context.Context, sc Schedule) (Schedule, error) {
-	var every *int64
-	if sc.Every > 0 {
-		ms := sc.Every.Milliseconds()
-		every = &ms
-	}
-	var cron, maxAttempts any
-	if sc.Cron != "" {
-		cron = sc.Cron
-	}
-	if sc.MaxAttempts > 0 {
-		maxAttempts = sc.MaxAttempts
-	}
-	payload := string(sc.Payload)
-	if payload == "" {
-		payload = "{}"
-	}
-	rows, err := s.pool.Query(ctx, `
-		INSERT INTO schedules (name, kind, key, payload, max_attempts, every_ms, cron, timezone, start_at, next_tick)
-		VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10)
-		RETURNING `+scheduleColumns,
-		sc.Name, sc.Kind, sc.Key, payload, maxAttempts, every, cron, sc.Timezone, sc.Start, sc.NextTick)
-	if err == nil {
+// CreateSchedule stores the schedule prepare returns for the database's
+// time (its first tick is computed from now(), never from a process's
+// clock) in one transaction, and returns the stored row, whose CreatedAt
+// is that same time. ID, LastTick, LastTaskID, Skipped and CreatedAt of
+// the prepared schedule are ignored. An error of prepare is returned as
+// it is; ErrScheduleExists when the name is taken.
+func (s *Store) CreateSchedule(ctx context.Context, prepare func(now time.Time) (Schedule, error)) (Schedule, error) {
+	var sc Schedule
+	var prepErr error
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var now time.Time
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+			return err
+		}
+		if sc, prepErr = prepare(now); prepErr != nil {
+			return prepErr
+		}
+		var every *int64
+		if sc.Every > 0 {
+			ms := sc.Every.Milliseconds()
+			every = &ms
+		}
+		var cron, maxAttempts any
+		if sc.Cron != "" {
+			cron = sc.Cron
+		}
+		if sc.MaxAttempts > 0 {
+			maxAttempts = sc.MaxAttempts
+		}
+		payload := string(sc.Payload)
+		if payload == "" {
+			payload = "{}"
+		}
+		rows, err := tx.Query(ctx, `
+			INSERT INTO schedules (name, kind, key, payload, max_attempts, every_ms, cron, timezone, start_at, next_tick)
+			VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10)
+			RETURNING `+scheduleColumns,
+			sc.Name, sc.Kind, sc.Key, payload, maxAttempts, every, cron, sc.Timezone, sc.Start, sc.NextTick)
+		if err != nil {
+			return err
+		}
 		sc, err = pgx.CollectExactlyOneRow(rows, scanSchedule)
-	}
+		return err
+	})
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	switch {
+	case prepErr != nil:
+		return Schedule{}, prepErr
+	case errors.As(err, &pgErr) && pgErr.Code == "23505":
 		return Schedule{}, fmt.Errorf("creating schedule %q: %w", sc.Name, ErrScheduleExists)
-	}
-	if err != nil {
+	case err != nil:
 		return Schedule{}, fmt.Errorf("creating schedule %q: %w", sc.Name, err)
 	}
 	return sc, nil
 }
 
-// ListSchedules returns up to limit schedules by name.
-func (s *Store) ListSchedules(ctx context.Context, limit int) ([]Schedule, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules ORDER BY name LIMIT $1`, limit)
+// ListSchedules returns up to limit schedules by name, those named after
+// after ("": from the first), walking the unique index on name.
+func (s *Store) ListSchedules(ctx context.Context, after string, limit int) ([]Schedule, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules WHERE name > $1 ORDER BY name LIMIT $2`, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("listing schedules: %w", err)
 	}
@@ -135,6 +154,9 @@ type TickPlan struct {
 type TickResult struct {
 	// Now is the database's time of the batch.
 	Now time.Time
+	// TermStart is when the leadership term began: the database's time
+	// when the leader raised the coordinator fence to its epoch.
+	TermStart time.Time
 	// Schedules were due; Enqueued tasks were inserted; Duplicates were
 	// refused by the unique (schedule, tick) index; Skipped were left out
 	// by the plans.
@@ -147,23 +169,25 @@ type TickResult struct {
 // EnqueueTicks runs one transaction under the leadership epoch
 // (ErrNotLeader otherwise): it locks up to limit schedules whose next tick
 // is due by the database clock, asks plan what to enqueue for each (given
-// the database's now), inserts those tasks with their (schedule, tick) and
+// the database's now and the term's start, when the fence was raised to
+// epoch), inserts those tasks with their (schedule, tick) and
 // moves each schedule's next_tick, all or nothing. The coordinator fence
 // row stays locked FOR SHARE until the commit, so a new leader's fence
 // raise waits for this transaction and sees its result.
 func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
-	plan func(sc Schedule, now time.Time) (TickPlan, error)) (TickResult, error) {
+	plan func(sc Schedule, now, termStart time.Time) (TickPlan, error)) (TickResult, error) {
 	var res TickResult
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var fenced bool
+		var raised *time.Time
 		if err := tx.QueryRow(ctx, `
-			SELECT EXISTS (SELECT 1 FROM coordinator_fence WHERE id = 1 AND epoch = $1 FOR SHARE), now()`,
-			epoch).Scan(&fenced, &res.Now); err != nil {
+			SELECT (SELECT raised_at FROM coordinator_fence WHERE id = 1 AND epoch = $1 FOR SHARE), now()`,
+			epoch).Scan(&raised, &res.Now); err != nil {
 			return err
 		}
-		if !fenced {
+		if raised == nil {
 			return ErrNotLeader
 		}
+		res.TermStart = *raised
 		rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules
 			WHERE next_tick <= now() ORDER BY next_tick LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
 		if err != nil {
@@ -184,7 +208,7 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 			shards, maxAttempts   []int32
 		)
 		for _, sc := range due {
-			p, err := plan(sc, res.Now)
+			p, err := plan(sc, res.Now, res.TermStart)
 			if err != nil {
 				return fmt.Errorf("planning the ticks of schedule %q: %w", sc.Name, err)
 			}

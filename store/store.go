@@ -146,7 +146,8 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	return &Store{pool: pool, log: log, dsn: dsn, notify: newNotifier(pool.Exec, log)}, nil
 }
 
-// Close waits for a notification in flight, then closes the pool.
+// Close sends the enqueue notifications still pending (waiting at most
+// 5s for them), then closes the pool.
 func (s *Store) Close() {
 	s.notify.close()
 	s.pool.Close()
@@ -157,7 +158,11 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Migrate applies the embedded migrations that are not applied yet. A
 // session-level advisory lock serialises concurrent starts of many runners.
-func (s *Store) Migrate(ctx context.Context) error {
+func (s *Store) Migrate(ctx context.Context) error { return s.MigrateTo(ctx, 0) }
+
+// MigrateTo applies the migrations up to version upTo (0: all of them): the
+// upgrade test builds a database of an earlier layout with it.
+func (s *Store) MigrateTo(ctx context.Context, upTo int64) error {
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 120))
 	if err != nil {
 		return fmt.Errorf("creating migration lock: %w", err)
@@ -170,7 +175,12 @@ func (s *Store) Migrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("preparing migrations: %w", err)
 	}
-	results, err := provider.Up(ctx)
+	var results []*goose.MigrationResult
+	if upTo > 0 {
+		results, err = provider.UpTo(ctx, upTo)
+	} else {
+		results, err = provider.Up(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("applying migrations: %w", err)
 	}

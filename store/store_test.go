@@ -52,7 +52,7 @@ func enqueue(t testing.TB, s *store.Store, in tasks.Insert) int64 {
 
 func raise(t testing.TB, s *store.Store, owner string, shard int, epoch int64) {
 	t.Helper()
-	raised, err := s.RaiseFences(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}})
+	raised, _, _, err := s.RaiseFences(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func raise(t testing.TB, s *store.Store, owner string, shard int, epoch int64) {
 
 func claim(t testing.TB, s *store.Store, owner string, shard int, epoch int64, limit int) []tasks.Task {
 	t.Helper()
-	got, err := s.Claim(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}}, []string{"k"}, limit)
+	got, err := s.Claim(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}}, tasks.DefaultQueue, []string{"k"}, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +79,12 @@ func get(t testing.TB, s *store.Store, id int64) tasks.Task {
 	return task
 }
 
+// retime: pgtest.Retime.
+func retime(t testing.TB, s *store.Store, col, expr string, ids ...int64) {
+	t.Helper()
+	pgtest.Retime(t, s, col, expr, ids...)
+}
+
 func exec(t testing.TB, s *store.Store, sql string, args ...any) {
 	t.Helper()
 	if _, err := s.Pool().Exec(context.Background(), sql, args...); err != nil {
@@ -88,7 +94,11 @@ func exec(t testing.TB, s *store.Store, sql string, args ...any) {
 
 // one checks that a single-task write returned one result and returns it:
 // one(t)(s.Complete(...)).
-func one(t testing.TB) func([]tasks.WriteResult, error) tasks.WriteResult {
+func one(t interface {
+	Helper()
+	Fatal(...any)
+	Fatalf(string, ...any)
+}) func([]tasks.WriteResult, error) tasks.WriteResult {
 	return func(rs []tasks.WriteResult, err error) tasks.WriteResult {
 		t.Helper()
 		if err != nil {
@@ -226,7 +236,7 @@ func TestLegalMoves(t *testing.T) {
 		if again := claim(t, s, "a", 1, 5, 10); len(again) != 0 {
 			t.Fatalf("claimed a task before its backoff ended: %+v", again)
 		}
-		exec(t, s, `UPDATE tasks SET run_after = now() WHERE id = $1`, id)
+		retime(t, s, "run_after", "now()", id)
 		got = claim(t, s, "a", 1, 5, 10)
 		if len(got) != 1 || got[0].Attempt != 2 {
 			t.Fatalf("claim after backoff: %+v", got)
@@ -254,7 +264,7 @@ func TestLegalMoves(t *testing.T) {
 		if r.State != tasks.Ready {
 			t.Fatalf("fail: %+v", r)
 		}
-		exec(t, s, `UPDATE tasks SET deadline = now() - interval '1 second' WHERE id = ANY($1)`, []int64{readyID, runningID})
+		retime(t, s, "deadline", "now() - interval '1 second'", readyID, runningID)
 		n, err := s.SweepDeadlines(ctx, leaderEpoch, 0, 100)
 		if err != nil || n != 2 {
 			t.Fatalf("deadline sweep: %d, %v", n, err)
@@ -273,7 +283,7 @@ func TestLegalMoves(t *testing.T) {
 		if got := claim(t, s, "a", 1, 5, 10); len(got) != 2 {
 			t.Fatalf("claim: %+v", got)
 		}
-		exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour' WHERE id = ANY($1)`, []int64{retry, last})
+		retime(t, s, "claimed_at", "now() - interval '1 hour'", retry, last)
 		requeued, dead, err := s.SweepStale(ctx, leaderEpoch, time.Minute, 100, backoff)
 		if err != nil || requeued != 1 || dead != 1 {
 			t.Fatalf("stale sweep: requeued %d dead %d err %v", requeued, dead, err)
@@ -329,7 +339,8 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	}
 	// Sweeps never touch finished or ready tasks.
 	readyID = enqueue(t, s, insert("k", 1, 3))
-	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour', deadline = now() - interval '1 second'`)
+	retime(t, s, "claimed_at", "now() - interval '1 hour'")
+	retime(t, s, "deadline", "now() - interval '1 second'")
 	if _, _, err := s.SweepStale(ctx, leaderEpoch, time.Second, 100, backoff); err != nil {
 		t.Fatal(err)
 	}
@@ -359,13 +370,17 @@ func TestFencing(t *testing.T) {
 	if len(mine) != 3 {
 		t.Fatalf("old owner claimed %d", len(mine))
 	}
-	// The shard moves: the new owner raises the fence.
-	raise(t, s, "new", 3, 20)
-
-	if raised, err := s.RaiseFences(ctx, "old", []tasks.ShardEpoch{{Shard: 3, Epoch: 10}}); err != nil || len(raised) != 0 {
-		t.Fatalf("an older epoch lowered the fence: %v %v", raised, err)
+	// The shard moves: the new owner raises the fence, and in the same
+	// transaction requeues what the old owner left running.
+	raised, requeued, dead, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}})
+	if err != nil || len(raised) != 1 || requeued != 3 || dead != 0 {
+		t.Fatalf("new owner raised %v, requeued %d dead %d err %v", raised, requeued, dead, err)
 	}
-	if raised, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}}); err != nil || len(raised) != 1 {
+	// A zombie cannot lower the fence, nor requeue the new owner's work.
+	if raised, n, d, err := s.RaiseFences(ctx, "old", []tasks.ShardEpoch{{Shard: 3, Epoch: 10}}); err != nil || len(raised) != 0 || n+d != 0 {
+		t.Fatalf("an older epoch lowered the fence: %v %d/%d %v", raised, n, d, err)
+	}
+	if raised, _, _, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}}); err != nil || len(raised) != 1 {
 		t.Fatalf("re-raising the current epoch is not idempotent: %v %v", raised, err)
 	}
 	if got := claim(t, s, "old", 3, 10, 10); len(got) != 0 {
@@ -379,14 +394,6 @@ func TestFencing(t *testing.T) {
 	}
 	if r := one(t)(s.Fail(ctx, "old", []tasks.Failure{{Ref: mine[2].Ref(), Error: "x"}})); r.Outcome != tasks.FenceLost {
 		t.Fatalf("old fail: %v", r.Outcome)
-	}
-	// A zombie cannot requeue the new owner's work either.
-	if n, d, err := s.RequeueOrphans(ctx, "old", []tasks.ShardEpoch{{Shard: 3, Epoch: 10}}); err != nil || n+d != 0 {
-		t.Fatalf("old owner requeued %d/%d (%v)", n, d, err)
-	}
-	requeued, dead, err := s.RequeueOrphans(ctx, "new", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}})
-	if err != nil || requeued != 3 || dead != 0 {
-		t.Fatalf("new owner requeued %d dead %d err %v", requeued, dead, err)
 	}
 	got := claim(t, s, "new", 3, 20, 10)
 	if len(got) != 5 {
@@ -402,17 +409,19 @@ func TestFencing(t *testing.T) {
 	}
 }
 
-// TestFenceRaiseWaitsForWritesInFlight holds a completion's transaction open
-// and checks that raising the fence waits for it, and that a completion
-// starting after the raise changes nothing.
-func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
+// TestFenceRaiseWaitsForClaimsInFlight holds a claim's transaction open
+// (the fence row locked FOR SHARE, a ready entry taken into a claim, as
+// Claim does) and checks that raising the fence waits for it, that the
+// raise's requeue then takes back what that claim took, and that a
+// completion starting after the raise changes nothing.
+func TestFenceRaiseWaitsForClaimsInFlight(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
 	enqueue(t, s, insert("k", 4, 3))
-	enqueue(t, s, insert("k", 4, 3))
+	late := enqueue(t, s, insert("k", 4, 3))
 	raise(t, s, "old", 4, 1)
-	mine := claim(t, s, "old", 4, 1, 2)
+	mine := claim(t, s, "old", 4, 1, 1)
 
 	tx, err := s.Pool().Begin(ctx)
 	if err != nil {
@@ -422,35 +431,97 @@ func TestFenceRaiseWaitsForWritesInFlight(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM shard_fences WHERE shard = 4 FOR SHARE`); err != nil {
 		t.Fatal(err)
 	}
-	raised := make(chan error, 1)
-	go func() {
-		_, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 4, Epoch: 2}})
-		raised <- err
-	}()
-	// Observe the raise blocked on the fence row's lock, not just slow.
-	testutil.Until(t, 10*time.Second, "the raise waits on the fence row lock", func() (bool, string) {
-		select {
-		case err := <-raised:
-			t.Fatalf("raise did not wait for a writer holding the fence: %v", err)
-		default:
-		}
-		var waiting bool
-		err := s.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO shard_fences%')`).Scan(&waiting)
-		return err == nil && waiting, fmt.Sprintf("not waiting on a lock (%v)", err)
-	})
-	if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, mine[0].ID); err != nil {
+	if _, err := tx.Exec(ctx, `WITH r AS (DELETE FROM task_ready WHERE id = $1 RETURNING id, shard)
+		INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt) SELECT id, shard, 'default', 1, 'old', 1 FROM r`, late); err != nil {
 		t.Fatal(err)
+	}
+	type raiseResult struct {
+		requeued int64
+		err      error
+	}
+	raised := make(chan raiseResult, 1)
+	go func() {
+		_, requeued, _, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 4, Epoch: 2}})
+		raised <- raiseResult{requeued, err}
+	}()
+	waitForLock(t, s, raised, "INSERT INTO shard_fences")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-raised; r.err != nil || r.requeued != 2 {
+		t.Fatalf("raise after the claim committed: requeued %d (want both claims), %v", r.requeued, r.err)
+	}
+	if task := get(t, s, late); task.State != tasks.Ready || task.Attempt != 2 {
+		t.Fatalf("the claim made during the raise was not requeued: %+v", task)
+	}
+	if r := one(t)(s.Complete(ctx, "old", []tasks.Completion{{Ref: mine[0].Ref()}})); r.Outcome != tasks.FenceLost {
+		t.Fatalf("completion after the raise: %v", r.Outcome)
+	}
+}
+
+// TestWriteHoldingItsClaimCommitsBeforeTheRaise: a completion of the old
+// owner that locked its claim row before the new owner's requeue reached it
+// lands, and the raise, waiting for it, commits after it and requeues
+// nothing: the task has one outcome and no write of the old owner commits
+// after the fence moved.
+func TestWriteHoldingItsClaimCommitsBeforeTheRaise(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	id := enqueue(t, s, insert("k", 5, 3))
+	raise(t, s, "old", 5, 1)
+	claim(t, s, "old", 5, 1, 1)
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `DELETE FROM task_claims WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	type raiseResult struct {
+		requeued int64
+		err      error
+	}
+	raised := make(chan raiseResult, 1)
+	go func() {
+		_, requeued, _, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 5, Epoch: 2}})
+		raised <- raiseResult{requeued, err}
+	}()
+	waitForLock(t, s, raised, "requeue_orphans")
+	var fenceEpoch int64
+	if err := s.Pool().QueryRow(ctx, `SELECT epoch FROM shard_fences WHERE shard = 5`).Scan(&fenceEpoch); err != nil || fenceEpoch != 1 {
+		t.Fatalf("the raise committed before the write holding its claim: fence %d %v", fenceEpoch, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-raised; err != nil {
-		t.Fatal(err)
+	if r := <-raised; r.err != nil || r.requeued != 0 {
+		t.Fatalf("raise after the completion: requeued %d, %v", r.requeued, r.err)
 	}
-	if r := one(t)(s.Complete(ctx, "old", []tasks.Completion{{Ref: mine[1].Ref()}})); r.Outcome != tasks.FenceLost {
-		t.Fatalf("completion after the raise: %v", r.Outcome)
+	if task := get(t, s, id); task.State != tasks.Completed || task.Attempt != 1 {
+		t.Fatalf("task after the race: %+v", task)
 	}
+}
+
+// waitForLock waits until a statement whose text holds query waits for a
+// lock, failing if done reports first: a blocked statement, not a slow one.
+func waitForLock[T any](t *testing.T, s *store.Store, done <-chan T, query string) {
+	t.Helper()
+	testutil.Until(t, 10*time.Second, "waiting on a lock: "+query, func() (bool, string) {
+		select {
+		case r := <-done:
+			t.Fatalf("did not wait for the lock: %+v", r)
+		default:
+		}
+		var waiting bool
+		err := s.Pool().QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%')`, query).Scan(&waiting)
+		return err == nil && waiting, fmt.Sprintf("not waiting on a lock (%v)", err)
+	})
 }
 
 func TestConcurrentClaimersNeverShareATask(t *testing.T) {
@@ -469,7 +540,7 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 	if n, err := s.EnqueueBatch(ctx, ins); err != nil || n != total {
 		t.Fatalf("enqueue: %d %v", n, err)
 	}
-	if _, err := s.RaiseFences(ctx, "r", owned); err != nil {
+	if _, _, _, err := s.RaiseFences(ctx, "r", owned); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -479,7 +550,7 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for {
-				got, err := s.Claim(ctx, "r", owned, []string{"k"}, 50)
+				got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, 50)
 				if err != nil {
 					errs <- err
 					return
@@ -682,9 +753,6 @@ func TestBatchWithStaleAndCurrentAttemptOfOneTask(t *testing.T) {
 	raise(t, s, "a", 6, 1)
 	old := claim(t, s, "a", 6, 1, 1)[0]
 	raise(t, s, "a", 6, 2)
-	if _, _, err := s.RequeueOrphans(ctx, "a", []tasks.ShardEpoch{{Shard: 6, Epoch: 2}}); err != nil {
-		t.Fatal(err)
-	}
 	cur := claim(t, s, "a", 6, 2, 1)[0]
 	rs, err := s.Complete(ctx, "a", []tasks.Completion{{Ref: old.Ref()}, {Ref: cur.Ref()}})
 	if err != nil {
@@ -705,7 +773,8 @@ func TestSweepsApplyOnlyUnderTheLeaderFence(t *testing.T) {
 	raise(t, s, "a", 1, 1)
 	enqueue(t, s, insert("k", 1, 3))
 	claim(t, s, "a", 1, 1, 1)
-	exec(t, s, `UPDATE tasks SET claimed_at = now() - interval '1 hour', deadline = now() - interval '1 second'`)
+	retime(t, s, "claimed_at", "now() - interval '1 hour'")
+	retime(t, s, "deadline", "now() - interval '1 second'")
 	if ok, err := s.RaiseLeaderFence(ctx, "new-leader", leaderEpoch+10); err != nil || !ok {
 		t.Fatal(ok, err)
 	}

@@ -13,40 +13,69 @@ import (
 
 // KindCount is the ready tasks of one kind.
 type KindCount struct {
-	Kind  string `json:"kind"`
-	Ready int64  `json:"ready"`
-	// Oldest is the earliest run_after among them.
+	Kind string `json:"kind"`
+	// Ready counts them up to UnhandledCountCap; AtLeast says the count
+	// stopped there.
+	Ready   int64 `json:"ready"`
+	AtLeast bool  `json:"ready_at_least,omitempty"`
+	// Oldest is the earliest run_after among the most urgent of them.
 	Oldest time.Time `json:"oldest_run_after"`
 }
 
+// UnhandledCountCap is where ReadyKindsExcept stops counting a kind: the
+// report runs every few seconds on every coordinator, and while no runner
+// is attached (a rolling deploy) every kind is unhandled.
+const UnhandledCountCap = 10_000
+
+// readyLanes is a recursive CTE (lane: shard, queue, kind) of every lane of
+// task_ready that holds a task, found by a loose scan of its primary key:
+// one descent per lane, however many tasks each holds.
+const readyLanes = `lane AS (
+			(SELECT shard, queue, kind FROM task_ready ORDER BY shard, queue, kind LIMIT 1)
+			UNION ALL
+			SELECT n.shard, n.queue, n.kind FROM lane l CROSS JOIN LATERAL (
+				SELECT r.shard, r.queue, r.kind FROM task_ready r
+				WHERE (r.shard, r.queue, r.kind) > (l.shard, l.queue, l.kind)
+				ORDER BY r.shard, r.queue, r.kind LIMIT 1) n
+		)`
+
 // ReadyKindsExcept returns the kinds of ready tasks that are not in
-// handled, each with its count and oldest run_after, in kind order. The
-// distinct kinds are found by one descent of tasks_ready_idx per kind (a
-// loose index scan), and only the kinds not handled are counted.
+// handled, each with its count (up to UnhandledCountCap) and oldest
+// run_after, in kind order. The lanes of task_ready are found by a loose
+// index scan and only the lanes of kinds not handled are counted, each
+// count stopping at the cap.
 func (s *Store) ReadyKindsExcept(ctx context.Context, handled []string) ([]KindCount, error) {
 	if handled == nil {
 		handled = []string{}
 	}
-	rows, err := s.pool.Query(ctx, `
-		WITH RECURSIVE kinds AS (
-			(SELECT kind FROM tasks WHERE state = 'ready' ORDER BY kind LIMIT 1)
-			UNION ALL
-			SELECT (SELECT t.kind FROM tasks t WHERE t.state = 'ready' AND t.kind > k.kind ORDER BY t.kind LIMIT 1)
-			FROM kinds k WHERE k.kind IS NOT NULL
+	rows, err := s.pool.Query(ctx, `/* shardrun.ready_kinds_except */
+		WITH RECURSIVE `+readyLanes+`, unhandled AS MATERIALIZED (
+			SELECT shard, queue, kind FROM lane WHERE kind <> ALL ($1::text[])
 		)
-		SELECT k.kind, c.n, c.oldest
-		FROM kinds k
+		SELECT u.kind, c.n, o.oldest
+		FROM (SELECT DISTINCT kind FROM unhandled) u
 		CROSS JOIN LATERAL (
-			SELECT count(*) AS n, min(t.run_after) AS oldest FROM tasks t WHERE t.state = 'ready' AND t.kind = k.kind
+			SELECT count(*) AS n FROM (
+				SELECT 1 FROM unhandled l CROSS JOIN LATERAL (
+					SELECT 1 FROM task_ready r WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind
+					LIMIT $2) x
+				WHERE l.kind = u.kind
+				LIMIT $2) y
 		) c
-		WHERE k.kind IS NOT NULL AND k.kind <> ALL ($1::text[]) AND c.n > 0
-		ORDER BY k.kind`, handled)
+		CROSS JOIN LATERAL (
+			SELECT min((SELECT r.run_after FROM task_ready r WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind
+				ORDER BY r.priority, r.run_after, r.id LIMIT 1)) AS oldest
+			FROM unhandled l WHERE l.kind = u.kind
+		) o
+		WHERE c.n > 0
+		ORDER BY u.kind`, handled, UnhandledCountCap)
 	if err != nil {
 		return nil, fmt.Errorf("counting ready tasks of unhandled kinds: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (KindCount, error) {
 		var kc KindCount
 		err := r.Scan(&kc.Kind, &kc.Ready, &kc.Oldest)
+		kc.AtLeast = kc.Ready >= UnhandledCountCap
 		return kc, err
 	})
 	if err != nil {
@@ -56,28 +85,29 @@ func (s *Store) ReadyKindsExcept(ctx context.Context, handled []string) ([]KindC
 }
 
 // FailUnhandled fails up to limit ready tasks of kind that have been due
-// (run_after) for longer than dueFor, oldest first, recording reason as
-// the attempt's error, and returns how many. It applies under the
-// leadership epoch only (ErrNotLeader otherwise).
+// (run_after) for longer than dueFor, in each lane's order, recording
+// reason as the attempt's error, and returns how many. It applies under
+// the leadership epoch only (ErrNotLeader otherwise).
 func (s *Store) FailUnhandled(ctx context.Context, epoch int64, kind string, dueFor time.Duration, limit int, reason string) (int64, error) {
 	var fenced bool
 	var n int64
-	err := s.pool.QueryRow(ctx, `
-		WITH `+leaderFence+`, due AS (
-			SELECT id FROM tasks
-			WHERE state = 'ready' AND kind = $2 AND run_after < now() - $3 * interval '1 millisecond'
-			  AND EXISTS (SELECT 1 FROM lf)
-			ORDER BY run_after, id
+	err := s.pool.QueryRow(ctx, `/* shardrun.fail_unhandled */
+		WITH RECURSIVE `+leaderFence+`, `+readyLanes+`, due AS (
+			SELECT x.id FROM lane l CROSS JOIN LATERAL (
+				SELECT r.id FROM task_ready r
+				WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind
+				  AND r.run_after < now() - $3 * interval '1 millisecond'
+				ORDER BY r.priority, r.run_after, r.id LIMIT $4) x
+			WHERE l.kind = $2 AND EXISTS (SELECT 1 FROM lf)
 			LIMIT $4
-			FOR UPDATE SKIP LOCKED
-		), upd AS (
+		), `+lockLanes("SELECT id FROM due", "kind = $2")+`, t AS (
 			UPDATE tasks t SET state = 'failed', finished_at = now(),
 				errors = t.errors || jsonb_build_array(jsonb_build_object(
 					'attempt', t.attempt, 'at', now(), 'error', $5::text))
-			WHERE t.id = ANY (ARRAY(SELECT id FROM due)) AND t.state = 'ready' AND t.kind = $2
-			RETURNING 1
-		)
-		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM upd)`,
+			WHERE t.id = ANY (ARRAY(SELECT id FROM taken ORDER BY id))
+			RETURNING t.id, t.shard, t.queue, t.kind, t.priority, t.run_after, t.deadline, t.state, t.unique_key, t.finished_at
+		)`+fileTail("t")+`
+		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM t)`,
 		epoch, kind, dueFor.Milliseconds(), limit, reason).Scan(&fenced, &n)
 	if err != nil {
 		return 0, fmt.Errorf("failing ready tasks of unhandled kind %q: %w", kind, err)

@@ -63,7 +63,7 @@ func setup(t testing.TB) *fixture {
 	if ok, err := st.RaiseLeaderFence(ctx, "test", epoch); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if _, err := st.RaiseFences(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
+	if _, _, _, err := st.RaiseFences(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{t: t, store: st, dsn: dsn, clock: clock.NewFake()}
@@ -96,7 +96,7 @@ func (f *fixture) running(n, maxAttempts int) []tasks.Task {
 			f.t.Fatal(err)
 		}
 	}
-	got, err := f.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}, []string{"k"}, n)
+	got, err := f.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, n)
 	if err != nil || len(got) != n {
 		f.t.Fatalf("claimed %d of %d: %v", len(got), n, err)
 	}
@@ -124,7 +124,7 @@ func TestStaleRuleAfterGracePeriod(t *testing.T) {
 	f := setup(t)
 	s := f.sweeper()
 	task := f.running(1, 3)[0]
-	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes'`)
+	pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'")
 
 	r := s.Pass(context.Background())
 	if !r.InGrace || r.Requeued != 0 || r.Err != nil {
@@ -151,11 +151,13 @@ func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
 	s := f.sweeper()
 	ts := f.running(2, 3)
 	both, recent := ts[0], ts[1]
-	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', deadline = now() - interval '1 minute' WHERE id = $1`, both.ID)
+	pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'", both.ID)
+	pgtest.Retime(f.t, f.store, "deadline", "now() - interval '1 minute'", both.ID)
 	// A running task just past its deadline is its runner's to finish: the
 	// sweep waits one stale threshold, so a success returned before the
 	// deadline but written late (a database outage) still lands.
-	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', deadline = now() - interval '1 second' WHERE id = $1`, recent.ID)
+	pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'", recent.ID)
+	pgtest.Retime(f.t, f.store, "deadline", "now() - interval '1 second'", recent.ID)
 	f.clock.Advance(time.Hour) // out of grace, so both rules run
 	r := s.Pass(context.Background())
 	if r.DeadlineFailed != 1 || r.Requeued != 0 {
@@ -174,7 +176,7 @@ func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f2.exec(`UPDATE tasks SET deadline = now() - interval '1 second'`)
+	pgtest.Retime(f2.t, f2.store, "deadline", "now() - interval '1 second'")
 	if r := s2.Pass(context.Background()); !r.InGrace || r.DeadlineFailed != 1 {
 		t.Fatalf("deadline rule inside the grace period: %+v", r)
 	}
@@ -192,10 +194,10 @@ func TestStaleRuleWaitsAfterOutages(t *testing.T) {
 	s := f.sweeper()
 	ts := f.running(2, 3)
 	task, late := ts[0], ts[1]
-	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes'`)
+	pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'")
 	// Its runner's outcome may still be on the way after the outage: the
 	// deadline rule leaves running tasks alone during the grace too.
-	f.exec(`UPDATE tasks SET deadline = now() - interval '5 minutes' WHERE id = $1`, late.ID)
+	pgtest.Retime(f.t, f.store, "deadline", "now() - interval '5 minutes'", late.ID)
 	f.clock.Advance(time.Hour)
 	f.uptime.Store(int64(10 * time.Second))
 	if r := s.Pass(context.Background()); !r.InGrace || r.Requeued != 0 || r.DeadlineFailed != 0 || !strings.Contains(r.Grace, "database restarted") {
@@ -241,7 +243,7 @@ func TestStaleRuleWaitsAfterASlowStatement(t *testing.T) {
 	var slow atomic.Bool
 	s := f.sweeper(func(c *Config) { c.Store = slowStore{uptimeStore{f.store, f}, &slow} })
 	task := f.running(1, 3)[0]
-	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes'`)
+	pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'")
 	f.clock.Advance(time.Hour)
 	slow.Store(true)
 	if r := s.Pass(context.Background()); !r.InGrace || r.Requeued != 0 || !strings.Contains(r.Grace, "longer than the heartbeat interval") {
@@ -267,9 +269,11 @@ func TestNeverBeatenClaimIsJudgedFromItsClaimTime(t *testing.T) {
 	f := setup(t)
 	s := f.sweeper()
 	ts := f.running(3, 3)
-	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', heartbeat_at = NULL WHERE id = $1`, ts[0].ID)
-	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes', heartbeat_at = now() WHERE id = $1`, ts[1].ID)
-	f.exec(`UPDATE tasks SET claimed_at = now() WHERE id = $1`, ts[2].ID)
+	pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'", ts[0].ID)
+	pgtest.Retime(f.t, f.store, "heartbeat_at", "NULL", ts[0].ID)
+	pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'", ts[1].ID)
+	pgtest.Retime(f.t, f.store, "heartbeat_at", "now()", ts[1].ID)
+	pgtest.Retime(f.t, f.store, "claimed_at", "now()", ts[2].ID)
 	f.clock.Advance(time.Hour)
 	if r := s.Pass(context.Background()); r.Requeued != 1 {
 		t.Fatalf("want only the never-beaten old claim: %+v", r)
@@ -284,7 +288,7 @@ func TestExhaustedAttemptsEndDead(t *testing.T) {
 	f := setup(t)
 	s := f.sweeper()
 	task := f.running(1, 1)[0]
-	f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes'`)
+	pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'")
 	f.clock.Advance(time.Hour)
 	if r := s.Pass(context.Background()); r.Dead != 1 || r.Requeued != 0 {
 		t.Fatalf("%+v", r)
@@ -301,7 +305,7 @@ func TestSweepRacingCompletionHasOneWinner(t *testing.T) {
 	f.clock.Advance(time.Hour)
 	for range 30 {
 		task := f.running(1, 3)[0]
-		f.exec(`UPDATE tasks SET claimed_at = now() - interval '10 minutes' WHERE id = $1`, task.ID)
+		pgtest.Retime(f.t, f.store, "claimed_at", "now() - interval '10 minutes'", task.ID)
 		var wg sync.WaitGroup
 		var r Result
 		var res []tasks.WriteResult
@@ -317,7 +321,11 @@ func TestSweepRacingCompletionHasOneWinner(t *testing.T) {
 		if completed == (r.Requeued == 1) || (completed && got.State != tasks.Completed) || (!completed && got.State != tasks.Ready) {
 			t.Fatalf("completion %v, sweep requeued %d, row %s: want exactly one winner", res[0].Outcome, r.Requeued, got.State)
 		}
-		f.exec(`UPDATE tasks SET state = 'completed' WHERE id = $1`, task.ID)
+		if got.State == tasks.Ready { // out of the next round's claim
+			if _, err := f.store.CancelTask(context.Background(), task.ID); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
 
@@ -326,8 +334,8 @@ func TestPassOverAHugeBacklogIsBatched(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	s := f.sweeper(func(c *Config) { c.BatchSize = 1000 })
-	f.exec(`INSERT INTO tasks (kind, shard, key, state, claimed_by, claim_epoch, claimed_at)
-		SELECT 'k', 0, g::text, 'running', 'r', 1, now() - interval '1 hour' FROM generate_series(1, 100000) g`)
+	pgtest.InsertClaimed(t, f.store, `INSERT INTO tasks (kind, shard, key) SELECT 'k', 0, g::text FROM generate_series(1, 100000) g RETURNING id`,
+		"r", 1, "now() - interval '1 hour'")
 	f.clock.Advance(time.Hour)
 	start := time.Now()
 	r := s.Pass(context.Background())

@@ -39,9 +39,10 @@ import (
 // finds the row elsewhere changes nothing.
 //
 // Cancelling a running task is a request (cancel_requested_at): the runner
-// that runs it learns of it from its next heartbeat, cancels the handler's
-// context with ErrCancelled and records the attempt as cancelled, whatever
-// the handler returns. Every other move that would put a task whose cancel
+// that runs it learns of it from its next heartbeat and cancels the
+// handler's context with ErrCancelled; the attempt is recorded as cancelled
+// when the handler returns an error, and as completed when it returns nil
+// (its work is done). Every other move that would put a task whose cancel
 // was requested back in line (a failure with attempts left, a stale or
 // orphaned claim, an unclaim, an interruption) cancels it instead. Retry is the only way out
 // of dead, failed and cancelled, and only by an operator: it grants the
@@ -62,6 +63,9 @@ const (
 
 // States lists every state in display order.
 var States = []State{Ready, Running, Completed, Failed, Dead, Cancelled}
+
+// FinalStates are the states a task ends in.
+var FinalStates = []State{Completed, Failed, Dead, Cancelled}
 
 // Terminal reports whether the task is finished: no runner will take it
 // again. Failed, dead and cancelled tasks leave only by an operator's retry.
@@ -105,17 +109,29 @@ func CanMove(from, to State) bool {
 
 // Task is one row of the tasks table as handlers and the API see it.
 type Task struct {
-	ID          int64           `json:"id"`
-	Kind        string          `json:"kind"`
-	Shard       int             `json:"shard"`
-	Key         string          `json:"key"`
-	Payload     json.RawMessage `json:"payload"`
-	State       State           `json:"state"`
-	Attempt     int             `json:"attempt"`
-	MaxAttempts int             `json:"max_attempts"`
-	RunAfter    time.Time       `json:"run_after"`
-	Deadline    *time.Time      `json:"deadline,omitempty"`
-	ClaimedBy   string          `json:"claimed_by,omitempty"`
+	ID       int64  `json:"id"`
+	Kind     string `json:"kind"`
+	Shard    int    `json:"shard"`
+	Key      string `json:"key"`
+	Queue    string `json:"queue"`
+	Priority int    `json:"priority"`
+	// SequenceKey names the task's sequence, if any (see
+	// NewTask.SequenceKey); SequenceBlocks says that the task, dead or
+	// failed, holds the rest of the sequence back.
+	SequenceKey    string          `json:"sequence_key,omitempty"`
+	SequenceBlocks bool            `json:"sequence_blocks,omitempty"`
+	Payload        json.RawMessage `json:"payload"`
+	State          State           `json:"state"`
+	Attempt        int             `json:"attempt"`
+	MaxAttempts    int             `json:"max_attempts"`
+	// AttemptBudget is the number of attempts each operator's retry grants
+	// (the task's max_attempts as enqueued), set at its first retry: the
+	// attempts since the last retry are the last AttemptBudget up to
+	// MaxAttempts. 0 when the task was never retried.
+	AttemptBudget int        `json:"attempt_budget,omitempty"`
+	RunAfter      time.Time  `json:"run_after"`
+	Deadline      *time.Time `json:"deadline,omitempty"`
+	ClaimedBy     string     `json:"claimed_by,omitempty"`
 	// Epoch is the claim's fencing token: the etcd revision at which the
 	// claiming runner acquired the shard. Pass it to downstream systems that
 	// accept a fencing token so a late write from an old owner is refused.
@@ -132,6 +148,17 @@ type Task struct {
 	Result     json.RawMessage `json:"result,omitempty"`
 	CreatedAt  time.Time       `json:"created_at"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+}
+
+// BudgetAttempt is the number of this attempt within the task's current
+// budget of attempts: Attempt for a task never retried, and counted from 1
+// again after each operator's retry. The backoff after a failure counts
+// from it, so a retried task starts again from the shortest wait.
+func (t *Task) BudgetAttempt() int {
+	if t.AttemptBudget <= 0 {
+		return t.Attempt
+	}
+	return max(1, t.Attempt-(t.MaxAttempts-t.AttemptBudget))
 }
 
 // Ref names one claimed attempt of a task: every write about it is fenced on

@@ -1,6 +1,7 @@
 package tasks
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -40,6 +41,22 @@ const (
 	MaxAttemptsLimit = 1000
 )
 
+// Queues, priorities and sequences.
+const (
+	// DefaultQueue is the queue of a task enqueued without one.
+	DefaultQueue = "default"
+	// MaxQueueLen bounds a queue's name.
+	MaxQueueLen = 100
+	// MostUrgent and LeastUrgent bound a task's priority: within a queue
+	// and a shard, a more urgent task (a lower number) is claimed first.
+	MostUrgent  = 1
+	LeastUrgent = 5
+	// DefaultPriority is the priority of a task enqueued without one: the
+	// middle of the range, so a producer can both raise and lower a task's
+	// urgency.
+	DefaultPriority = 3
+)
+
 // latestTime bounds run_after and deadline: RFC 3339 and the API have
 // four-digit years, and PostgreSQL's timestamptz and pgx's encoding of it
 // end (at year 294,276) long before Go's time.Time does.
@@ -64,9 +81,26 @@ type NewTask struct {
 	// the same unique key is unfinished (ready or running), enqueueing
 	// another returns that task instead of creating one. Unique keys are
 	// global, across kinds; prefix them with the kind to scope them. Once
-	// the task finished (completed, failed, dead or cancelled) the key is
-	// free again.
+	// the task finished (completed, failed, dead or cancelled), or an
+	// operator asked to cancel it, the key is free again.
 	UniqueKey string `json:"unique_key,omitempty"`
+	// Queue names the queue (default "default"): runners serve the queues
+	// they are configured with, each with its own worker limit, and an
+	// operator can pause a queue.
+	Queue string `json:"queue,omitempty"`
+	// Priority, 1 (most urgent) to 5 (least), default 3: within its queue
+	// and shard, a more urgent task is claimed first; among equals, the
+	// oldest. 0 means the default.
+	Priority int `json:"priority,omitempty"`
+	// SequenceKey, when set, makes the task one of a sequence: the tasks of
+	// one sequence key run one at a time, in enqueue order, each after the
+	// one before it finished. The sequence key decides the shard (Key then
+	// only names the task).
+	SequenceKey string `json:"sequence_key,omitempty"`
+	// SequenceContinue lets the sequence go on when this task ends dead or
+	// failed; by default such a task blocks the rest of its sequence until
+	// an operator retries or cancels it.
+	SequenceContinue bool `json:"sequence_continue,omitempty"`
 }
 
 // Insert is a validated task with its shard computed, ready for the store.
@@ -79,6 +113,11 @@ type Insert struct {
 	RunAfter    *time.Time
 	Deadline    *time.Time
 	UniqueKey   string // empty: none
+	Queue       string
+	Priority    int
+	SequenceKey string // empty: none
+	// SequenceBlocks: this task, dead or failed, blocks its sequence.
+	SequenceBlocks bool
 }
 
 // Prepare validates n against now and the shard count and fills defaults.
@@ -102,6 +141,22 @@ func (n NewTask) Prepare(now time.Time, shardCount, defaultMaxAttempts int) (Ins
 	if err := checkText("unique_key", n.UniqueKey, MaxKeyLen); err != nil {
 		return Insert{}, err
 	}
+	if err := checkText("sequence_key", n.SequenceKey, MaxKeyLen); err != nil {
+		return Insert{}, err
+	}
+	if n.Queue != "" {
+		if err := CheckQueue(n.Queue); err != nil {
+			return Insert{}, err
+		}
+	}
+	if n.Priority != 0 {
+		if err := CheckPriority(n.Priority); err != nil {
+			return Insert{}, err
+		}
+	}
+	if n.SequenceContinue && n.SequenceKey == "" {
+		return Insert{}, &FieldError{Field: "sequence_continue", Problem: "applies only to a task with a sequence_key"}
+	}
 	switch {
 	case len(n.Payload) > MaxPayloadLen:
 		return Insert{}, &FieldError{Field: "payload", Problem: fmt.Sprintf("larger than %d bytes", MaxPayloadLen)}
@@ -121,7 +176,9 @@ func (n NewTask) Prepare(now time.Time, shardCount, defaultMaxAttempts int) (Ins
 			return Insert{}, &FieldError{Field: "payload", Problem: payloadProblem(err)}
 		}
 	}
-	in := Insert{Kind: n.Kind, Key: n.Key, Payload: n.Payload, MaxAttempts: n.MaxAttempts, UniqueKey: n.UniqueKey}
+	in := Insert{Kind: n.Kind, Key: n.Key, Payload: n.Payload, MaxAttempts: n.MaxAttempts, UniqueKey: n.UniqueKey,
+		Queue: cmp.Or(n.Queue, DefaultQueue), Priority: cmp.Or(n.Priority, DefaultPriority),
+		SequenceKey: n.SequenceKey, SequenceBlocks: n.SequenceKey != "" && !n.SequenceContinue}
 	if in.Key == "" {
 		in.Key = randomKey()
 	}
@@ -142,8 +199,34 @@ func (n NewTask) Prepare(now time.Time, shardCount, defaultMaxAttempts int) (Ins
 		t := n.Deadline
 		in.Deadline = &t
 	}
-	in.Shard = ShardOf(in.Key, shardCount)
+	in.Shard = ShardOf(cmp.Or(in.SequenceKey, in.Key), shardCount)
 	return in, nil
+}
+
+// CheckQueue reports whether name can name a queue: 1 to MaxQueueLen
+// bytes of letters, digits and "._-" (queues show up in metric labels,
+// URLs and flags).
+func CheckQueue(name string) error {
+	if name == "" {
+		return &FieldError{Field: "queue", Problem: "must not be empty"}
+	}
+	if len(name) > MaxQueueLen {
+		return &FieldError{Field: "queue", Problem: fmt.Sprintf("longer than %d bytes", MaxQueueLen)}
+	}
+	for i, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') || r > unicode.MaxASCII {
+			return &FieldError{Field: "queue", Problem: fmt.Sprintf("%q at byte %d: use letters, digits and ._-", r, i)}
+		}
+	}
+	return nil
+}
+
+// CheckPriority reports whether p is a priority.
+func CheckPriority(p int) error {
+	if p < MostUrgent || p > LeastUrgent {
+		return &FieldError{Field: "priority", Problem: fmt.Sprintf("must be %d (most urgent) to %d (least), got %d", MostUrgent, LeastUrgent, p)}
+	}
+	return nil
 }
 
 func randomKey() string {

@@ -5,15 +5,28 @@ package tasks
 // operators get.
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
-// ErrCancelled is the cause of a handler's context ending because an
-// operator cancelled its task. The attempt is recorded as cancelled
-// whatever the handler returns afterwards.
+// ErrCancelled is the cause (context.Cause) of a handler's context ending
+// because an operator cancelled its task. A handler that then returns an
+// error has its attempt recorded as cancelled (not retried); one that
+// returns nil has done its work, and the attempt is recorded as completed,
+// with its result.
 var ErrCancelled = errors.New("task cancelled on request")
+
+// CancelRequested reports whether ctx, a handler's context, ended because
+// an operator asked to cancel the task: its cause is ErrCancelled. A
+// handler whose side effects are done can still return nil (the task
+// completes); one that stops short returns an error (the task is
+// cancelled).
+func CancelRequested(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), ErrCancelled)
+}
 
 // ErrNotFound is matched (errors.Is) by every NotFoundError.
 var ErrNotFound = ErrTaskGone
@@ -78,13 +91,66 @@ type Filter struct {
 	Kind   string
 	Shard  *int
 	Key    string
+	Queue  string
+	// Priority: 0 for any.
+	Priority    int
+	SequenceKey string
 	// CreatedBefore: created strictly before this time.
 	CreatedBefore time.Time
 }
 
 // Empty reports whether f selects every task.
 func (f Filter) Empty() bool {
-	return len(f.States) == 0 && f.Kind == "" && f.Shard == nil && f.Key == "" && f.CreatedBefore.IsZero()
+	return len(f.States) == 0 && f.Kind == "" && f.Shard == nil && f.Key == "" && f.Queue == "" && f.Priority == 0 &&
+		f.SequenceKey == "" && f.CreatedBefore.IsZero()
+}
+
+// Check validates the fields f gives with the rules of a task's fields
+// (NewTask.Prepare): text PostgreSQL can store, a shard of a cluster of
+// shardCount shards, a time before the year 10000. The *FieldError names
+// the field.
+func (f Filter) Check(shardCount int) error {
+	for _, st := range f.States {
+		if !st.Valid() {
+			return &FieldError{Field: "state", Problem: fmt.Sprintf("%q is not a state (%s)", st, joinStates(States))}
+		}
+	}
+	if f.Kind != "" {
+		if err := CheckKind(f.Kind); err != nil {
+			return err
+		}
+	}
+	if err := checkText("key", f.Key, MaxKeyLen); err != nil {
+		return err
+	}
+	if err := checkText("sequence_key", f.SequenceKey, MaxKeyLen); err != nil {
+		return err
+	}
+	if f.Queue != "" {
+		if err := CheckQueue(f.Queue); err != nil {
+			return err
+		}
+	}
+	if f.Priority != 0 {
+		if err := CheckPriority(f.Priority); err != nil {
+			return err
+		}
+	}
+	if f.Shard != nil && (*f.Shard < 0 || *f.Shard >= shardCount) {
+		return &FieldError{Field: "shard", Problem: fmt.Sprintf("must be 0 to %d (the cluster has %d shards), got %d", shardCount-1, shardCount, *f.Shard)}
+	}
+	if !f.CreatedBefore.Before(latestTime) {
+		return &FieldError{Field: "created_before", Problem: "must be before the year 10000"}
+	}
+	return nil
+}
+
+func joinStates(states []State) string {
+	s := make([]string, len(states))
+	for i, st := range states {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
 }
 
 // Listing bounds.
@@ -126,6 +192,9 @@ type Summary struct {
 	Kind              string     `json:"kind"`
 	Shard             int        `json:"shard"`
 	Key               string     `json:"key"`
+	Queue             string     `json:"queue"`
+	Priority          int        `json:"priority"`
+	SequenceKey       string     `json:"sequence_key,omitempty"`
 	UniqueKey         string     `json:"unique_key,omitempty"`
 	State             State      `json:"state"`
 	Attempt           int        `json:"attempt"`

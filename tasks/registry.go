@@ -11,9 +11,12 @@ import (
 )
 
 // Handler runs one attempt of a task. ctx is cancelled when the runner loses
-// the task's shard, detaches or shuts down; a handler must return promptly
-// then. A nil error completes the task; any other error fails the attempt
-// (retried with backoff while attempts are left).
+// the task's shard, detaches or shuts down, and when an operator cancels
+// the task (its cause is then ErrCancelled: CancelRequested(ctx)); a
+// handler must return promptly then. A nil error completes the task, also
+// after a cancel request: the handler says its work is done, and its result
+// is kept. Any other error fails the attempt (retried with backoff while
+// attempts are left), or, after a cancel request, ends the task cancelled.
 type Handler func(ctx context.Context, t *Task) error
 
 // ErrPayload wraps payload decoding errors from Typed handlers.

@@ -15,6 +15,7 @@ import (
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/runner"
 	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -40,7 +41,7 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	s := settings{cfg: runner.DefaultConfig()}
 	cfg := &s.cfg
 	cfg.Version = version
-	var endpoints string
+	var endpoints, queues string
 	fs := cli.NewFlagSet("runner", "runner: a shardrun runner — executes the tasks of the shards it owns.\n\n"+
 		"Usage: runner [flags]\n\n"+
 		"The runner holds an etcd lease, owns a balanced share of the cluster's shards, and runs\n"+
@@ -67,6 +68,7 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 	fs.Duration(&cfg.HeartbeatInterval, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", cfg.HeartbeatInterval, "interval between heartbeats of running tasks, 10ms to 1h (keep below the coordinator's --stale-threshold)")
 	fs.Duration(&cfg.PollInterval, "poll-interval", "SHARDRUN_POLL_INTERVAL", cfg.PollInterval, "claim poll interval when no notification arrives, 10ms to 1h")
 	fs.Int(&cfg.MaxWorkers, "max-workers", "SHARDRUN_MAX_WORKERS", cfg.MaxWorkers, fmt.Sprintf("tasks running at once, 1 to %d", executor.MaxMaxWorkers))
+	fs.String(&queues, "queues", "SHARDRUN_QUEUES", tasks.DefaultQueue, "queues to claim from, comma-separated, each with an optional limit of its tasks running at once (emails=8); --max-workers bounds them all")
 	fs.Duration(&cfg.HandoffTimeout, "handoff-timeout", "SHARDRUN_HANDOFF_TIMEOUT", cfg.HandoffTimeout, "how long a moving shard's running tasks may finish before they are cancelled, up to 1h")
 	fs.Duration(&cfg.RetryBase, "retry-base", "SHARDRUN_RETRY_BASE", cfg.RetryBase, "backoff after a task's first failed attempt (doubles per attempt, with jitter), 1ms to 24h")
 	fs.Duration(&cfg.RetryCap, "retry-cap", "SHARDRUN_RETRY_CAP", cfg.RetryCap, "longest backoff between attempts, --retry-base to 24h")
@@ -76,6 +78,10 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 		return s, err
 	}
 	cfg.EtcdEndpoints = cli.SplitList(endpoints)
+	var err error
+	if cfg.Queues, err = runner.ParseQueues(queues); err != nil {
+		return s, err
+	}
 	// 0 is not a margin: it would stop work at the very deadline. Left
 	// out, the margin is lease-ttl/3.
 	if fs.Given("detach-margin") && cfg.DetachMargin == 0 {

@@ -271,3 +271,66 @@ func ScheduleTicks(t testing.TB, st *store.Store, name string) []time.Time {
 	}
 	return ticks
 }
+
+// Exec runs a statement for a test's set-up, failing the test on error.
+func Exec(t testing.TB, st *store.Store, sql string, args ...any) {
+	t.Helper()
+	if _, err := st.Pool().Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// Retime sets a time of tasks (all of them without ids) where the layout
+// keeps it: run_after in the task and its task_ready entry; deadline in
+// the task, its task_ready entry and its claim; claimed_at and heartbeat_at
+// in its claim. expr is SQL: what tests that age a task or a claim set.
+func Retime(t testing.TB, st *store.Store, col, expr string, ids ...int64) {
+	t.Helper()
+	var sql string
+	switch col {
+	case "run_after":
+		sql = `WITH u AS (UPDATE tasks SET run_after = ` + expr + ` WHERE $1::bigint[] IS NULL OR id = ANY ($1) RETURNING id, run_after)
+			UPDATE task_ready r SET run_after = u.run_after FROM u WHERE r.id = u.id`
+	case "deadline":
+		sql = `WITH u AS (UPDATE tasks SET deadline = ` + expr + ` WHERE $1::bigint[] IS NULL OR id = ANY ($1) RETURNING id, deadline),
+			r AS (UPDATE task_ready r SET deadline = u.deadline FROM u WHERE r.id = u.id)
+			UPDATE task_claims c SET deadline = u.deadline FROM u WHERE c.id = u.id`
+	case "claimed_at", "heartbeat_at":
+		sql = `UPDATE task_claims SET ` + col + ` = ` + expr + ` WHERE $1::bigint[] IS NULL OR id = ANY ($1)`
+	default:
+		t.Fatalf("pgtest.Retime: no column %s", col)
+	}
+	var arg []int64
+	if len(ids) > 0 {
+		arg = ids
+	}
+	Exec(t, st, sql, arg)
+}
+
+// InsertClaimed runs insert (an INSERT INTO tasks … RETURNING id) and
+// turns the tasks it inserted into running tasks, claimed by owner at
+// epoch at the time claimedAt (SQL), as a runner's claim leaves them, in
+// one transaction (no runner can claim them first): for tests of what
+// happens to claims whose runner is gone.
+func InsertClaimed(t testing.TB, st *store.Store, insert, owner string, epoch int64, claimedAt string, args ...any) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, insert, args...)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `
+			WITH r AS (DELETE FROM task_ready WHERE id = ANY ($3) RETURNING id, shard, queue, deadline)
+			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, claimed_at, deadline)
+			SELECT r.id, r.shard, r.queue, $2, $1, t.attempt, `+claimedAt+`, r.deadline FROM r JOIN tasks t ON t.id = r.id`, owner, epoch, ids)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("inserting claimed tasks: %v", err)
+	}
+}

@@ -1,0 +1,147 @@
+package executor
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// pending tracks which held shards may have due tasks, and the order the
+// next claim visits them in. A claim reads the lanes of the shards it is
+// given until it has enough tasks, so telling it only the shards that may
+// have work keeps an idle or nearly drained runner from reading every
+// empty lane of every shard it owns, and rotating the order keeps one
+// shard's backlog from starving the others.
+//
+// A shard becomes pending when it is first held, when an enqueue
+// notification names it, and every poll interval (tasks that come due by
+// their run_after, and inserts whose notification was lost, notify
+// nobody); it stops being pending when a claim finds no more of its tasks
+// due. Notifications arrive from the listener's goroutine; everything else
+// belongs to the claim loop.
+type pending struct {
+	mu     sync.Mutex
+	woken  map[int]bool
+	all    bool
+	urgent map[int]bool
+
+	shards map[int]bool
+	known  map[int]bool
+	// first are the pending shards that got urgent tasks: the next claim
+	// visits them before the rotation.
+	first map[int]bool
+	// next is the shard the next claim starts from.
+	next     int
+	lastPoll time.Time
+}
+
+func newPending(now time.Time) *pending {
+	return &pending{woken: map[int]bool{}, urgent: map[int]bool{}, shards: map[int]bool{}, known: map[int]bool{},
+		first: map[int]bool{}, lastPoll: now}
+}
+
+// notify records an enqueue notification (all: every shard; urgent: the
+// shards that got tasks more urgent than the default).
+func (p *pending) notify(all bool, shards, urgent []int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.all = p.all || all
+	for _, s := range shards {
+		p.woken[s] = true
+	}
+	for _, s := range urgent {
+		p.woken[s], p.urgent[s] = true, true
+	}
+}
+
+// order returns the held terms that may have due tasks: those that got
+// urgent tasks first, then the others from the rotation's position. terms
+// are the held terms, ordered by shard.
+func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Duration) []tasks.ShardEpoch {
+	p.mu.Lock()
+	all, woken, urgent := p.all, p.woken, p.urgent
+	p.all, p.woken, p.urgent = false, map[int]bool{}, map[int]bool{}
+	p.mu.Unlock()
+	for s := range urgent {
+		p.first[s] = true
+	}
+	if now.Sub(p.lastPoll) >= poll {
+		all, p.lastPoll = true, now
+	}
+	held := make(map[int]bool, len(terms))
+	for _, t := range terms {
+		held[t.Shard] = true
+		if all || woken[t.Shard] || !p.known[t.Shard] {
+			p.shards[t.Shard] = true
+		}
+	}
+	p.known = held
+	for s := range p.shards {
+		if !held[s] {
+			delete(p.shards, s)
+		}
+	}
+	for s := range p.first {
+		if !p.shards[s] {
+			delete(p.first, s)
+		}
+	}
+	out := make([]tasks.ShardEpoch, 0, len(p.shards))
+	for _, t := range terms {
+		if p.first[t.Shard] {
+			out = append(out, t)
+		}
+	}
+	start, _ := slices.BinarySearchFunc(terms, p.next, func(t tasks.ShardEpoch, s int) int { return t.Shard - s })
+	for i := range terms {
+		if t := terms[(start+i)%len(terms)]; p.shards[t.Shard] && !p.first[t.Shard] {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// claimed records what a claim over order took: the claim visits the
+// shards in order and moves to the next one only when a shard has no more
+// due tasks, so every shard before the last it took from is drained, and
+// that one too when the claim took fewer than limit. The next claim
+// starts after the last shard visited.
+func (p *pending) claimed(order []tasks.ShardEpoch, got []tasks.Task, limit int) {
+	if len(order) == 0 {
+		return
+	}
+	last := -1
+	if len(got) > 0 {
+		from := make(map[int]bool, len(got))
+		for _, t := range got {
+			from[t.Shard] = true
+		}
+		for i, t := range order {
+			if from[t.Shard] {
+				last = i
+			}
+		}
+	}
+	drained := order
+	if len(got) >= limit && last >= 0 {
+		drained = order[:last]
+	}
+	for _, t := range drained {
+		delete(p.shards, t.Shard)
+	}
+	// Urgent shards the claim visited were served first; the next claim
+	// goes back to the rotation.
+	for _, t := range order[:min(len(order), max(last, 0)+1)] {
+		delete(p.first, t.Shard)
+	}
+	visited := len(order) - 1
+	if len(got) >= limit && last >= 0 {
+		visited = last
+	}
+	p.next = order[visited].Shard + 1
+}
+
+// any reports whether some held shard may have due tasks.
+func (p *pending) any() bool { return len(p.shards) > 0 }

@@ -1,0 +1,135 @@
+package store
+
+// Queues (pause, resume, what each holds) and sequences (which are blocked
+// and by what).
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// QueueStats is one queue as operators see it.
+type QueueStats struct {
+	Name string `json:"name"`
+	// Ready counts its ready tasks up to QueueCountCap (ReadyAtLeast: the
+	// count stopped there), Running its running ones.
+	Ready        int64 `json:"ready"`
+	ReadyAtLeast bool  `json:"ready_at_least,omitempty"`
+	Running      int64 `json:"running"`
+	// PausedAt is when an operator paused it (nil: not paused).
+	PausedAt *time.Time `json:"paused_at,omitempty"`
+	// Rate is how many of its tasks completed per second over the last
+	// window.
+	Rate float64 `json:"completed_per_second"`
+}
+
+// QueueCountCap is where Queues stops counting a queue's ready tasks.
+const QueueCountCap = 100_000
+
+// SetQueuePaused pauses (paused) or resumes the queue name, cluster-wide:
+// no runner claims a paused queue's tasks (the claim statement checks it),
+// running ones finish. A queue no task was enqueued in yet can be paused
+// ahead. It returns the queue as it is now.
+func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (time.Time, error) {
+	var at *time.Time
+	err := s.pool.QueryRow(ctx, `/* shardrun.set_queue_paused */
+		INSERT INTO queues AS q (name, paused_at) VALUES ($1, CASE WHEN $2 THEN now() END)
+		ON CONFLICT (name) DO UPDATE SET paused_at = CASE WHEN $2 THEN coalesce(q.paused_at, now()) END
+		RETURNING paused_at`, name, paused).Scan(&at)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("setting queue %s paused=%v: %w", name, paused, err)
+	}
+	if at == nil {
+		return time.Time{}, nil
+	}
+	return *at, nil
+}
+
+// Queues returns every queue with its counts and completion rate over the
+// last window, in name order. Ready tasks are counted by lane (a loose scan
+// of task_ready's primary key, then each lane of the queue up to the cap),
+// running ones in task_claims, completions in task_finished.
+func (s *Store) Queues(ctx context.Context, window time.Duration) ([]QueueStats, error) {
+	rows, err := s.pool.Query(ctx, `/* shardrun.queues */
+		WITH RECURSIVE `+readyLanes+`, lanes AS MATERIALIZED (SELECT * FROM lane WHERE kind IS NOT NULL)
+		SELECT q.name, r.n, (SELECT count(*) FROM task_claims c WHERE c.queue = q.name), q.paused_at,
+			(SELECT count(*) FROM task_finished f
+			 WHERE f.state = 'completed' AND f.finished_at > now() - $2 * interval '1 millisecond' AND f.queue = q.name)
+		FROM queues q
+		CROSS JOIN LATERAL (
+			SELECT count(*) AS n FROM (
+				SELECT 1 FROM lanes l CROSS JOIN LATERAL (
+					SELECT 1 FROM task_ready r WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind LIMIT $1) x
+				WHERE l.queue = q.name
+				LIMIT $1) y
+		) r
+		ORDER BY q.name`, QueueCountCap, window.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("reading the queues: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueueStats, error) {
+		var q QueueStats
+		var completed int64
+		err := r.Scan(&q.Name, &q.Ready, &q.Running, &q.PausedAt, &completed)
+		q.ReadyAtLeast = q.Ready >= QueueCountCap
+		q.Rate = float64(completed) / window.Seconds()
+		return q, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reading the queues: %w", err)
+	}
+	return out, nil
+}
+
+// BlockedSequence is a sequence held back by its head: a task that ended
+// dead or failed in a sequence that blocks on failure, until an operator
+// retries it or cancels it.
+type BlockedSequence struct {
+	Key       string        `json:"sequence_key"`
+	BlockedAt time.Time     `json:"blocked_at"`
+	Task      tasks.Summary `json:"blocked_by"`
+	// Waiting counts the tasks behind it, up to WaitingCountCap.
+	Waiting int64 `json:"waiting"`
+}
+
+// WaitingCountCap is where BlockedSequences stops counting the tasks a
+// blocked sequence holds back.
+const WaitingCountCap = 10_000
+
+// BlockedSequences returns up to limit blocked sequences after the key
+// after, in key order, each with the task that blocks it.
+func (s *Store) BlockedSequences(ctx context.Context, after string, limit int) ([]BlockedSequence, error) {
+	rows, err := s.pool.Query(ctx, `/* shardrun.blocked_sequences */
+		SELECT s.key, s.blocked_at, `+summaryColumns+`,
+			(SELECT count(*) FROM (SELECT 1 FROM tasks w
+				WHERE w.sequence_key = s.key AND w.state = 'ready' AND w.id <> s.head_id LIMIT $3) x)
+		FROM task_sequences s
+		CROSS JOIN LATERAL (SELECT * FROM task_view v WHERE v.id = s.head_id) t
+		WHERE s.blocked_at IS NOT NULL AND s.key > $1
+		ORDER BY s.key LIMIT $2`, after, limit, WaitingCountCap)
+	if err != nil {
+		return nil, fmt.Errorf("listing blocked sequences: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BlockedSequence, error) {
+		var b BlockedSequence
+		var state string
+		var priority int16
+		var uniqueKey, claimedBy, lastError *string
+		t := &b.Task
+		err := r.Scan(&b.Key, &b.BlockedAt, &t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &uniqueKey,
+			&state, &t.Attempt, &t.MaxAttempts, &t.RunAfter, &t.Deadline, &claimedBy, &t.ClaimedAt, &t.HeartbeatAt,
+			&t.CancelRequestedAt, &lastError, &t.CreatedAt, &t.FinishedAt, &b.Waiting)
+		t.State, t.Priority = tasks.State(state), int(priority)
+		t.UniqueKey, t.ClaimedBy, t.LastError = deref(uniqueKey), deref(claimedBy), deref(lastError)
+		return b, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing blocked sequences: %w", err)
+	}
+	return out, nil
+}
