@@ -24,7 +24,13 @@ func decode[T any](t *testing.T, body string) T {
 func TestTaskOperationsAPI(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	c := e.start("coord", nil, func(c *Config) { c.APIToken = "tok" })
+	c := e.start("coord", nil, func(c *Config) {
+		c.APIToken = "tok"
+		// The running task below has no runner beating for it: the sweeper
+		// must not requeue it as stale (after the environment's 1s) before
+		// the test has looked at it, however slow a loaded machine is.
+		c.Sweep.StaleThreshold = time.Hour
+	})
 	base := "http://" + c.Addr()
 	ctx := context.Background()
 

@@ -145,6 +145,7 @@ func TestPostgresOutageCostsNoWork(t *testing.T) {
 // start nothing before it has re-attached, because claims check the lease
 // clock, not only the detach flag.
 func TestPausedRunnerStartsNoWorkOnWaking(t *testing.T) {
+	t.Parallel()
 	c, coord, _ := base(t, 3)
 	zombie := c.proc("runner-2")
 	zombie.signal(t, syscall.SIGSTOP)
@@ -180,6 +181,7 @@ func TestPausedRunnerStartsNoWorkOnWaking(t *testing.T) {
 // runs tasks that have a single attempt: they are interrupted, go back to
 // ready without spending the attempt, and complete elsewhere.
 func TestDetachInterruptsWithoutSpendingAttempts(t *testing.T) {
+	t.Parallel()
 	c, coord, _ := base(t, 3)
 	c.enqueue(coord, 150, "sleep", `{"ms": 3000}`, 1, tasks.Completed)
 	r1 := c.proc("runner-1")

@@ -3,6 +3,11 @@
 // faults that happen in production (kill -9, SIGSTOP, a partitioned etcd
 // link, SIGTERM, a database restart, a dead leader) and checks the
 // system's invariants at the end of every scenario.
+//
+// The scenarios that bound no timing from above call t.Parallel: they run
+// two at a time, after the others, which each run alone (beside other
+// packages' tests) so that a second cluster's load does not stretch the
+// times they measure.
 package integration
 
 import (

@@ -6,11 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"syscall"
 	"time"
 
 	"github.com/shardrun/shardrun/internal/pgtest"
-	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -143,30 +141,33 @@ func (c *cluster) checkEtcdHistory() int {
 }
 
 // checkTempDirs: the runners and coordinators create no temporary data.
-// The only directories of this test binary are its own server's and its
-// binaries' (both removed when the package's tests end); those of other
-// test binaries still running are theirs.
 func (c *cluster) checkTempDirs() {
 	c.t.Helper()
-	var dirs []string
-	for _, prefix := range []string{"shardrun-pg-", "shardrun-dev-", binDirPrefix} {
-		found, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
-		dirs = append(dirs, found...)
-	}
-	for _, d := range dirs {
-		switch {
-		case d == binDir:
-		case pgtest.Server() != nil && d == pgtest.Server().Dir():
-		default:
-			if owner := tempdir.Owner(d); owner != 0 && owner != os.Getpid() && processAlive(owner) {
-				continue // another test binary's, still running
-			}
-			c.t.Errorf("temporary directory left behind: %s", d)
-		}
+	for _, d := range leftBehind() {
+		c.t.Errorf("temporary directory left behind: %s", d)
 	}
 }
 
-func processAlive(pid int) bool { return syscall.Kill(pid, 0) != syscall.ESRCH }
+// ourPrefixes name the temporary directories shardrun's programs make.
+var ourPrefixes = []string{"shardrun-pg-", "shardrun-dev-", binDirPrefix}
+
+// leftBehind lists our temporary directories other than this binary's own
+// server's and binaries' (both removed when the package's tests end). The
+// test binary runs under a temporary root of its own (pgtest.Main), so all
+// it can find was made by this binary or by a process it started: what
+// other programs left in the machine's temporary directory is not looked at.
+func leftBehind() []string {
+	var left []string
+	for _, prefix := range ourPrefixes {
+		found, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+		for _, d := range found {
+			if d != binDir && (pgtest.Server() == nil || d != pgtest.Server().Dir()) {
+				left = append(left, d)
+			}
+		}
+	}
+	return left
+}
 
 func (c *cluster) report(name string, s summary, details string) {
 	c.t.Logf("SCENARIO %-26s tasks %4d  duration %6.1fs  acquisitions %4d  fence rejections %3.0f  %s",

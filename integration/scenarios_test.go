@@ -81,6 +81,7 @@ func TestKill9RunnerMidLoad(t *testing.T) {
 }
 
 func TestSIGSTOPZombieIsFencedOut(t *testing.T) {
+	t.Parallel()
 	c, coord, _ := base(t, 3)
 	load(c, coord, 1200, 400)
 	zombie := c.proc("runner-2")
@@ -212,6 +213,7 @@ func (p *proc) terminateQuiet() time.Duration {
 }
 
 func TestManualDetachAndAttachThroughTheAdminEndpoint(t *testing.T) {
+	t.Parallel()
 	c, coord, _ := base(t, 3)
 	load(c, coord, 1200, 300)
 	r1 := c.proc("runner-1")

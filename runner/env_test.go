@@ -187,6 +187,7 @@ func (e *env) etcdOwners() map[int]string {
 func (tr *testRunner) url(path string) string { return "http://" + tr.AdminAddr() + path }
 
 func TestAdvertisedAdminAddress(t *testing.T) {
+	t.Parallel()
 	host, _ := os.Hostname()
 	for bound, want := range map[string]string{
 		"127.0.0.1:9090": "127.0.0.1:9090",

@@ -15,6 +15,7 @@ import (
 )
 
 func TestDecodeDetach(t *testing.T) {
+	t.Parallel()
 	for body, want := range map[string]string{
 		"":                                 "",
 		"  \n":                             "",
@@ -51,6 +52,7 @@ func clientError(err error) bool {
 }
 
 func TestBuiltinPayloads(t *testing.T) {
+	t.Parallel()
 	for payload, want := range map[string]time.Duration{
 		``: 0, `{}`: 0, `{"ms": 0}`: 0, `{"ms": 250}`: 250 * time.Millisecond, `{"ms": 86400000}`: 24 * time.Hour,
 	} {
@@ -131,6 +133,7 @@ func FuzzBuiltinPayload(f *testing.F) {
 // recorded, cleaned, and the outcome writer goes on: before, it retried the
 // refused write forever and held back every other outcome of its batch.
 func TestHandlerErrorPostgreSQLWouldRefuse(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start("a", withHandler("nul", func(context.Context, *tasks.Task) error { return errors.New("bad\x00news\xff") }))
 	id := e.enqueue("nul", `{}`, 1)[0]

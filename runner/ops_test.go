@@ -14,6 +14,7 @@ import (
 )
 
 func TestCancelAReadyTask(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start("a")
 	c := e.client
@@ -41,6 +42,7 @@ func TestCancelAReadyTask(t *testing.T) {
 // tasks.ErrCancelled, and the outcome is cancelled when the handler then
 // returns that cause.
 func TestCancelARunningTask(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	type end struct {
 		at    time.Time
@@ -99,6 +101,7 @@ func TestCancelARunningTask(t *testing.T) {
 // intervals are cancelled as they run. Each ends with exactly one
 // outcome, completed or cancelled, counted once.
 func TestCancelRacesCompletionOnARunner(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.start("a")
 	c := e.client
@@ -148,6 +151,7 @@ func TestCancelRacesCompletionOnARunner(t *testing.T) {
 }
 
 func TestRetryADeadTaskAndSeeItComplete(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start("a")
 	c := e.client
@@ -174,6 +178,7 @@ func TestRetryADeadTaskAndSeeItComplete(t *testing.T) {
 // 32 producers enqueue the same unique key at once: one task is created,
 // and it runs once.
 func TestConcurrentProducersOfOneUniqueKey(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var runs counting
 	e.start("a", withHandler("count", runs.handle))

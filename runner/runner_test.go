@@ -32,6 +32,7 @@ func (c *counting) handle(_ context.Context, t *tasks.Task) error {
 }
 
 func TestThousandTasksCompleteExactlyOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var runs counting
 	var rs []*testRunner
@@ -74,6 +75,7 @@ func TestThousandTasksCompleteExactlyOnce(t *testing.T) {
 // A runner that loses a shard mid-task cancels the handler, and the stale
 // completion it then attempts is refused and counted.
 func TestShardLossCancelsHandlerAndFencesItsCompletion(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	started := make(chan *tasks.Task, 1)
 	cancelled := make(chan struct{})
@@ -120,6 +122,7 @@ func TestShardLossCancelsHandlerAndFencesItsCompletion(t *testing.T) {
 }
 
 func TestManualDetachOverHTTPAndAttach(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.start("a", withToken("s3cret"))
 	b := e.start("b", withToken("s3cret"))
@@ -201,6 +204,7 @@ func TestDrainHandsShardsOverWithinASecond(t *testing.T) {
 }
 
 func TestHandlerPanicFailsTheAttemptOnly(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start("a", withHandler("explode", func(context.Context, *tasks.Task) error { panic("kaboom") }))
 	bad := e.enqueue("explode", `{}`, 1)[0]
@@ -217,6 +221,7 @@ func TestHandlerPanicFailsTheAttemptOnly(t *testing.T) {
 }
 
 func TestUndecodablePayloadFailsWithTheDecodeError(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start("a")
 	id := e.enqueue("sleep", `{"ms": "soon"}`, 1)[0]
@@ -229,6 +234,7 @@ func TestUndecodablePayloadFailsWithTheDecodeError(t *testing.T) {
 }
 
 func TestFailBuiltinRetriesThenCompletes(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start("a")
 	retried := e.enqueue("fail", `{"times": 2}`, 1)[0]
@@ -248,6 +254,7 @@ func TestFailBuiltinRetriesThenCompletes(t *testing.T) {
 }
 
 func TestAdminRejectsBadRequests(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.start("a", withToken("s3cret"))
 	for _, tc := range []struct {
@@ -289,6 +296,7 @@ func TestAdminRejectsBadRequests(t *testing.T) {
 }
 
 func TestStatusAndEveryMetric(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	a := e.start("a")
 	e.enqueue("noop", `{}`, 20)
@@ -344,6 +352,7 @@ func TestStatusAndEveryMetric(t *testing.T) {
 }
 
 func TestConfigErrorsNameTheFlag(t *testing.T) {
+	t.Parallel()
 	base := DefaultConfig()
 	base.DatabaseURL = "postgres://u@127.0.0.1/db"
 	for flag, mutate := range map[string]func(*Config){
@@ -388,6 +397,7 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 }
 
 func TestUnreachableEtcdAtStart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	cfg := e.config("a")
 	cfg.EtcdEndpoints = []string{"http://127.0.0.1:1"}

@@ -87,14 +87,20 @@ func TestBlackholedMemberDetachesBeforeOthersTakeOver(t *testing.T) {
 	})
 	var detachedAt, firstTakeover time.Time
 	var takeover Event
-	for _, e := range c.log.Events() {
-		switch {
-		case e.Runner == "z" && e.Kind == Detached && e.At.After(cut) && detachedAt.IsZero():
-			detachedAt = e.At
-		case e.Runner != "z" && e.Kind == Acquired && zShards[e.Shard] && e.At.After(cut) && firstTakeover.IsZero():
-			firstTakeover, takeover = e.Sent, e
+	// A member records its acquisition after etcd has committed it: on a
+	// loaded machine the key can be seen before the event.
+	testutil.Until(t, 5*time.Second, "the takeover in the event log", func() (bool, string) {
+		detachedAt, firstTakeover, takeover = time.Time{}, time.Time{}, Event{}
+		for _, e := range c.log.Events() {
+			switch {
+			case e.Runner == "z" && e.Kind == Detached && e.At.After(cut) && detachedAt.IsZero():
+				detachedAt = e.At
+			case e.Runner != "z" && e.Kind == Acquired && zShards[e.Shard] && e.At.After(cut) && firstTakeover.IsZero():
+				firstTakeover, takeover = e.Sent, e
+			}
 		}
-	}
+		return !takeover.At.IsZero(), "no acquisition of z's shards recorded yet"
+	})
 	if firstTakeover.IsZero() {
 		t.Fatalf("the first takeover has no send time: %+v", takeover)
 	}

@@ -30,8 +30,9 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// devDirPrefix names the --dev temporary directories, so that one left by a
-// killed demo is removed by the next.
+// devDirPrefix names the --dev temporary directories (the embedded etcd's
+// data is inside), so that one left by a killed demo is found by the next,
+// which removes it when its marker says its owner is gone.
 const devDirPrefix = "shardrun-dev-"
 
 // devLeaseTTL is the demo runners' lease TTL: short, so that a kill -9 or a
@@ -68,6 +69,12 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	runnerBin, err := findRunner(o.runnerBin)
 	if err != nil {
 		return err
+	}
+	// What an earlier demo killed with SIGKILL left: its etcd directory
+	// (under its own temporary directory) and its PostgreSQL data, each
+	// marked with its owner, which is gone.
+	for _, d := range append(tempdir.RemoveStale(devDirPrefix, nil), pgtmp.RemoveStale()...) {
+		fmt.Fprintf(out, "removed %s, left by an earlier run that was killed\n", d)
 	}
 	tmp, err := tempdir.New(devDirPrefix)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/internal/testutil"
 )
 
@@ -60,7 +62,8 @@ func TestHelpAndBadInput(t *testing.T) {
 }
 
 func TestEmbeddedEtcd(t *testing.T) {
-	bin := build(t, ".")
+	t.Parallel()
+	bin := filepath.Join(binaries(t), "coordinator")
 	addr, etcdAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	cmd := exec.Command(bin, "--embed-etcd", filepath.Join(t.TempDir(), "etcd"), "--embed-etcd-addr", etcdAddr,
 		"--database-url", pgtest.NewDatabase(t), "--http-addr", addr)
@@ -95,61 +98,36 @@ func TestEmbeddedEtcd(t *testing.T) {
 	}
 }
 
-// TestMakeDemoFromAFreshClone does what a new user does: clone the
-// repository, run `make demo`, watch it make progress, press Ctrl-C (SIGINT
-// to the whole foreground process group), and checks that it exits cleanly
-// leaving no process and no temporary directory.
-func TestMakeDemoFromAFreshClone(t *testing.T) {
-	root, err := filepath.Abs("../..")
+// TestMakeDemo does what a new user does with the working tree as it is,
+// uncommitted changes included: run `make demo`, watch it make progress,
+// press Ctrl-C (SIGINT to the whole foreground process group), and checks
+// that it exits cleanly leaving no process and no temporary directory.
+// Before that, a demo killed with SIGKILL leaves its directories behind,
+// and `make demo` must remove those, and only those.
+func TestMakeDemo(t *testing.T) {
+	t.Parallel()
+	bin := binaries(t)
+	killed := killedDemo(t, bin)
+	live, err := tempdir.NewOwnedBy("", "shardrun-dev-", tempdir.Self())
 	if err != nil {
 		t.Fatal(err)
 	}
-	clone := filepath.Join(t.TempDir(), "shardrun")
-	if out, err := exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput(); err != nil {
-		t.Fatalf("git clone: %v\n%s", err, out)
+	defer os.RemoveAll(live)
+	nameOnly := filepath.Join(os.TempDir(), "shardrun-pg-without-marker")
+	if err := os.Mkdir(nameOnly, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	cmd := exec.Command("make", "demo", "DEMO_FLAGS=--http-addr 127.0.0.1:0 --dev-rate 60")
-	cmd.Dir = clone
+	defer os.RemoveAll(nameOnly)
+
+	cmd := exec.Command("make", "demo", "BIN="+bin, "DEMO_FLAGS=--http-addr 127.0.0.1:0 --dev-rate 60")
+	cmd.Dir = repoRoot
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's foreground group
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var lines []string
-	progress := make(chan string, 100)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			mu.Lock()
-			lines = append(lines, sc.Text())
-			mu.Unlock()
-			if strings.Contains(sc.Text(), " completed ") {
-				progress <- sc.Text()
-			}
-		}
-		close(progress)
-	}()
-	output := func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		return strings.Join(lines, "\n")
-	}
-	defer func() {
-		if t.Failed() {
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			t.Logf("make demo output:\n%s", output())
-		}
-	}()
+	d := startDemo(t, cmd)
 	var last string
-	deadline := time.After(4 * time.Minute) // includes building from the clone
+	deadline := time.After(4 * time.Minute) // includes building on a loaded machine
 	for done := 0; done < 3; done++ {
 		select {
-		case l, ok := <-progress:
+		case l, ok := <-d.progress:
 			if !ok {
 				t.Fatal("make demo ended before showing progress")
 			}
@@ -161,7 +139,7 @@ func TestMakeDemoFromAFreshClone(t *testing.T) {
 	if !regexp.MustCompile(`completed [1-9]\d* \(`).MatchString(last) || !strings.Contains(last, "runner-1") {
 		t.Fatalf("progress does not show work being done: %q", last)
 	}
-	out := output()
+	out := d.output()
 	url := regexp.MustCompile(`status page\s+(http://\S+)`).FindStringSubmatch(out)
 	if url == nil {
 		t.Fatalf("no status page URL printed:\n%s", out)
@@ -176,6 +154,19 @@ func TestMakeDemoFromAFreshClone(t *testing.T) {
 	tmp := regexp.MustCompile(`temporary data \((\S+)\)`).FindStringSubmatch(out)
 	if len(pids) != 3 || tmp == nil {
 		t.Fatalf("banner lacks runner pids or the temporary directory:\n%s", out)
+	}
+	for _, dir := range killed {
+		if !strings.Contains(out, "removed "+dir+", left by") {
+			t.Errorf("make demo did not say it removed %s, left by the killed demo", dir)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s, left by the killed demo, is still there: %v", dir, err)
+		}
+	}
+	for _, dir := range []string{live, nameOnly} {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("make demo removed %s, which has a live owner or no marker: %v", dir, err)
+		}
 	}
 
 	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil { // Ctrl-C
@@ -193,7 +184,7 @@ func TestMakeDemoFromAFreshClone(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("make demo did not exit within 60s of Ctrl-C")
 	}
-	out = output()
+	out = d.output()
 	for _, want := range []string{"runner-1 drained and exited", "runner-2 drained and exited", "runner-3 drained and exited",
 		"removed " + tmp[1], "shardrun demo stopped cleanly"} {
 		if !strings.Contains(out, want) {
@@ -210,7 +201,7 @@ func TestMakeDemoFromAFreshClone(t *testing.T) {
 	if _, err := os.Stat(tmp[1]); !os.IsNotExist(err) {
 		t.Errorf("temporary directory %s left behind", tmp[1])
 	}
-	if pg := regexp.MustCompile(`removed (\S*shardrun-pg-\S+)`).FindStringSubmatch(out); pg == nil {
+	if pg := regexp.MustCompile(`stopped PostgreSQL and removed (\S+)`).FindStringSubmatch(out); pg == nil {
 		t.Errorf("no sign the throwaway PostgreSQL was removed")
 	} else if _, err := os.Stat(pg[1]); !os.IsNotExist(err) {
 		t.Errorf("PostgreSQL directory %s left behind", pg[1])
@@ -218,16 +209,135 @@ func TestMakeDemoFromAFreshClone(t *testing.T) {
 	t.Logf("make demo, last progress line: %s", strings.TrimSpace(last))
 }
 
-func build(t *testing.T, pkg string) string {
+// demo is a running --dev coordinator's output.
+type demo struct {
+	mu       sync.Mutex
+	lines    []string
+	progress chan string // the progress lines
+}
+
+// startDemo starts cmd and collects its output; when the test fails it
+// kills cmd's process group and logs the output.
+func startDemo(t *testing.T, cmd *exec.Cmd) *demo {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), filepath.Base(pkg))
-	if pkg == "." {
-		bin = filepath.Join(t.TempDir(), "coordinator")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
 	}
-	return bin
+	d := &demo{progress: make(chan string, 100)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			d.mu.Lock()
+			d.lines = append(d.lines, sc.Text())
+			d.mu.Unlock()
+			if strings.Contains(sc.Text(), " completed ") {
+				select {
+				case d.progress <- sc.Text():
+				default: // nobody reads progress any more
+				}
+			}
+		}
+		close(d.progress)
+	}()
+	t.Cleanup(func() {
+		if t.Failed() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			t.Logf("%s output:\n%s", filepath.Base(cmd.Path), d.output())
+		}
+	})
+	return d
+}
+
+func (d *demo) output() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return strings.Join(d.lines, "\n")
+}
+
+// killedDemo starts the coordinator in bin with --dev, kills it with
+// SIGKILL once it serves, waits until its PostgreSQL has stopped, and
+// returns the directories it left: its own (the embedded etcd's data is
+// inside) and its PostgreSQL's. The test's end waits for its runners.
+func killedDemo(t *testing.T, bin string) []string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(bin, "coordinator"), "--dev", "--dev-rate", "0", "--http-addr", "127.0.0.1:0")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	d := startDemo(t, cmd)
+	var tmp []string
+	testutil.WaitFor(t, time.Minute, "the demo to be killed serves", func() bool {
+		tmp = regexp.MustCompile(`temporary data \((\S+)\)`).FindStringSubmatch(d.output())
+		return tmp != nil
+	})
+	var pg []string
+	found, _ := filepath.Glob(filepath.Join(os.TempDir(), "shardrun-pg-*"))
+	for _, dir := range found {
+		if o, ok := tempdir.OwnerOf(dir); ok && o.Pid == cmd.Process.Pid {
+			pg = append(pg, dir)
+		}
+	}
+	if len(pg) != 1 {
+		t.Fatalf("the demo's PostgreSQL directories: %v, want one", pg)
+	}
+	for _, m := range regexp.MustCompile(`pid (\d+)`).FindAllStringSubmatch(d.output(), -1) {
+		pid, _ := strconv.Atoi(m[1])
+		// Its runners get SIGTERM when it dies (Pdeathsig) and drain.
+		t.Cleanup(func() {
+			testutil.WaitFor(t, time.Minute, "the killed demo's runner "+m[1]+" exits", func() bool {
+				return !(tempdir.Owner{Pid: pid}).Alive()
+			})
+		})
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	// Its PostgreSQL gets SIGINT when it dies (Pdeathsig): the directory
+	// is removed only once the server is gone.
+	testutil.WaitFor(t, 30*time.Second, "the killed demo's PostgreSQL stops", func() bool {
+		_, err := os.Stat(filepath.Join(pg[0], "data", "postmaster.pid"))
+		return os.IsNotExist(err)
+	})
+	left := []string{tmp[1], pg[0]}
+	for _, dir := range left {
+		if _, err := os.Stat(dir); err != nil {
+			t.Fatalf("the killed demo left no %s: %v", dir, err)
+		}
+	}
+	return left
+}
+
+// repoRoot is the working tree the tests build, as it is.
+const repoRoot = "../.."
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// binaries builds the working tree's binaries once for the package's
+// tests, with `make build` as a user would, into a directory of the
+// tests' (so that a bin/ built earlier is not what runs), and returns it.
+func binaries(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		if binDir, buildErr = os.MkdirTemp("", "coordinator-test-bin-"); buildErr != nil {
+			return
+		}
+		pgtest.AtExit(func() { _ = os.RemoveAll(binDir) })
+		if out, err := exec.Command("make", "-C", repoRoot, "build", "BIN="+binDir).CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("make build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binDir
 }
 
 // TestDevHonoursGivenFlags: --dev brings short timings only for the flags

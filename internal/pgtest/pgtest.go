@@ -4,6 +4,12 @@
 //
 // Tests never skip for lack of a database: when no server can be started the
 // binary fails with a message that says what to install.
+//
+// Each test binary also runs under a temporary root of its own: Main points
+// TMPDIR at a fresh directory before the tests start and removes it when
+// they end, so that every temporary file the tests and the processes they
+// start make is theirs, and what another program left in the machine's
+// temporary directory is none of theirs.
 package pgtest
 
 import (
@@ -23,13 +29,20 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shardrun/shardrun/internal/pgtmp"
+	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/store"
 )
+
+// rootPrefix names the test binaries' temporary roots, so that the root of
+// a binary that was killed is removed by the next one.
+const rootPrefix = "shardrun-test-"
 
 var (
 	adminDSN string
 	server   *pgtmp.Server
 	seq      atomic.Int64
+	root     string
+	outerTmp string
 
 	atExitMu sync.Mutex
 	atExit   []func()
@@ -63,19 +76,19 @@ func Main(m *testing.M, leakOpts ...goleak.Option) {
 
 func run(m *testing.M, leakOpts []goleak.Option) int {
 	flag.Parse()
+	if err := useOwnTempRoot(); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		return 1
+	}
 	if err := start(); err != nil {
 		fmt.Fprintf(os.Stderr, "pgtest: cannot get a PostgreSQL server for the tests: %v\n", err)
+		removeTempRoot()
 		return 1
 	}
 	stopSignals := stopOnSignal()
 	code := m.Run()
 	stopSignals()
-	runAtExit()
-	if server != nil {
-		if err := server.Stop(); err != nil {
-			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
-		}
-	}
+	shutdown()
 	if code == 0 {
 		if err := goleak.Find(leakOpts...); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: goroutines left behind after the tests: %v\n", err)
@@ -84,6 +97,52 @@ func run(m *testing.M, leakOpts []goleak.Option) int {
 	}
 	return code
 }
+
+// shutdown runs what the tests registered, stops the server and removes the
+// temporary root, in that order: the registered functions and the server
+// still use files under the root.
+func shutdown() {
+	runAtExit()
+	if server != nil {
+		if err := server.Stop(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		}
+	}
+	removeTempRoot()
+}
+
+// useOwnTempRoot points TMPDIR at a fresh directory for this test binary:
+// os.TempDir, t.TempDir and every process the tests start use it.
+func useOwnTempRoot() error {
+	outerTmp = os.TempDir()
+	dir, err := tempdir.New(rootPrefix)
+	if err != nil {
+		return fmt.Errorf("making the tests' temporary root: %w", err)
+	}
+	// When the tests run as root, PostgreSQL runs as nobody and must reach
+	// its data directory below this one.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		_ = os.RemoveAll(dir)
+		return fmt.Errorf("opening the tests' temporary root %s to other users: %w", dir, err)
+	}
+	root = dir
+	return os.Setenv("TMPDIR", root)
+}
+
+func removeTempRoot() {
+	if root == "" {
+		return
+	}
+	_ = os.Setenv("TMPDIR", outerTmp)
+	if err := os.RemoveAll(root); err != nil {
+		fmt.Fprintf(os.Stderr, "pgtest: removing the tests' temporary root: %v\n", err)
+	}
+	root = ""
+}
+
+// OuterTempDir is the temporary directory the test binary was started
+// with, outside its own root: where other programs leave their files.
+func OuterTempDir() string { return outerTmp }
 
 // sharedServerEnv passes a fuzzing test binary's server to its fuzz
 // workers (child processes of the same binary, each of which runs TestMain),
@@ -112,8 +171,8 @@ func start() error {
 	return nil
 }
 
-// stopOnSignal removes the server when the test binary is interrupted, since
-// deferred cleanups do not run on a signal.
+// stopOnSignal removes the server and the temporary root when the test
+// binary is interrupted, since deferred cleanups do not run on a signal.
 func stopOnSignal() (stop func()) {
 	ch := make(chan os.Signal, 1)
 	done := make(chan struct{})
@@ -121,10 +180,7 @@ func stopOnSignal() (stop func()) {
 	go func() {
 		select {
 		case <-ch:
-			runAtExit()
-			if server != nil {
-				_ = server.Stop()
-			}
+			shutdown()
 			os.Exit(130)
 		case <-done:
 		}

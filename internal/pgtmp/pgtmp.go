@@ -103,6 +103,21 @@ func FindBinaries() (string, error) {
 	return "", fmt.Errorf("PostgreSQL binaries initdb and postgres not found on PATH or in /usr/lib/postgresql/*/bin: %s", InstallHint)
 }
 
+// RemoveStale removes the directories of servers started by processes that
+// are gone (killed before they could stop their server), and returns them.
+// A directory whose server still runs (it is shutting down after its
+// owner's death) is left for the next call.
+func RemoveStale() []string {
+	return tempdir.RemoveStale(dirPrefix, func(dir string) bool {
+		b, err := os.ReadFile(filepath.Join(dir, "data", "postmaster.pid"))
+		if err != nil {
+			return false
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
+		return err == nil && tempdir.Owner{Pid: pid}.Alive()
+	})
+}
+
 func versionOf(binDir string) float64 {
 	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(binDir)), 64)
 	return v
@@ -119,7 +134,8 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := tempdir.New(dirPrefix)
+	RemoveStale()
+	dir, err := tempdir.NewOwnedBy("", dirPrefix, tempdir.Self())
 	if err != nil {
 		return nil, err
 	}
