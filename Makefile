@@ -9,7 +9,7 @@ BUILD      = $(GO) build -o $(BIN)/ ./cmd/...
 # The staticcheck scripts/deps.sh installs (pinned), not whichever is on PATH.
 STATICCHECK ?= $(shell gobin=$$($(GO) env GOBIN); echo $${gobin:-$$($(GO) env GOPATH)/bin})/staticcheck
 
-.PHONY: all build test fuzz lint demo bench model model-bounds deploy-test clean
+.PHONY: all build test upgrade-test fuzz lint demo bench model model-bounds deploy-test clean
 
 all: build
 
@@ -31,6 +31,12 @@ test:
 	$(GO) vet ./...
 	$(GO) build -race $$($(GO) list -f '{{if and .GoFiles (ne .Name "main")}}{{.ImportPath}}{{end}}' ./...)
 	$(GO) test -race -p $(TEST_P) -timeout 20m ./integration ./...
+
+## upgrade-test: the upgrade to the task layout at a million tasks (make test runs it at 200,000)
+UPGRADE_ROWS ?= 1000000
+upgrade-test:
+	@$(DEPS) test
+	SHARDRUN_UPGRADE_ROWS=$(UPGRADE_ROWS) $(GO) test -count=1 -timeout 20m -run '^TestUpgradeToTheTaskLayout$$' -v ./store/
 
 ## fuzz: every decoder of outside input, briefly (FUZZTIME each; go test -fuzz takes one
 ## package and one target per run). The committed seeds in testdata/fuzz/ also run in `make test`.

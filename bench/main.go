@@ -91,7 +91,7 @@ func main() {
 	n := flag.Int("n", 200_000, "tasks per throughput trial")
 	runnerBin := flag.String("runner", "../bin/runner", "the runner binary")
 	coordinatorBin := flag.String("coordinator", "../bin/coordinator", "the coordinator binary (the unclaimable section runs one)")
-	maxWorkers := flag.String("max-workers", "1=1024,3=512", "shardrun runners' --max-workers per process count in the throughput runs")
+	maxWorkers := flag.String("max-workers", "1=1024,3=1024", "shardrun runners' --max-workers per process count in the throughput runs")
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")

@@ -108,9 +108,9 @@ const (
 	// and a claimed row, and the outcome channel holds one slot per worker.
 	MaxMaxWorkers = 100_000
 	// flushSize bounds the outcomes written by one statement.
-	flushSize = 256
+	flushSize = 1024
 	// claimBatch bounds the tasks one claim statement takes.
-	claimBatch = 512
+	claimBatch = 1024
 )
 
 // dbRetry is how claims and outcome writes retry while the database is
