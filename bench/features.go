@@ -8,6 +8,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	srclient "github.com/shardrun/shardrun/client"
@@ -95,17 +97,21 @@ type sequenceRun struct {
 type priorityRun struct {
 	What      string  `json:"what"`
 	Backlog   int     `json:"backlog_tasks"`
-	Rate      int     `json:"tasks_per_s_per_priority"`
+	Rate      int     `json:"tasks_per_s_per_trickle"`
 	TrickleS  float64 `json:"trickle_s"`
 	DrainS    float64 `json:"backlog_drain_s"`
 	DrainPerS float64 `json:"backlog_drain_tasks_per_s"`
-	// By priority: 1 (urgent) and 3 (the default).
-	Urgent  priorityLatency `json:"urgent_priority_1"`
-	Default priorityLatency `json:"default_priority_3"`
+	// Urgent and Default are enqueued by client.Enqueue, UrgentTx by
+	// client.EnqueueTx in a transaction of the bench's (the insert
+	// trigger's notification, which marks the shards of urgent tasks,
+	// rather than the store's notification after a quiet insert).
+	Urgent   priorityLatency `json:"urgent_priority_1"`
+	UrgentTx priorityLatency `json:"urgent_priority_1_enqueue_tx"`
+	Default  priorityLatency `json:"default_priority_3"`
 }
 
-// priorityLatency is claimed_at - created_at of the trickled tasks of one
-// priority created while the backlog still had tasks to claim.
+// priorityLatency is claimed_at - created_at of one trickle's tasks
+// created while the backlog still had tasks to claim.
 type priorityLatency struct {
 	Enqueued    int     `json:"enqueued"`
 	DuringDrain int     `json:"created_during_drain"`
@@ -137,15 +143,16 @@ func (e *env) featuresSection(ctx context.Context, rep *Report, trials, n int) e
 	return errors.Join(errs...)
 }
 
-// queueFigure runs trials pairs of noop burn-downs, alternating: every
-// task in the default queue and the runners without --queues, then every
-// task in featuresQueue and the runners with --queues featuresQueue (one
-// lane per shard and kind in both).
+// queueFigure runs trials pairs of noop burn-downs: every task in the
+// default queue and the runners without --queues, and every task in
+// featuresQueue and the runners with --queues featuresQueue (one lane per
+// shard and kind in both). The pairs alternate which runs first, so that
+// a trial's place in its pair does not side with either.
 func (e *env) queueFigure(ctx context.Context, f *featuresResult, trials, n int, throughput []burnDown) (*queueCost, error) {
 	q := &queueCost{Tasks: n,
 		What: fmt.Sprintf("noop burn-down of %d tasks at %d processes (--max-workers %d), each trial in a fresh database, the tasks inserted before the runners start: "+
 			"every task in the default queue and runners without --queues (the build before queues behaved so) against every task in queue %q and runners with --queues %s; "+
-			"the two alternate, %d pairs; the ratio is named ÷ default per pair", n, f.Processes, f.MaxWorkers, featuresQueue, featuresQueue, trials)}
+			"%d pairs, the default queue first in the 1st, 3rd... and second in the others; the ratio is named ÷ default per pair; trials lists each pair default first", n, f.Processes, f.MaxWorkers, featuresQueue, featuresQueue, trials)}
 	var ref []float64
 	for _, t := range throughput {
 		if t.System == "shardrun" && t.Processes == f.Processes {
@@ -154,22 +161,30 @@ func (e *env) queueFigure(ctx context.Context, f *featuresResult, trials, n int,
 	}
 	q.ThroughputSection = median(ref)
 	for trial := range trials {
-		o := trialOpts{label: "fq", trial: trial, processes: f.Processes, n: n, maxWorkers: f.MaxWorkers}
-		def, err := e.shardrunBurnDown(ctx, o)
-		if err != nil {
-			return q, fmt.Errorf("default queue: %w", err)
+		base := trialOpts{label: "fq", trial: trial, processes: f.Processes, n: n, maxWorkers: f.MaxWorkers}
+		named := base
+		named.label, named.queues = "fqn", featuresQueue
+		named.task = func(int) tasks.NewTask { return tasks.NewTask{Kind: "noop", Queue: featuresQueue} }
+		var def, nq burnDown
+		arms := []struct {
+			name string
+			o    trialOpts
+			into *burnDown
+		}{{"default queue", base, &def}, {"queue " + featuresQueue, named, &nq}}
+		if trial%2 == 1 {
+			arms[0], arms[1] = arms[1], arms[0]
 		}
-		o.label, o.queues = "fqn", featuresQueue
-		o.task = func(int) tasks.NewTask { return tasks.NewTask{Kind: "noop", Queue: featuresQueue} }
-		named, err := e.shardrunBurnDown(ctx, o)
-		if err != nil {
-			return q, fmt.Errorf("queue %s: %w", featuresQueue, err)
+		for _, a := range arms {
+			var err error
+			if *a.into, err = e.shardrunBurnDown(ctx, a.o); err != nil {
+				return q, fmt.Errorf("%s: %w", a.name, err)
+			}
 		}
-		q.Default, q.Named = append(q.Default, def.TasksPerS), append(q.Named, named.TasksPerS)
-		q.Ratios = append(q.Ratios, named.TasksPerS/def.TasksPerS)
-		q.Trials = append(q.Trials, def, named)
-		fmt.Fprintf(e.log, "  one queue, trial %d: default queue %.0f tasks/s, queue %s %.0f tasks/s, ratio %.3f\n",
-			trial+1, def.TasksPerS, featuresQueue, named.TasksPerS, named.TasksPerS/def.TasksPerS)
+		q.Default, q.Named = append(q.Default, def.TasksPerS), append(q.Named, nq.TasksPerS)
+		q.Ratios = append(q.Ratios, nq.TasksPerS/def.TasksPerS)
+		q.Trials = append(q.Trials, def, nq)
+		fmt.Fprintf(e.log, "  one queue, pair %d: default queue %.0f tasks/s, queue %s %.0f tasks/s, ratio %.3f\n",
+			trial+1, def.TasksPerS, featuresQueue, nq.TasksPerS, nq.TasksPerS/def.TasksPerS)
 	}
 	q.MedianRatio, q.MedianDefault = median(q.Ratios), median(q.Default)
 	return q, nil
@@ -177,12 +192,12 @@ func (e *env) queueFigure(ctx context.Context, f *featuresResult, trials, n int,
 
 // sequenceFigure burns down featuresFlags.sequences sequences of
 // featuresFlags.sequenceLen noop tasks each, every sequence's tasks
-// consecutive in one batch, and checks from the database that each
+// enqueued one after another, and checks from the database that each
 // sequence's tasks ran one at a time in id (enqueue) order.
 func (e *env) sequenceFigure(ctx context.Context, f *featuresResult) (*sequenceRun, error) {
 	seqs, per := featuresFlags.sequences, featuresFlags.sequenceLen
 	s := &sequenceRun{Sequences: seqs, PerSequence: per,
-		What: fmt.Sprintf("noop burn-down of %d sequences of %d tasks (sequence_key seq-N; each sequence's tasks consecutive in one batch of %d, so in id order) at %d processes (--max-workers %d), "+
+		What: fmt.Sprintf("noop burn-down of %d sequences of %d tasks (sequence_key seq-N, each sequence's tasks one after another in enqueue order, so in id order; batches of %d, each its own transaction) at %d processes (--max-workers %d), "+
 			"inserted before the runners start, timed from the first claim to the last completion; then, from the tasks table, each task of a sequence must be claimed no earlier than the task before it (by id) finished",
 			seqs, per, insertBatch, f.Processes, f.MaxWorkers)}
 	o := trialOpts{label: "fseq", processes: f.Processes, n: seqs * per, maxWorkers: f.MaxWorkers,
@@ -253,17 +268,20 @@ func (s *sequenceRun) check(ctx context.Context, pool *pgxpool.Pool) error {
 
 // priorityFigure starts the runners, waits until they own balanced
 // shards, enqueues a backlog of default-priority noop tasks in one
-// transaction and then, for featuresFlags.seconds, tasks one per statement
-// (client.Enqueue) at featuresFlags.rate per second of each of priority 1
-// and the default priority 3. The latencies count the trickled tasks
-// created before the backlog's last task was claimed.
+// transaction and then, for featuresFlags.seconds, three trickles of noop
+// tasks one per statement at featuresFlags.rate per second each: priority
+// 1 by client.Enqueue, priority 1 by client.EnqueueTx, the default
+// priority 3 by client.Enqueue. Each trickle's tasks carry its name in
+// their payload. The latencies count the trickled tasks created before
+// the backlog's last task was claimed.
 func (e *env) priorityFigure(ctx context.Context, f *featuresResult) (p *priorityRun, err error) {
 	backlog, rate, window := featuresFlags.backlog, featuresFlags.rate, time.Duration(featuresFlags.seconds)*time.Second
 	p = &priorityRun{Backlog: backlog, Rate: rate,
 		What: fmt.Sprintf("%d processes (--max-workers %d) own balanced shards; %d noop tasks of the default priority (3) are enqueued in one transaction; from its commit, for %s, "+
-			"noop tasks are enqueued one per statement (client.Enqueue, open loop) at %d/s of priority 1 and %d/s of priority 3; latency is claimed_at - created_at (database clock) "+
-			"of those created before the backlog's last task was claimed; the backlog's drain from its first claim to its last completion",
-			f.Processes, f.MaxWorkers, backlog, window, rate, rate)}
+			"noop tasks are enqueued one per statement (open loop) at %d/s in each of three trickles: priority 1 by client.Enqueue (a quiet insert, notified by the store after its commit), "+
+			"priority 1 by client.EnqueueTx in the bench's own transaction (notified by the insert trigger at the commit), priority 3 by client.Enqueue; "+
+			"latency is claimed_at - created_at (database clock) of the tasks created before the backlog's last task was claimed; the backlog's drain from its first claim to its last completion",
+			f.Processes, f.MaxWorkers, backlog, window, rate)}
 	dsn, err := e.database(ctx, "sr_fprio")
 	if err != nil {
 		return p, err
@@ -303,31 +321,42 @@ func (e *env) priorityFigure(ctx context.Context, f *featuresResult) (p *priorit
 	if _, err := enqueueNoopsAtOnce(ctx, st, cfg, backlog); err != nil {
 		return p, err
 	}
-	var lastBacklog int64
-	if err := st.Pool().QueryRow(ctx, benchTag+`SELECT max(id) FROM tasks`).Scan(&lastBacklog); err != nil {
-		return p, fmt.Errorf("reading the backlog's last id: %w", err)
+	trickles := []struct {
+		name     string
+		priority int
+		tx       bool
+		into     *priorityLatency
+	}{
+		{"urgent", tasks.MostUrgent, false, &p.Urgent},
+		{"urgent-tx", tasks.MostUrgent, true, &p.UrgentTx},
+		{"default", tasks.DefaultPriority, false, &p.Default},
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	errs := make([]error, 2)
-	for i, prio := range []int{tasks.MostUrgent, tasks.DefaultPriority} {
-		wg.Go(func() {
-			one := func(ctx context.Context) error {
-				_, err := client.Enqueue(ctx, tasks.NewTask{Kind: "noop", Priority: prio})
-				return err
+	errs := make([]error, len(trickles))
+	for i, t := range trickles {
+		task := tasks.NewTask{Kind: "noop", Priority: t.priority, Payload: json.RawMessage(fmt.Sprintf(`{"trickle": %q}`, t.name))}
+		one := func(ctx context.Context) error {
+			_, err := client.Enqueue(ctx, task)
+			return err
+		}
+		if t.tx {
+			one = func(ctx context.Context) error {
+				return pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+					_, err := client.EnqueueTx(ctx, tx, task)
+					return err
+				})
 			}
-			errs[i] = produce(ctx, stop, "single", rate, one, nil)
-		})
+		}
+		wg.Go(func() { errs[i] = produce(ctx, stop, "single", rate, one, nil) })
 	}
 	began := time.Now()
-	time.Sleep(window) // the trickle's fixed length, not a wait for a condition
+	time.Sleep(window) // the trickles' fixed length, not a wait for a condition
 	close(stop)
 	wg.Wait()
 	p.TrickleS = time.Since(began).Seconds()
-	for _, err := range errs {
-		if err != nil {
-			return p, fmt.Errorf("enqueueing one by one: %w", err)
-		}
+	if err := errors.Join(errs...); err != nil {
+		return p, fmt.Errorf("enqueueing one by one: %w", err)
 	}
 	var total int
 	if err := st.Pool().QueryRow(ctx, benchTag+`SELECT count(*) FROM tasks WHERE kind = 'noop'`).Scan(&total); err != nil {
@@ -336,31 +365,33 @@ func (e *env) priorityFigure(ctx context.Context, f *featuresResult) (p *priorit
 	if err := waitBurnedDown(ctx, st.Pool(), rps, "noop", total); err != nil {
 		return p, err
 	}
-	err = st.Pool().QueryRow(ctx, benchTag+`SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM tasks WHERE id <= $1`, lastBacklog).Scan(&p.DrainS)
+	const backlogTasks = `kind = 'noop' AND payload->>'trickle' IS NULL`
+	err = st.Pool().QueryRow(ctx, benchTag+`SELECT extract(epoch FROM max(finished_at) - min(claimed_at)) FROM tasks WHERE `+backlogTasks).Scan(&p.DrainS)
 	if err != nil {
 		return p, fmt.Errorf("reading the backlog's drain: %w", err)
 	}
 	p.DrainPerS = float64(backlog) / p.DrainS
-	for _, l := range []struct {
-		prio int
-		into *priorityLatency
-	}{{tasks.MostUrgent, &p.Urgent}, {tasks.DefaultPriority, &p.Default}} {
+	for _, t := range trickles {
 		var pct []float64
 		err := st.Pool().QueryRow(ctx, benchTag+`
 			SELECT count(*)::int, count(*) FILTER (WHERE created_at < b.last_claim)::int,
 				coalesce(percentile_cont(ARRAY[0.5, 0.95, 0.99, 1]) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - created_at) * 1000)
 					FILTER (WHERE created_at < b.last_claim), '{0,0,0,0}')
-			FROM tasks, (SELECT max(claimed_at) AS last_claim FROM tasks WHERE id <= $1) b
-			WHERE id > $1 AND priority = $2`, lastBacklog, l.prio).Scan(&l.into.Enqueued, &l.into.DuringDrain, &pct)
+			FROM tasks, (SELECT max(claimed_at) AS last_claim FROM tasks WHERE `+backlogTasks+`) b
+			WHERE payload->>'trickle' = $1`, t.name).Scan(&t.into.Enqueued, &t.into.DuringDrain, &pct)
 		if err != nil {
-			return p, fmt.Errorf("reading the latencies of priority %d: %w", l.prio, err)
+			return p, fmt.Errorf("reading the latencies of trickle %s: %w", t.name, err)
 		}
-		l.into.P50MS, l.into.P95MS, l.into.P99MS, l.into.MaxMS = pct[0], pct[1], pct[2], pct[3]
+		t.into.P50MS, t.into.P95MS, t.into.P99MS, t.into.MaxMS = pct[0], pct[1], pct[2], pct[3]
 	}
-	fmt.Fprintf(e.log, "  priorities under a backlog of %d: priority 1 p50/p95/p99 %.1f/%.1f/%.1f ms (%d of %d during the drain), priority 3 %.1f/%.1f/%.1f ms (%d of %d); backlog drained at %.0f tasks/s in %.1f s\n",
-		backlog, p.Urgent.P50MS, p.Urgent.P95MS, p.Urgent.P99MS, p.Urgent.DuringDrain, p.Urgent.Enqueued,
-		p.Default.P50MS, p.Default.P95MS, p.Default.P99MS, p.Default.DuringDrain, p.Default.Enqueued, p.DrainPerS, p.DrainS)
+	fmt.Fprintf(e.log, "  priorities, backlog of %d drained at %.0f tasks/s in %.1f s: p50/p95/p99 priority 1 %s; priority 1 in the producer's transaction %s; priority 3 %s\n",
+		backlog, p.DrainPerS, p.DrainS, p.Urgent, p.UrgentTx, p.Default)
 	return p, nil
+}
+
+// String is the latencies and how many tasks they count.
+func (l priorityLatency) String() string {
+	return fmt.Sprintf("%.1f/%.1f/%.1f ms (%d of %d enqueued during the drain)", l.P50MS, l.P95MS, l.P99MS, l.DuringDrain, l.Enqueued)
 }
 
 // printFeatures adds the features section's rows.
@@ -382,8 +413,7 @@ func printFeatures(w io.Writer, f *featuresResult) {
 		fmt.Fprintf(w, "; in order: **%v** (%d sequences, %d overlaps); step gap p50 %.1f ms, p99 %.1f ms |\n", s.InOrder, s.Checked, s.Overlaps, s.StepP50MS, s.StepP99MS)
 	}
 	if p := f.Priorities; p != nil && p.DrainS > 0 {
-		fmt.Fprintf(w, "| priorities under load: %d/s each of priority 1 and 3, one per statement, while %s default-priority tasks drain, %d processes | enqueue→start p50/p95/p99 priority 1 **%.1f/%.1f/%.1f ms** (%d tasks), priority 3 %.1f/%.1f/%.1f ms (%d); backlog drained at %s tasks/s |\n",
-			p.Rate, fmtThousands(p.Backlog), f.Processes, p.Urgent.P50MS, p.Urgent.P95MS, p.Urgent.P99MS, p.Urgent.DuringDrain,
-			p.Default.P50MS, p.Default.P95MS, p.Default.P99MS, p.Default.DuringDrain, fmtThousands(int(p.DrainPerS+0.5)))
+		fmt.Fprintf(w, "| priorities under load: enqueue→start p50/p95/p99 of tasks enqueued one by one at %d/s per trickle while %s default-priority tasks drain, %d processes | priority 1 (client.Enqueue) **%s**; priority 1 (client.EnqueueTx) %s; priority 3 %s; backlog drained at %s tasks/s |\n",
+			p.Rate, fmtThousands(p.Backlog), f.Processes, p.Urgent, p.UrgentTx, p.Default, fmtThousands(int(p.DrainPerS+0.5)))
 	}
 }
