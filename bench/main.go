@@ -71,7 +71,7 @@ type Report struct {
 	Scale       *scaleResult      `json:"scale,omitempty"`
 	Curve       *curveResult      `json:"scale_curve,omitempty"`
 	Features    *featuresResult   `json:"features,omitempty"`
-	// Targets are issue 23's and 26's targets, judged from this run.
+	// Targets are the targets of issues 23 and 26, judged from this run.
 	Targets []target `json:"targets"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`

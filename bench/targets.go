@@ -66,8 +66,7 @@ func featuresTargets(f *featuresResult) []target {
 	}
 	if s := f.Sequences; s != nil && s.Checked > 0 {
 		order.Measure = fmt.Sprintf("%s sequences of %d noop tasks: each task claimed after the one before it (by id) finished", fmtThousands(s.Sequences), s.PerSequence)
-		order.Measured = fmt.Sprintf("%d of %d sequences found, %d of another length, %d tasks started before their predecessor finished, %d without claim or finish",
-			s.Checked, s.Sequences, s.Short, s.Overlaps, s.Unstarted)
+		order.Measured = s.orderFound()
 		order.Status = verdict(s.InOrder)
 	}
 	return []target{queue, order}
