@@ -46,7 +46,9 @@ type runnerOpts struct {
 	// dbMaxConns is --db-max-conns when maxWorkers is set; 0 means 8. Many
 	// runners on one server need fewer each (max_connections is 300).
 	dbMaxConns int
-	proxy      bool
+	// queues is --queues (name=limit,...); empty: the runner's default.
+	queues string
+	proxy  bool
 }
 
 func (e *env) newCluster(name, dsn string, shards int) *cluster {
@@ -87,6 +89,9 @@ func (c *cluster) spawn(id string, o runnerOpts) (*runnerProc, error) {
 		"--lease-ttl", o.leaseTTL.String(), "--recovery-window", "1s", "--handoff-timeout", "2s"}
 	if o.maxWorkers > 0 {
 		args = append(args, "--max-workers", strconv.Itoa(o.maxWorkers), "--db-max-conns", strconv.Itoa(cmp.Or(o.dbMaxConns, 8)))
+	}
+	if o.queues != "" {
+		args = append(args, "--queues", o.queues)
 	}
 	r.cmd = exec.Command(c.env.runnerBin, args...)
 	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs

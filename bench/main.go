@@ -70,7 +70,8 @@ type Report struct {
 	Notify      *notifyResult     `json:"notify_trigger_cost,omitempty"`
 	Scale       *scaleResult      `json:"scale,omitempty"`
 	Curve       *curveResult      `json:"scale_curve,omitempty"`
-	// Targets are issue 23's targets, judged from this run.
+	Features    *featuresResult   `json:"features,omitempty"`
+	// Targets are the targets of issues 23 and 26, judged from this run.
 	Targets []target `json:"targets"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
@@ -96,7 +97,7 @@ func main() {
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
 	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
 	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
 	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
@@ -116,6 +117,12 @@ func main() {
 	flag.IntVar(&scaleFlags.shards, "scale-shards", scaleFlags.shards, "shards of the scale section's cluster")
 	flag.IntVar(&scaleFlags.tasks, "scale-tasks", scaleFlags.tasks, "noop tasks of the scale section's burn-down")
 	flag.IntVar(&scaleFlags.maxWorkers, "scale-max-workers", scaleFlags.maxWorkers, "--max-workers of each runner in the scale section")
+	flag.IntVar(&featuresFlags.procs, "features-procs", featuresFlags.procs, "runner processes of the features section (--max-workers as in the throughput runs at that count)")
+	flag.IntVar(&featuresFlags.sequences, "sequences", featuresFlags.sequences, "sequences of the features section's sequence burn-down")
+	flag.IntVar(&featuresFlags.sequenceLen, "sequence-length", featuresFlags.sequenceLen, "tasks per sequence in the features section")
+	flag.IntVar(&featuresFlags.backlog, "priority-backlog", featuresFlags.backlog, "default-priority tasks draining while the features section enqueues urgent ones")
+	flag.IntVar(&featuresFlags.rate, "priority-rate", featuresFlags.rate, "tasks/s of each priority (1 and 3) enqueued one by one during the drain")
+	flag.IntVar(&featuresFlags.seconds, "priority-seconds", featuresFlags.seconds, "seconds of the one-by-one enqueue during the drain")
 	flag.Parse()
 	if *redraw != "" {
 		if err := redrawChart(*redraw, *out); err != nil {
@@ -210,6 +217,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		fn   func() error
 	}{
 		{"throughput", func() error { return e.throughputSection(ctx, rep, trials, n) }},
+		{"features", func() error { return e.featuresSection(ctx, rep, trials, n) }},
 		{"curve", func() error { return e.curveSection(ctx, rep, n, out) }},
 		{"failover", func() error { return e.failoverSection(ctx, rep, faultTrials) }},
 		{"handoff", func() error { return e.handoffSection(ctx, rep, faultTrials) }},
@@ -410,6 +418,9 @@ func printTable(w io.Writer, rep *Report) {
 		fmt.Fprintf(w, "| PostgreSQL per task, %d process(es): statements, pages, pages per claimed task, WAL bytes | shardrun %s; River %s (medians) |\n",
 			r.Processes, pgCell(rep.Throughput, "shardrun", r.Processes), pgCell(rep.Throughput, "river", r.Processes))
 	}
+	if f := rep.Features; f != nil {
+		printFeatures(w, f)
+	}
 	printSteady(w, rep.Steady)
 	for _, l := range rep.Failover {
 		fmt.Fprintf(w, "| kill -9, lease TTL %s: %s | p50 %.2fs, max %.2fs over %d trials |\n", l.LeaseTTL, l.What, l.P50, l.Max, len(l.Trials))
@@ -551,7 +562,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "curve", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale"} {
+	for _, name := range []string{"throughput", "features", "curve", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}

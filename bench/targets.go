@@ -1,6 +1,6 @@
 package main
 
-// The targets of issue 23, each judged from this run's measurements.
+// The targets of issues 23 and 26, each judged from this run's measurements.
 
 import (
 	"cmp"
@@ -46,7 +46,30 @@ func targets(rep *Report) []target {
 	out = append(out, costTargets(rep.Throughput)...)
 	out = append(out, steadyTargets(rep.Steady)...)
 	out = append(out, unclaimableTargets(rep.Unclaimable)...)
+	out = append(out, featuresTargets(rep.Features)...)
 	return out
+}
+
+// featuresTargets (issue 26): every task in one named queue burns down
+// within 5% of the same run in the default queue (at most 5% slower), and
+// every sequence ran in order.
+func featuresTargets(f *featuresResult) []target {
+	queue := target{Measure: "noop burn-down, one named queue (--queues) ÷ the default queue, no priorities", Target: "median ≥ 0.95 (at most 5% slower)", Status: notMeasured}
+	order := target{Measure: "sequences of noop tasks: each task claimed after the one before it (by id) finished", Target: "every sequence", Status: notMeasured}
+	if f == nil {
+		return []target{queue, order}
+	}
+	if q := f.Queue; q != nil && len(q.Ratios) > 0 {
+		queue.Measure = fmt.Sprintf("noop burn-down, %d processes, one named queue (--queues) ÷ the default queue, no priorities", f.Processes)
+		queue.Measured = fmt.Sprintf("median %.3f (pairs %s)", q.MedianRatio, fmtList(q.Ratios))
+		queue.Status = verdict(q.MedianRatio >= 0.95)
+	}
+	if s := f.Sequences; s != nil && s.Checked > 0 {
+		order.Measure = fmt.Sprintf("%s sequences of %d noop tasks: each task claimed after the one before it (by id) finished", fmtThousands(s.Sequences), s.PerSequence)
+		order.Measured = s.orderFound()
+		order.Status = verdict(s.InOrder)
+	}
+	return []target{queue, order}
 }
 
 // curveTargets: shardrun's scale curve never falls as processes are added,
@@ -191,7 +214,7 @@ func unclaimableTargets(u *unclaimable) []target {
 
 // printTargets writes the targets table.
 func printTargets(w io.Writer, ts []target) {
-	fmt.Fprintln(w, "\n| target (issue 23) | wanted | measured | result |\n| --- | --- | --- | --- |")
+	fmt.Fprintln(w, "\n| target (issues 23, 26) | wanted | measured | result |\n| --- | --- | --- | --- |")
 	for _, t := range ts {
 		fmt.Fprintf(w, "| %s | %s | %s | **%s** |\n", t.Measure, t.Target, cmp.Or(t.Measured, "-"), t.Status)
 	}

@@ -106,6 +106,15 @@ type trialOpts struct {
 	// unhandled is how many ready tasks of a kind no runner handles are
 	// enqueued first (deployedBurnDown).
 	unhandled int
+	// queues is the runners' --queues (shardrunBurnDown); empty: their
+	// default.
+	queues string
+	// task is the i-th noop task shardrunBurnDown enqueues; nil: a plain
+	// one (kind noop, nothing else set).
+	task func(i int) tasks.NewTask
+	// check, when set, reads the trial's database after the burn-down,
+	// before it is dropped (shardrunBurnDown).
+	check func(context.Context, *pgxpool.Pool) error
 }
 
 // shardrunBurnDown inserts o.n noop tasks with COPY, then starts
@@ -136,7 +145,7 @@ func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, er
 	if err != nil {
 		return r, err
 	}
-	if r.EnqueuePerS, err = enqueueNoops(ctx, client, o.n); err != nil {
+	if r.EnqueuePerS, err = enqueueNoops(ctx, client, o.n, o.task); err != nil {
 		return r, err
 	}
 	before, err := e.counters(ctx, st.Pool())
@@ -152,7 +161,7 @@ func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, er
 	c := e.newCluster(fmt.Sprintf("tp-%d-%d-%d", o.processes, o.trial, time.Now().UnixNano()), dsn, 256)
 	defer c.stop()
 	var peak sampler
-	rps, err := c.startAll(o.processes, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers, dbMaxConns: o.dbMaxConns})
+	rps, err := c.startAll(o.processes, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers, dbMaxConns: o.dbMaxConns, queues: o.queues})
 	if err != nil {
 		pgc.stop()
 		return r, err
@@ -189,7 +198,12 @@ func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, er
 	if r.PerRunner, err = runnerShares(ctx, st.Pool(), "noop"); err != nil {
 		return r, err
 	}
-	r.TopStatements, err = e.topStatements(ctx, db, 6)
+	if r.TopStatements, err = e.topStatements(ctx, db, 6); err != nil {
+		return r, err
+	}
+	if o.check != nil {
+		err = o.check(ctx, st.Pool())
+	}
 	return r, err
 }
 
@@ -213,15 +227,22 @@ func runnerShares(ctx context.Context, pool *pgxpool.Pool, kind string) ([]runne
 }
 
 // enqueueNoops inserts n noop tasks by COPY in batches of insertBatch, each
-// batch its own transaction, and returns the rows per second.
-func enqueueNoops(ctx context.Context, client *srclient.Client, n int) (float64, error) {
+// batch its own transaction, in order (task(0), task(1)...; plain noop
+// tasks when task is nil), and returns the rows per second.
+func enqueueNoops(ctx context.Context, client *srclient.Client, n int, task func(i int) tasks.NewTask) (float64, error) {
 	batch := make([]tasks.NewTask, insertBatch)
 	for i := range batch {
 		batch[i] = tasks.NewTask{Kind: "noop"}
 	}
 	start := time.Now()
 	for done := 0; done < n; done += insertBatch {
-		if _, err := client.EnqueueBatch(ctx, batch[:min(insertBatch, n-done)]); err != nil {
+		k := min(insertBatch, n-done)
+		if task != nil {
+			for i := range k {
+				batch[i] = task(done + i)
+			}
+		}
+		if _, err := client.EnqueueBatch(ctx, batch[:k]); err != nil {
 			return 0, fmt.Errorf("enqueueing noop tasks: %w", err)
 		}
 	}
