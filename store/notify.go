@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardrun/shardrun/tasks"
 )
 
 // Enqueue notifications.
@@ -62,8 +65,10 @@ type notifier struct {
 	stop       context.Context
 	cancelStop context.CancelFunc
 
-	mu      sync.Mutex
-	pending map[int]struct{}
+	mu sync.Mutex
+	// pending maps the shards to notify to whether one of them got a task
+	// more urgent than the default priority.
+	pending map[int]bool
 	sending bool
 	closed  bool
 	wg      sync.WaitGroup
@@ -72,19 +77,21 @@ type notifier struct {
 func newNotifier(exec func(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error), log hclog.Logger) *notifier {
 	stop, cancel := context.WithCancel(context.Background())
 	return &notifier{exec: exec, log: log, gap: notifyGap, closeTimeout: notifyTimeout,
-		stop: stop, cancelStop: cancel, pending: map[int]struct{}{}}
+		stop: stop, cancelStop: cancel, pending: map[int]bool{}}
 }
 
 // add schedules a notification for shards, which got ready tasks in a
-// transaction that has committed. It never blocks on the database.
-func (n *notifier) add(shards ...int) {
+// transaction that has committed (urgent: tasks more urgent than the
+// default priority, which the notification marks so that runners claim
+// there first). It never blocks on the database.
+func (n *notifier) add(urgent bool, shards ...int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
 		return
 	}
 	for _, s := range shards {
-		n.pending[s] = struct{}{}
+		n.pending[s] = n.pending[s] || urgent
 	}
 	if n.sending || len(n.pending) == 0 {
 		return
@@ -104,10 +111,7 @@ func (n *notifier) send() {
 			return
 		}
 		closed := n.closed
-		shards := make([]int, 0, len(n.pending))
-		for s := range n.pending {
-			shards = append(shards, s)
-		}
+		shards := maps.Clone(n.pending)
 		clear(n.pending)
 		n.mu.Unlock()
 		ctx, cancel := context.WithTimeout(n.stop, notifyTimeout)
@@ -147,13 +151,16 @@ func (n *notifier) close() {
 	n.cancelStop()
 }
 
-// notifyPayload is the comma-separated sorted shard list, or '*'.
-func notifyPayload(shards []int) string {
-	slices.Sort(shards)
+// notifyPayload is the comma-separated sorted shard list, urgent shards
+// marked with a leading '!' as the insert trigger marks them, or '*'.
+func notifyPayload(shards map[int]bool) string {
 	var b strings.Builder
-	for i, s := range shards {
+	for i, s := range slices.Sorted(maps.Keys(shards)) {
 		if i > 0 {
 			b.WriteByte(',')
+		}
+		if shards[s] {
+			b.WriteByte('!')
 		}
 		b.WriteString(strconv.Itoa(s))
 		if b.Len() > maxNotifyPayload {
@@ -167,13 +174,21 @@ func notifyPayload(shards []int) string {
 // are ready now; a task due later is found by polling.
 func (s *Store) notifyReady(ins []Insert, inserted func(i int) bool) {
 	now := time.Now()
-	var shards []int
+	var shards, urgent []int
 	for i, in := range ins {
-		if inserted(i) && (in.RunAfter == nil || !in.RunAfter.After(now)) {
+		if !inserted(i) || (in.RunAfter != nil && in.RunAfter.After(now)) {
+			continue
+		}
+		if priorityOf(in) < tasks.DefaultPriority {
+			urgent = append(urgent, in.Shard)
+		} else {
 			shards = append(shards, in.Shard)
 		}
 	}
 	if len(shards) > 0 {
-		s.notify.add(shards...)
+		s.notify.add(false, shards...)
+	}
+	if len(urgent) > 0 {
+		s.notify.add(true, urgent...)
 	}
 }

@@ -23,15 +23,16 @@ func TestNotifierCoalescesWhileSending(t *testing.T) {
 	}
 	n := newNotifier(exec, hclog.NewNullLogger())
 	n.gap = 0
-	n.add(4)
+	n.add(false, 4)
 	if got := <-sent; got != "4" {
 		t.Fatalf("first notification %q, want 4", got)
 	}
-	n.add(9, 2)
-	n.add(2)
+	n.add(false, 9, 2)
+	n.add(true, 2)
+	n.add(false, 2)
 	release <- struct{}{}
-	if got := <-sent; got != "2,9" {
-		t.Fatalf("second notification %q, want the shards added meanwhile, once each: 2,9", got)
+	if got := <-sent; got != "!2,9" {
+		t.Fatalf("second notification %q, want the shards added meanwhile, once each, 2 marked urgent: !2,9", got)
 	}
 	release <- struct{}{}
 	n.close()
@@ -49,11 +50,11 @@ func TestNotifierSendsPendingOnClose(t *testing.T) {
 		return pgconn.CommandTag{}, nil
 	}
 	n := newNotifier(exec, hclog.NewNullLogger())
-	n.add(4)
+	n.add(false, 4)
 	if got := <-sent; got != "4" {
 		t.Fatalf("first notification %q, want 4", got)
 	}
-	n.add(7) // pending while the first is on the wire
+	n.add(false, 7) // pending while the first is on the wire
 	closed := make(chan struct{})
 	go func() { n.close(); close(closed) }()
 	release <- struct{}{}
@@ -68,7 +69,7 @@ func TestNotifierSendsPendingOnClose(t *testing.T) {
 	release <- struct{}{}
 	<-closed
 	close(release)
-	n.add(1)
+	n.add(false, 1)
 	n.close() // waits for a sender the add might have started
 	select {
 	case got := <-sent:
@@ -88,7 +89,7 @@ func TestNotifierCloseIsBounded(t *testing.T) {
 	}
 	n := newNotifier(exec, hclog.NewNullLogger())
 	n.closeTimeout = 20 * time.Millisecond
-	n.add(3)
+	n.add(false, 3)
 	n.close()
 	select {
 	case err := <-cancelled:
@@ -101,17 +102,20 @@ func TestNotifierCloseIsBounded(t *testing.T) {
 }
 
 func TestNotifyPayloadFallsBackToAll(t *testing.T) {
-	var many []int
-	for s := range 3000 {
-		many = append(many, s)
+	many := func(n int) map[int]bool {
+		m := map[int]bool{}
+		for s := range n {
+			m[s] = false
+		}
+		return m
 	}
-	if got := notifyPayload(many); got != "*" {
+	if got := notifyPayload(many(3000)); got != "*" {
 		t.Fatalf("payload of 3000 shards: %d bytes, want *", len(got))
 	}
-	if got := notifyPayload([]int{10, 3}); got != "3,10" {
-		t.Fatalf("payload %q", got)
+	if got := notifyPayload(map[int]bool{10: false, 3: true}); got != "!3,10" {
+		t.Fatalf("payload %q, want !3,10", got)
 	}
-	if p := notifyPayload(many[:1000]); len(p) > maxNotifyPayload || len(strings.Split(p, ",")) != 1000 || !strings.HasSuffix(p, strconv.Itoa(999)) {
+	if p := notifyPayload(many(1000)); len(p) > maxNotifyPayload || len(strings.Split(p, ",")) != 1000 || !strings.HasSuffix(p, strconv.Itoa(999)) {
 		t.Fatalf("payload of 1000 shards: %d bytes", len(p))
 	}
 }

@@ -17,7 +17,9 @@ import (
 // them, the store's notifier does, once. A LISTENer sees each shard
 // exactly once — for a single insert, one with a unique key, a COPY batch
 // and a batch with unique keys — where the trigger's notification would
-// make it twice.
+// make it twice. A shard that got a task more urgent than the default
+// priority is marked '!', as the trigger marks it, so that its runner
+// claims there first.
 func TestStoreEnqueueSuppressesTheTriggersNotification(t *testing.T) {
 	t.Parallel()
 	s, dsn := pgtest.NewStore(t, store.Options{})
@@ -48,6 +50,11 @@ func TestStoreEnqueueSuppressesTheTriggersNotification(t *testing.T) {
 	if _, err := s.EnqueueBatch(ctx, []store.Insert{on(15, "u15"), on(16, "u16")}); err != nil {
 		t.Fatal(err)
 	}
+	urgent := on(17, "")
+	urgent.Priority = 1
+	if _, err := s.EnqueueBatch(ctx, []store.Insert{urgent, on(18, "")}); err != nil {
+		t.Fatal(err)
+	}
 	// Close sends what the notifier holds; a marker sent after it comes
 	// after every notification of the inserts (they arrive in commit order).
 	s.Close()
@@ -74,7 +81,14 @@ func TestStoreEnqueueSuppressesTheTriggersNotification(t *testing.T) {
 			seen[sh]++
 		}
 	}
-	for sh := 11; sh <= 16; sh++ {
+	if seen["!17"] != 1 || seen["17"] != 0 {
+		t.Errorf("shard 17, which got a task of priority 1, notified %d times marked urgent and %d unmarked, want once marked (notifications %q)",
+			seen["!17"], seen["17"], payloads)
+	}
+	for sh := 11; sh <= 18; sh++ {
+		if sh == 17 {
+			continue
+		}
 		if got := seen[strconv.Itoa(sh)]; got != 1 {
 			t.Errorf("shard %d notified %d times, want once (notifications %q)", sh, got, payloads)
 		}

@@ -14,6 +14,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/shardrun/shardrun/internal/claims"
+	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -301,5 +302,45 @@ func TestSequenceEnqueueRacingItsRelease(t *testing.T) {
 		var waiting int
 		_ = s.Pool().QueryRow(ctx, `SELECT count(*) FROM tasks WHERE sequence_key = 'race' AND state = 'ready'`).Scan(&waiting)
 		t.Fatalf("completed %d of %d; %d left waiting", completed, producers*each, waiting)
+	}
+}
+
+// A sequence's next task goes into its lane when the head finishes, not at
+// an insert, so no insert notifies it: the release itself notifies its
+// shard (marked urgent for an urgent task), or each step of a sequence
+// waits for the runners' next poll.
+func TestSequenceReleaseNotifiesTheNextTasksShard(t *testing.T) {
+	t.Parallel()
+	s, dsn := pgtest.NewStore(t, store.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	first := seqInsert("notified", 21, false)
+	second := seqInsert("notified", 21, false)
+	second.Priority = 1
+	if _, err := s.EnqueueBatch(ctx, []store.Insert{first, second}); err != nil {
+		t.Fatal(err)
+	}
+	raise(t, s, "a", 21, 1)
+	head := claim(t, s, "a", 21, 1, 10)
+	if len(head) != 1 {
+		t.Fatalf("claimed %d tasks of a sequence of two, want its head only", len(head))
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	if _, err := conn.Exec(ctx, "LISTEN "+store.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: head[0].Ref()}})); r.Outcome != claims.Applied {
+		t.Fatalf("completing the head: %v", r.Outcome)
+	}
+	n, err := conn.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("no notification after the head completed: %v", err)
+	}
+	if n.Payload != "!21" {
+		t.Fatalf("notification %q after the head completed, want the next task's shard marked urgent: !21", n.Payload)
 	}
 }

@@ -95,6 +95,24 @@ END
 $$;
 -- +goose StatementEnd
 
+-- A task a sequence released (its next head, or a retried head) is due
+-- now: notify its shard as an insert would, marked urgent by its priority,
+-- so that the sequence's next step waits for no poll. One notification per
+-- shard and transaction (PostgreSQL drops a repeated payload).
+-- +goose StatementBegin
+CREATE FUNCTION shardrun_notify_due(task bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    payload text;
+BEGIN
+    SELECT CASE WHEN priority < 3 THEN '!' ELSE '' END || shard::text INTO payload
+    FROM tasks WHERE id = task AND run_after <= now();
+    IF payload IS NOT NULL THEN
+        PERFORM pg_notify('shardrun_tasks', payload);
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
 -- A sequenced task changed state (at the commit of the transaction that
 -- changed it). Retried (back to ready): it joins its sequence, and heads it
 -- and goes into its lane when the sequence has no head. Finished while
@@ -123,6 +141,7 @@ BEGIN
                               WHERE (r.shard, r.queue, r.kind, r.priority, r.run_after, r.id)
                                   = (tasks.shard, tasks.queue, tasks.kind, tasks.priority, tasks.run_after, tasks.id))
               AND NOT EXISTS (SELECT 1 FROM task_claims c WHERE c.id = NEW.id);
+            PERFORM shardrun_notify_due(NEW.id);
         END IF;
         RETURN NULL;
     END IF;
@@ -147,6 +166,7 @@ BEGIN
         UPDATE task_sequences SET head_id = nxt, since = now(), blocked_at = NULL WHERE key = NEW.sequence_key;
         INSERT INTO task_ready (shard, queue, kind, priority, run_after, id, deadline)
         SELECT shard, queue, kind, priority, run_after, id, deadline FROM tasks WHERE id = nxt;
+        PERFORM shardrun_notify_due(nxt);
     END IF;
     RETURN NULL;
 END
@@ -161,6 +181,7 @@ CREATE CONSTRAINT TRIGGER tasks_sequence AFTER UPDATE OF state ON tasks
 -- +goose Down
 DROP TRIGGER tasks_sequence ON tasks;
 DROP FUNCTION shardrun_sequence_moved();
+DROP FUNCTION shardrun_notify_due(bigint);
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION shardrun_file_tasks() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
