@@ -113,4 +113,3 @@ func countQuery(f tasks.Filter) (sql string, args []any, scan int) {
 		SELECT (SELECT count(*) FROM (SELECT 1 FROM (` + byID("SELECT id FROM c", " DESC") + `) t WHERE ` + rest + ` LIMIT ` +
 		strconv.Itoa(MatchCountCap) + `) m), (SELECT count(*) FROM c)`, b.args, MatchCountScan
 }
-
