@@ -28,10 +28,10 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// bulkBudget bounds one bulk request: it answers done false and the cursor
-// to continue from when its batches took this long, within the server's
-// 30s write timeout.
-const bulkBudget = 15 * time.Second
+// defaultBulkBudget bounds one bulk request: it answers done false and
+// the cursor to continue from when its batches took this long, within the
+// server's 30s write timeout.
+const defaultBulkBudget = 15 * time.Second
 
 // taskRoutes registers the task endpoints.
 func (c *Coordinator) taskRoutes(mux *http.ServeMux) {
@@ -367,7 +367,7 @@ func (c *Coordinator) handleBulk(op string, run func(context.Context, tasks.Filt
 			c.taskError(w, r, "bulk "+op, 0, err)
 			return
 		}
-		res, err := run(r.Context(), f, after, bulkBudget)
+		res, err := run(r.Context(), f, after, time.Duration(c.bulkBudget.Load()))
 		if err != nil {
 			// What was done before the error stays done; the caller sends
 			// the request again.
