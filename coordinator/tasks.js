@@ -257,8 +257,9 @@
   $("refresh").addEventListener("click", () => { message(""); loadList(true).catch(failed); });
 
   // --- confirmations ---
-  function confirmAction({ title, count, what, filter, yes }) {
+  function confirmAction({ title, count, what, filter, yes, danger }) {
     const d = $("confirm");
+    $("confirm-yes").classList.toggle("danger", !!danger);
     text($("confirm-title"), title);
     text($("confirm-count"), count);
     text($("confirm-what"), what);
@@ -302,6 +303,7 @@
         : "Dead, failed and cancelled tasks go back to ready with a fresh budget of attempts; one whose unique key another unfinished task holds is skipped.") + countNote(c.body),
       filter: describe(f),
       yes: `${op === "cancel" ? "Cancel" : "Retry"} ${n} ${c.body.count === 1 && !c.body.at_least ? "task" : "tasks"}`,
+      danger: op === "cancel",
     });
     if (!ok) return;
     const total = { cancelled: 0, cancel_requested: 0, retried: 0, skipped: 0 };
@@ -409,6 +411,7 @@
       what,
       filter: [`kind: ${t.kind}`, `key: ${t.key}`, `state: ${t.state}`],
       yes: `${op === "cancel" ? "Cancel" : "Retry"} task #${t.id}`,
+      danger: op === "cancel",
     });
     if (!ok) return;
     const r = await api("POST", `/api/tasks/${t.id}/${op}`);

@@ -241,7 +241,7 @@ func TestTasksViewInABrowser(t *testing.T) {
 	defer cancelBrowser()
 	// The first action starts the browser, which lives as long as the
 	// context of that action: bctx, not one of the steps' deadlines.
-	if err := chromedp.Do(bctx, chromedp.Navigate("about:blank")); err != nil {
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1280, 960), chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("starting %s: %v", browser, err)
 	}
 	b := &browserView{t: t, ctx: bctx, dir: dir}
@@ -398,3 +398,35 @@ func (e *env) exec(sql string, args ...any) {
 	}
 }
 
+// The status page's files are served by the coordinator itself, without a
+// token (they hold no task data), under a Content-Security-Policy that
+// allows scripts from the coordinator's own files only; no file loads
+// anything from elsewhere, and no script writes markup.
+func TestStatusPageFiles(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c, err := New(Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store, APIToken: "tok"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := c.Handler()
+	for path, ctype := range map[string]string{"/": "text/html", "/status.js": "text/javascript", "/tasks.js": "text/javascript"} {
+		w := serveOnce(h, "GET", path, "")
+		body := w.Body.String()
+		if w.Code != 200 || !strings.HasPrefix(w.Header().Get("Content-Type"), ctype) || len(body) < 1000 {
+			t.Fatalf("GET %s: %d %s, %d bytes", path, w.Code, w.Header().Get("Content-Type"), len(body))
+		}
+		if csp := w.Header().Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self';") || !strings.Contains(csp, "connect-src 'self'") {
+			t.Errorf("GET %s: Content-Security-Policy %q", path, csp)
+		}
+		for _, bad := range []string{"http://", "https://", "innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("} {
+			if strings.Contains(body, bad) {
+				t.Errorf("%s holds %q", path, bad)
+			}
+		}
+	}
+	page := serveOnce(h, "GET", "/", "").Body.String()
+	if strings.Count(page, "<script") != 2 || !strings.Contains(page, `<script src="/status.js"></script>`) || !strings.Contains(page, `<script src="/tasks.js"></script>`) {
+		t.Errorf("the page's scripts are not exactly its two files")
+	}
+}
