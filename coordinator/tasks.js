@@ -163,6 +163,7 @@
   }
   $("filters").addEventListener("submit", (ev) => {
     ev.preventDefault();
+    listKey = ""; // Apply starts again from the first page
     const h = "#tasks?" + readForm().toString();
     if (location.hash === h) route(); else location.hash = h;
   });
@@ -183,7 +184,9 @@
     q.set("limit", p.get("limit") || "50");
     if (cursors[pageIndex]) q.set("after", String(cursors[pageIndex]));
     const list = api("GET", "/api/tasks?" + q.toString());
-    const count = resetCount ? api("GET", "/api/tasks/count?" + filterOf(p).toString()) : null;
+    // A failed count is reported where it is awaited, or dropped with an
+    // answer that is no longer wanted.
+    const count = resetCount ? api("GET", "/api/tasks/count?" + filterOf(p).toString()).catch((e) => e) : null;
     const r = await list;
     if (gen !== generation) return;
     if (r.status !== 200) {
@@ -199,6 +202,7 @@
     $("task-rows").dataset.loaded = String(gen);
     if (count) {
       const c = await count;
+      if (c instanceof Error) throw c;
       if (gen !== generation) return;
       const el = $("match-count");
       if (c.status === 200) {
@@ -321,6 +325,10 @@
       if (r.body.done) {
         message(`Done: ${bulkSummary(op, total)}.`);
         $("tasks-msg").dataset.requests = String(requests);
+        break;
+      }
+      if (!r.body.next) {
+        message(`Bulk ${op} stopped after ${bulkSummary(op, total)}: the coordinator said it was not done but gave no cursor to continue from.`, true);
         break;
       }
       after = r.body.next;

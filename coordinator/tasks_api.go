@@ -1,12 +1,13 @@
 package coordinator
 
 // The task operations of the API: enqueue answers (duplicates of a unique
-// key), listing, cancel and retry of one task or by filter, and who may
-// call what.
+// key), listing, the capped count of a filter, cancel and retry of one
+// task or by filter, and who may call what.
 //
 // Auth: with an API token configured, every call that changes something
 // (enqueue, cancel, retry) and every call that reads task data (the
-// listing and one task, with payloads, results and errors) needs it.
+// listing, the count and one task, with payloads, results and errors)
+// needs it.
 // /api/cluster, /healthz, /metrics and the status page stay open and carry
 // no task data beyond ids, kinds, states and counts.
 
