@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,7 +113,7 @@ func (b *browserView) filter(states []string, fields map[string]string) {
 	}
 	for name, v := range fields {
 		sel := chromedp.CSS(`#filters [name="` + name + `"]`)
-		if name == "limit" || name == "order" || name == "priority" {
+		if name == "limit" || name == "order" || name == "priority" || strings.HasPrefix(name, "created_") {
 			steps = append(steps, chromedp.SetValue(sel, v))
 		} else {
 			steps = append(steps, chromedp.SendKeys(sel, v))
@@ -332,8 +333,22 @@ func TestTasksViewInABrowser(t *testing.T) {
 
 	// A bulk retry of 2,500 tasks: three requests, each continuing from
 	// the last one's cursor.
-	b.filter([]string{"dead"}, map[string]string{"kind": "ghost"})
+	// A window of creation times, typed in local time (the browser's and
+	// this process's): the ghost tasks are an hour old.
+	half := time.Now().Add(-30 * time.Minute)
+	b.filter([]string{"dead"}, map[string]string{"kind": "ghost", "created_since": half.Format("2006-01-02T15:04:05")})
+	b.until("no ghost task created in the last half hour", fmt.Sprintf(`document.getElementById("match-count").dataset.count === "0" &&
+		location.hash.includes("created_since=%s")`, url.QueryEscape(half.UTC().Truncate(time.Second).Format("2006-01-02T15:04:05.000Z"))))
+	b.filter([]string{"dead"}, map[string]string{"kind": "ghost", "created_before": half.Format("2006-01-02T15:04:05")})
 	b.until("the ghost tasks counted", `document.getElementById("match-count").dataset.count === "2500"`)
+	// Keyset pages: Next follows the cursor, Previous comes back.
+	first := eval[string](b, "the first page", `document.querySelector("#task-rows tr.row").dataset.task + " " + document.querySelector("#task-rows tr.row:last-child").dataset.task`)
+	b.do("the next page", chromedp.Click(chromedp.ID("next")))
+	b.until("the second page", fmt.Sprintf(`document.getElementById("pageno").textContent === "page 2" &&
+		Number(document.querySelector("#task-rows tr.row").dataset.task) < %s`, strings.Fields(first)[1]))
+	b.do("the previous page", chromedp.Click(chromedp.ID("prev")))
+	b.until("the first page again", fmt.Sprintf(`document.getElementById("pageno").textContent === "page 1" &&
+		document.querySelector("#task-rows tr.row").dataset.task === "%s"`, strings.Fields(first)[0]))
 	b.do("retrying them by filter", chromedp.Click(chromedp.ID("bulk-retry")))
 	b.confirm("2,500 tasks", "tasks-view-confirm.png")
 	b.until("the bulk retry done", `document.getElementById("tasks-msg").textContent === "Done: retried 2,500 tasks."`)
