@@ -52,9 +52,19 @@ func (e *env) sweepSection(ctx context.Context, rep *Report, trials int) error {
 		if ok, err := st.RaiseLeaderFence(ctx, "bench", 1); err != nil || !ok {
 			return fmt.Errorf("fence: %v %v", ok, err)
 		}
-		sw, err := sweeper.New(st, sweeper.Config{StaleThreshold: 30 * time.Second, HeartbeatInterval: 5 * time.Second}, nil)
+		const threshold = 5 * time.Second
+		sw, err := sweeper.New(st, sweeper.Config{StaleThreshold: threshold, HeartbeatInterval: time.Second}, nil)
 		if err != nil {
 			return err
+		}
+		// The sweeper judges nothing until the database has been up for
+		// the stale threshold (no heartbeat could be written before): a
+		// bench whose first section this is starts right after the server.
+		if err := waitEvery(time.Minute, 100*time.Millisecond, func() bool {
+			up, err := st.Uptime(ctx)
+			return err == nil && up > threshold
+		}); err != nil {
+			return fmt.Errorf("waiting for the database's uptime to pass the stale threshold: %w", err)
 		}
 		// A term that began a stale threshold ago: Pass applies both rules,
 		// as the leader's passes do once its grace has passed.
