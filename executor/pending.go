@@ -105,39 +105,33 @@ func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Durat
 	return first, order
 }
 
-// lastVisited is the index in order of the last shard a claim over order
-// that got got with limit took from or, when it did not fill its limit
-// (every shard it visited is drained), len(order)-1: everything before it
-// has no more due tasks of what the claim took.
-func lastVisited(order []tasks.ShardEpoch, got []tasks.Task, limit int) int {
+// visited reads what a claim over order took (got, with limit): the index
+// in order of the last shard it took from — or, when it did not fill its
+// limit, len(order)-1 — and the shards it drained of what it claims: those
+// before that last one, and that one too when the claim took fewer than
+// limit (it visited every shard and found no more).
+func visited(order []tasks.ShardEpoch, got []tasks.Task, limit int) (last int, drained []tasks.ShardEpoch) {
 	if len(got) < limit {
-		return len(order) - 1
+		return len(order) - 1, order
 	}
 	from := make(map[int]bool, len(got))
 	for _, t := range got {
 		from[t.Shard] = true
 	}
-	last := -1
-	for i, t := range order {
-		if from[t.Shard] {
+	last = len(order) - 1
+	for i := len(order) - 1; i >= 0; i-- {
+		if from[order[i].Shard] {
 			last = i
+			break
 		}
 	}
-	if last < 0 {
-		return len(order) - 1
-	}
-	return last
+	return last, order[:last]
 }
 
 // urgentClaimed records what a claim of urgent tasks over first took: the
-// shards before the last it took from have no urgent tasks left, and that
-// one too when the claim took fewer than limit.
+// shards it drained have no urgent tasks left.
 func (p *pending) urgentClaimed(first []tasks.ShardEpoch, got []tasks.Task, limit int) {
-	last := lastVisited(first, got, limit)
-	drained := first[:last]
-	if len(got) < limit {
-		drained = first
-	}
+	_, drained := visited(first, got, limit)
 	for _, t := range drained {
 		delete(p.first, t.Shard)
 	}
@@ -145,18 +139,13 @@ func (p *pending) urgentClaimed(first []tasks.ShardEpoch, got []tasks.Task, limi
 
 // claimed records what a claim over order took: the claim visits the
 // shards in order and moves to the next one only when a shard has no more
-// due tasks, so every shard before the last it took from is drained, and
-// that one too when the claim took fewer than limit. The next claim
-// starts after the last shard visited.
+// due tasks, so the shards it drained (visited) are no longer pending.
+// The next claim starts after the last shard visited.
 func (p *pending) claimed(order []tasks.ShardEpoch, got []tasks.Task, limit int) {
 	if len(order) == 0 {
 		return
 	}
-	last := lastVisited(order, got, limit)
-	drained := order[:last]
-	if len(got) < limit {
-		drained = order
-	}
+	last, drained := visited(order, got, limit)
 	for _, t := range drained {
 		delete(p.shards, t.Shard)
 		delete(p.first, t.Shard)

@@ -130,21 +130,8 @@ func (f Filter) Check(shardCount int) error {
 			return err
 		}
 	}
-	if err := checkText("key", f.Key, MaxKeyLen); err != nil {
+	if err := checkPlacement(f.Key, f.SequenceKey, f.Queue, f.Priority); err != nil {
 		return err
-	}
-	if err := checkText("sequence_key", f.SequenceKey, MaxKeyLen); err != nil {
-		return err
-	}
-	if f.Queue != "" {
-		if err := CheckQueue(f.Queue); err != nil {
-			return err
-		}
-	}
-	if f.Priority != 0 {
-		if err := CheckPriority(f.Priority); err != nil {
-			return err
-		}
 	}
 	if f.Shard != nil && (*f.Shard < 0 || *f.Shard >= shardCount) {
 		return &FieldError{Field: "shard", Problem: fmt.Sprintf("must be 0 to %d (the cluster has %d shards), got %d", shardCount-1, shardCount, *f.Shard)}
