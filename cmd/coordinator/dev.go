@@ -321,7 +321,10 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 	// process dies without stopping it.
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	// The database URL goes by environment, not on the command line, where
-	// every local user could read its password.
+	// every local user could read its password. The rest of this process's
+	// environment passes on: OTEL_* among it, so the runners trace as this
+	// coordinator does (service.name shardrun-runner unless
+	// OTEL_SERVICE_NAME says otherwise).
 	r.cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "DATABASE_URL_FILE"), "DATABASE_URL="+o.databaseURL)
 	// The etcd client's TLS, as this coordinator's: by environment too (the
 	// key is a secret).
