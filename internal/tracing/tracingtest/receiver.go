@@ -7,6 +7,7 @@ package tracingtest
 
 import (
 	"compress/gzip"
+	"context"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -18,10 +19,13 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/shardrun/shardrun/internal/tracing"
 )
 
 // Span is one received span, flattened.
@@ -289,4 +293,26 @@ func Tree(spans []Span, traceID string) string {
 		}
 	}
 	return b.String()
+}
+
+// Provider is a tracer provider for service that exports to r, shut down
+// (its spans flushed) and its connections closed when the test ends.
+// Flush it before reading what it exported.
+func (r *Receiver) Provider(t testing.TB, service string) *tracing.Provider {
+	t.Helper()
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	p, err := tracing.New(context.Background(), service, otlptracehttp.WithEndpointURL(r.URL()),
+		otlptracehttp.WithHTTPClient(&http.Client{Transport: transport}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := p.Shutdown(ctx); err != nil {
+			t.Errorf("shutting down the tracer provider of %s: %v", service, err)
+		}
+		transport.CloseIdleConnections()
+	})
+	return p
 }
