@@ -34,6 +34,7 @@ type Span struct {
 	Name                 string
 	Kind                 string // "server", "producer", "consumer", "internal", …
 	TraceID, SpanID      string // hex
+	TraceState           string // W3C tracestate
 	ParentSpanID         string // hex; empty for a root
 	Start, End           time.Time
 	Attrs                map[string]any // string, int64, bool or float64
@@ -137,7 +138,7 @@ func flatten(export *collectortrace.ExportTraceServiceRequest) []Span {
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
 				sp := Span{Service: service, Name: s.GetName(), Kind: kind(s.GetKind()),
-					TraceID: hex.EncodeToString(s.GetTraceId()), SpanID: hex.EncodeToString(s.GetSpanId()),
+					TraceID: hex.EncodeToString(s.GetTraceId()), SpanID: hex.EncodeToString(s.GetSpanId()), TraceState: s.GetTraceState(),
 					ParentSpanID: hex.EncodeToString(s.GetParentSpanId()),
 					Start:        time.Unix(0, int64(s.GetStartTimeUnixNano())), End: time.Unix(0, int64(s.GetEndTimeUnixNano())),
 					Attrs: attrs(s.GetAttributes()), StatusError: s.GetStatus().GetCode() == tracepb.Status_STATUS_CODE_ERROR,
