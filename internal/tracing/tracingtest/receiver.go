@@ -59,7 +59,10 @@ type Receiver struct {
 	mu       sync.Mutex
 	spans    []Span
 	requests int
-	// Discard: count the requests, keep no span (the bench's sink).
+	bytes    int64
+	count    int64
+	// discard: count the requests, bytes and spans, keep nothing (the
+	// bench's sink).
 	discard bool
 }
 
@@ -70,8 +73,8 @@ func New(t testing.TB) *Receiver {
 	return r
 }
 
-// Start starts a receiver; discard keeps no span (only the counts). Close
-// it when done.
+// Start starts a receiver; discard keeps nothing, counting only the
+// requests, their bytes and their spans. Close it when done.
 func Start(discard bool) *Receiver {
 	r := &Receiver{discard: discard}
 	r.srv = httptest.NewServer(http.HandlerFunc(r.serve))
@@ -85,11 +88,12 @@ func (r *Receiver) Close() { r.srv.Close() }
 // otlptracehttp.WithEndpointURL.
 func (r *Receiver) URL() string { return r.srv.URL + "/v1/traces" }
 
-// Requests is the number of export requests received.
-func (r *Receiver) Requests() int {
+// Received is the number of export requests received, their bytes (as
+// sent: compressed when the exporter compresses) and their spans.
+func (r *Receiver) Received() (requests int, bytes, spans int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.requests
+	return r.requests, r.bytes, r.count
 }
 
 func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
@@ -118,11 +122,21 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	var got []Span
-	if !r.discard {
+	var count int64
+	if r.discard {
+		for _, rs := range export.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				count += int64(len(ss.GetSpans()))
+			}
+		}
+	} else {
 		got = flatten(&export)
+		count = int64(len(got))
 	}
 	r.mu.Lock()
 	r.requests++
+	r.bytes += int64(len(b))
+	r.count += count
 	r.spans = append(r.spans, got...)
 	r.mu.Unlock()
 	resp, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
