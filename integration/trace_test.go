@@ -60,7 +60,17 @@ func TestTraceAcrossTheBinaries(t *testing.T) {
 	stopRunner()
 	stopCoord()
 	spans := rcv.Spans()
-	t.Logf("exported at shutdown:\n%s", tracingtest.Tree(spans, traceID))
+	out := tracingtest.Tree(spans, traceID)
+	// The batches the task's claim and outcome spans link to, in traces of
+	// the runner's own.
+	for _, s := range spans {
+		if s.TraceID == traceID {
+			for _, l := range s.Links {
+				out += tracingtest.Tree(spans, l.TraceID)
+			}
+		}
+	}
+	t.Logf("exported at shutdown:\n%s", out)
 	want := []struct{ name, service, parentName string }{
 		{"POST /api/tasks", "shardrun-coordinator", ""},
 		{"shardrun.enqueue", "shardrun-coordinator", "POST /api/tasks"},

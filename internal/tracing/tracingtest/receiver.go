@@ -248,10 +248,11 @@ func ByID(spans []Span, id string) (Span, bool) {
 }
 
 // Tree prints the spans of one trace as a tree: each span with its
-// service, kind, duration, status, attributes and links, its children
-// indented under it in start order. A span whose parent was not received
-// (the producer's own span, in another process) is printed at the top,
-// with its parent's id.
+// service, kind, start (from the trace's first span) and duration, status,
+// attributes and links (named when the linked span is among spans), its
+// children indented under it in start order. A span whose parent was not
+// received (the producer's own span, in another process) is printed at
+// the top, with its parent's id.
 func Tree(spans []Span, traceID string) string {
 	var in []Span
 	ids := map[string]bool{}
@@ -261,7 +262,11 @@ func Tree(spans []Span, traceID string) string {
 			ids[s.SpanID] = true
 		}
 	}
+	if len(in) == 0 {
+		return "trace " + traceID + ": no span\n"
+	}
 	slices.SortFunc(in, func(a, b Span) int { return a.Start.Compare(b.Start) })
+	first := in[0].Start
 	var b strings.Builder
 	fmt.Fprintf(&b, "trace %s\n", traceID)
 	var walk func(parent string, depth int)
@@ -271,7 +276,8 @@ func Tree(spans []Span, traceID string) string {
 				continue
 			}
 			indent := strings.Repeat("   ", depth)
-			line := fmt.Sprintf("%s└─ %s  [%s, %s]  %s", indent, s.Name, s.Service, s.Kind, s.Duration().Round(time.Microsecond))
+			line := fmt.Sprintf("%s└─ %s  [%s, %s]  at +%s, %s", indent, s.Name, s.Service, s.Kind,
+				s.Start.Sub(first).Round(time.Microsecond), s.Duration().Round(time.Microsecond))
 			if depth == 0 && parent != "" {
 				line += "  (parent " + parent + ", not exported here)"
 			}
@@ -292,7 +298,11 @@ func Tree(spans []Span, traceID string) string {
 				fmt.Fprintf(&b, "%s     %s\n", indent, strings.Join(kv, " "))
 			}
 			for _, l := range s.Links {
-				fmt.Fprintf(&b, "%s     link → trace %s span %s\n", indent, l.TraceID, l.SpanID)
+				name := "span"
+				if ls, ok := ByID(spans, l.SpanID); ok {
+					name = ls.Name
+				}
+				fmt.Fprintf(&b, "%s     link → %s %s (trace %s)\n", indent, name, l.SpanID, l.TraceID)
 			}
 			walk(s.SpanID, depth+1)
 		}
