@@ -374,7 +374,7 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 // uniqueArgs are the arrays of insertUnique's statement for the tasks
 // ins[todo]: kinds, shards, keys, payloads, max_attempts, run_after,
 // deadlines, unique keys, queues, priorities, sequence keys and blocks, trace
-// contexts (NULLs with tracing off).
+// contexts (NULL with tracing off).
 func uniqueArgs(ins []Insert, todo []int) []any {
 	n := len(todo)
 	kinds, keys, payloads, queues := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -383,14 +383,24 @@ func uniqueArgs(ins []Insert, todo []int) []any {
 	runAfters, deadlines := make([]*time.Time, n), make([]*time.Time, n)
 	uniqueKeys, sequenceKeys := make([]*string, n), make([]*string, n)
 	blocks := make([]*bool, n)
-	traceContexts := make([]*string, n)
+	// NULL, not an array of NULLs, when no task is traced: unnest pads
+	// a shorter (or NULL) array with NULLs.
+	var traceContexts []*string
+	for _, i := range todo {
+		if ins[i].TraceContext != "" {
+			traceContexts = make([]*string, n)
+			break
+		}
+	}
 	for j, i := range todo {
 		in := ins[i]
 		kinds[j], shards[j], keys[j], payloads[j], maxAttempts[j] = in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts)
 		runAfters[j], deadlines[j] = in.RunAfter, in.Deadline
 		uniqueKeys[j], sequenceKeys[j] = nullable(in.UniqueKey), nullable(in.SequenceKey)
 		queues[j], priorities[j], blocks[j] = queueOf(in), priorityOf(in), sequenceBlocks(in)
-		traceContexts[j] = nullable(in.TraceContext)
+		if traceContexts != nil {
+			traceContexts[j] = nullable(in.TraceContext)
+		}
 	}
 	return []any{kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys, queues, priorities, sequenceKeys, blocks, traceContexts}
 }
