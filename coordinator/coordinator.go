@@ -87,7 +87,7 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	prep := client.Config{ShardCount: cfg.ShardCount, MaxAttempts: cfg.MaxAttempts, Clock: cfg.Clock}
 	enq := prep
-	enq.TracerProvider = cfg.TracerProvider // the API's enqueues (and --dev's stream) are traced
+	enq.TracerProvider = cfg.TracerProvider // the API's enqueues are traced
 	tc, err := client.New(cfg.Store, enq)
 	if err != nil {
 		return nil, err

@@ -153,7 +153,8 @@ func demoLoad(ctx context.Context, o options, c *coordinator.Coordinator, log hc
 		return err
 	}
 	defer st.Close()
-	producer, err := client.New(st, client.Config{ShardCount: o.shardCount})
+	// The demo's tasks are traced as any producer's when tracing is on.
+	producer, err := client.New(st, client.Config{ShardCount: o.shardCount, TracerProvider: o.tracerProvider})
 	if err != nil {
 		return err
 	}
