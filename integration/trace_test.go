@@ -36,8 +36,10 @@ func TestTraceAcrossTheBinaries(t *testing.T) {
 	})
 	stopRunner := startEnv(t, "runner", runnerBin, env, append(common, "--etcd-endpoints", "http://"+etcdAddr,
 		"--runner-id", "trace-1", "--admin-addr", adminAddr)...)
-	testutil.WaitFor(t, 60*time.Second, "the runner is ready", func() bool {
-		return httpCode(t, "GET", "http://"+adminAddr+"/readyz", "") == 200
+	testutil.WaitFor(t, 60*time.Second, "the runner is ready and owns every shard", func() bool {
+		code, body := testutil.HTTP(t, http.MethodGet, "http://"+adminAddr+"/status", "", "")
+		var st struct{ Owned []json.RawMessage }
+		return code == 200 && json.Unmarshal([]byte(body), &st) == nil && len(st.Owned) == 16
 	})
 	const traceID, parent = "5b8efff798038103d269b633813fc60c", "eee19b7ec3c1b174"
 	code, body := testutil.HTTP(t, http.MethodPost, "http://"+httpAddr+"/api/tasks", "", `{"kind": "noop"}`,
