@@ -39,8 +39,11 @@ func (e *env) sweepSection(ctx context.Context, rep *Report, trials int) error {
 			return err
 		}
 		if _, err := st.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key, state, attempt, max_attempts, claimed_by, claim_epoch, claimed_at, heartbeat_at, finished_at)
-			SELECT 'noop', g % 256, g::text, 'completed', 1, 5, 'r', 1, now() - interval '2 hours', now() - interval '2 hours', now() - interval '1 hour'
-			FROM generate_series(1, $1) g`, rows); err != nil {
+			SELECT 'noop', g % 256, g::text, s.state, 1, 5, r.by, r.epoch, r.at, r.at, r.at + interval '1 hour'
+			FROM generate_series(1, $1) g,
+			LATERAL (SELECT CASE WHEN g <= 1000 THEN 'ready' ELSE 'completed' END AS state) s,
+			LATERAL (SELECT CASE WHEN s.state = 'completed' THEN 'r' END AS by, CASE WHEN s.state = 'completed' THEN 1 END AS epoch,
+			                CASE WHEN s.state = 'completed' THEN now() - interval '2 hours' END AS at) r`, rows); err != nil {
 			return err
 		}
 		if _, err := st.Pool().Exec(ctx, `VACUUM ANALYZE tasks`); err != nil {
@@ -49,22 +52,41 @@ func (e *env) sweepSection(ctx context.Context, rep *Report, trials int) error {
 		if ok, err := st.RaiseLeaderFence(ctx, "bench", 1); err != nil || !ok {
 			return fmt.Errorf("fence: %v %v", ok, err)
 		}
-		sw, err := sweeper.New(st, sweeper.Config{StaleThreshold: 30 * time.Second, HeartbeatInterval: 5 * time.Second}, nil)
+		const threshold = 5 * time.Second
+		sw, err := sweeper.New(st, sweeper.Config{StaleThreshold: threshold, HeartbeatInterval: time.Second}, nil)
 		if err != nil {
 			return err
+		}
+		// The sweeper judges nothing until the database has been up for
+		// the stale threshold (no heartbeat could be written before): a
+		// bench whose first section this is starts right after the server.
+		if err := waitEvery(time.Minute, 100*time.Millisecond, func() bool {
+			up, err := st.Uptime(ctx)
+			return err == nil && up > threshold
+		}); err != nil {
+			return fmt.Errorf("waiting for the database's uptime to pass the stale threshold: %w", err)
 		}
 		// A term that began a stale threshold ago: Pass applies both rules,
 		// as the leader's passes do once its grace has passed.
 		term := leader.Term{Epoch: 1, Start: time.Now().Add(-time.Minute), Clock: clock.Real(), Log: hclog.NewNullLogger()}
 		sw.Begin(term)
 		res := sweepResult{Rows: rows, Stale: 1000}
-		stale := `UPDATE tasks SET state = 'running', attempt = 1, run_after = now(), finished_at = NULL,
-			claimed_at = now() - interval '1 hour', heartbeat_at = now() - interval '1 hour' WHERE id <= 1000`
-		res.StalePlan, _ = explain(ctx, st, stale, `SELECT id FROM tasks WHERE state = 'running'
-			AND coalesce(heartbeat_at, claimed_at) < now() - interval '30 seconds'
-			ORDER BY coalesce(heartbeat_at, claimed_at) LIMIT 1000 FOR UPDATE SKIP LOCKED`)
-		res.DeadlnPlan, _ = explain(ctx, st, "", `SELECT id FROM tasks WHERE deadline < now() AND state IN ('ready', 'running')
-			ORDER BY deadline LIMIT 1000 FOR UPDATE SKIP LOCKED`)
+		// Tasks 1 to 1,000 become running under claims an hour old, as a
+		// runner that died an hour ago leaves them (a running task is ready
+		// in tasks, out of task_ready, with a row in task_claims); again
+		// after each pass requeued them.
+		stale := `WITH r AS (
+				DELETE FROM task_ready WHERE id <= 1000 RETURNING id, shard, queue
+			), c AS (
+				INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, claimed_at, heartbeat_at)
+				SELECT id, shard, queue, 1, 'r', 1, now() - interval '1 hour', now() - interval '1 hour' FROM r
+			)
+			UPDATE tasks SET attempt = 1, run_after = now() WHERE id <= 1000`
+		res.StalePlan, _ = explain(ctx, st, stale, `SELECT id FROM task_claims
+			WHERE claimed_at < now() - interval '30 seconds' AND coalesce(heartbeat_at, claimed_at) < now() - interval '30 seconds'
+			  AND (deadline IS NULL OR deadline >= now())
+			LIMIT 1000 FOR UPDATE SKIP LOCKED`)
+		res.DeadlnPlan, _ = explain(ctx, st, "", `SELECT id FROM task_claims WHERE deadline < now() ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED`)
 		for range max(trials, 3) {
 			if _, err := st.Pool().Exec(ctx, stale); err != nil {
 				return err

@@ -95,7 +95,7 @@ func (e *env) inspectSection(ctx context.Context, rep *Report, trials int) error
 	if _, err := st.Pool().Exec(ctx, `
 		INSERT INTO tasks (kind, shard, key, state, attempt, max_attempts, claimed_by, claim_epoch, claimed_at, heartbeat_at,
 		                   finished_at, created_at, errors)
-		SELECT 'kind-' || (g % 20), g % 256, md5(g::text), s.state, 1, 5,
+		SELECT 'kind-' || (g % 20), g % 256, md5(g::text), CASE WHEN s.state = 'running' THEN 'ready' ELSE s.state END, 1, 5,
 		       CASE WHEN s.state <> 'ready' THEN 'runner-' || (g % 3) END, CASE WHEN s.state <> 'ready' THEN 1 END,
 		       CASE WHEN s.state <> 'ready' THEN now() END, CASE WHEN s.state <> 'ready' THEN now() END,
 		       CASE WHEN s.state NOT IN ('ready', 'running') THEN now() END,
@@ -106,6 +106,22 @@ func (e *env) inspectSection(ctx context.Context, rep *Report, trials int) error
 		                     WHEN g % 5000 = 11 THEN 'running' WHEN g % 1000 = 5 THEN 'cancelled' ELSE 'completed' END AS state) s`,
 		inspectRows); err != nil {
 		return fmt.Errorf("loading: %w", err)
+	}
+	// A running task is ready in tasks, out of task_ready, with its claim
+	// in task_claims: the loaded rows with a claimer and no finish become
+	// so.
+	if _, err := st.Pool().Exec(ctx, `
+		WITH r AS (
+			DELETE FROM task_ready r USING tasks t
+			WHERE t.id = r.id AND t.state = 'ready' AND t.claimed_by IS NOT NULL
+			RETURNING r.id, r.shard, r.queue, t.claimed_by
+		), c AS (
+			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, claimed_at, heartbeat_at)
+			SELECT id, shard, queue, 1, claimed_by, 1, now(), now() FROM r
+		)
+		UPDATE tasks SET claimed_by = NULL, claim_epoch = NULL, claimed_at = NULL, heartbeat_at = NULL
+		WHERE id IN (SELECT id FROM r)`); err != nil {
+		return fmt.Errorf("loading: claiming the running tasks: %w", err)
 	}
 	res.LoadS = time.Since(start).Seconds()
 	for _, i := range indexes {
@@ -316,31 +332,6 @@ func (e *env) enqueueSection(ctx context.Context, rep *Report, trials int) error
 		{"unique keys, half duplicates", func(st *store.Store, trial int) (int, error) {
 			for b := range batches {
 				if _, err := st.EnqueueBatch(ctx, mk(batch, trial*batches+b, "half")); err != nil {
-					return 0, err
-				}
-			}
-			return batch * batches, nil
-		}},
-		{"unique keys via COPY to a temp table (not used)", func(st *store.Store, trial int) (int, error) {
-			for b := range batches {
-				ins := mk(batch, trial*batches+b, "new")
-				err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-					if _, err := tx.Exec(ctx, `CREATE TEMP TABLE stage (kind text, shard int, key text, payload jsonb, max_attempts int, unique_key text) ON COMMIT DROP`); err != nil {
-						return err
-					}
-					rows := make([][]any, len(ins))
-					for i, in := range ins {
-						rows[i] = []any{in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts), in.UniqueKey}
-					}
-					if _, err := tx.CopyFrom(ctx, pgx.Identifier{"stage"}, []string{"kind", "shard", "key", "payload", "max_attempts", "unique_key"}, pgx.CopyFromRows(rows)); err != nil {
-						return err
-					}
-					_, err := tx.Exec(ctx, `INSERT INTO tasks (kind, shard, key, payload, max_attempts, unique_key)
-						SELECT kind, shard, key, payload, max_attempts, unique_key FROM stage
-						ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state IN ('ready', 'running') DO NOTHING`)
-					return err
-				})
-				if err != nil {
 					return 0, err
 				}
 			}

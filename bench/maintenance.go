@@ -248,19 +248,23 @@ type retentionRun struct {
 
 // churn is the tasks table's size after a churn of tasks.
 type churn struct {
-	Variant     string  `json:"variant"`
-	Tasks       int     `json:"tasks"`
-	Rate        int     `json:"tasks_per_s"`
-	Seconds     float64 `json:"seconds"`
-	LiveRows    int64   `json:"rows_left"`
-	TableMiB    float64 `json:"table_mib"`
-	IndexesMiB  float64 `json:"indexes_mib"`
-	ReadyIdxKiB float64 `json:"ready_index_kib"`
-	Autovacuums int64   `json:"autovacuum_runs"`
-	DeadTuples  int64   `json:"dead_tuples_at_end"`
-	PickupP99MS float64 `json:"pickup_p99_ms"`
-	Autovacuum  string  `json:"autovacuum_settings"`
-	RetainFor   string  `json:"retain_completed,omitempty"`
+	Variant    string  `json:"variant"`
+	Tasks      int     `json:"tasks"`
+	Rate       int     `json:"tasks_per_s"`
+	Seconds    float64 `json:"seconds"`
+	LiveRows   int64   `json:"rows_left"`
+	TableMiB   float64 `json:"table_mib"`
+	IndexesMiB float64 `json:"indexes_mib"`
+	// ReadyIdxKiB is task_ready's size (table and primary key), and
+	// QueueTablesMiB that of task_ready, task_claims and task_finished
+	// with their indexes: the tables a task passes through.
+	ReadyIdxKiB    float64 `json:"ready_lanes_kib"`
+	QueueTablesMiB float64 `json:"queue_tables_mib"`
+	Autovacuums    int64   `json:"autovacuum_runs"`
+	DeadTuples     int64   `json:"dead_tuples_at_end"`
+	PickupP99MS    float64 `json:"pickup_p99_ms"`
+	Autovacuum     string  `json:"autovacuum_settings"`
+	RetainFor      string  `json:"retain_completed,omitempty"`
 }
 
 // steady enqueues rate noop tasks per second in ten batches a second until
@@ -442,8 +446,8 @@ func (e *env) churnSection(ctx context.Context, rep *Report, n, rate int) error 
 			return err
 		}
 		rep.Churn = append(rep.Churn, res)
-		fmt.Fprintf(e.log, "  %s: %d rows left, table %.1f MiB, indexes %.1f MiB (ready index %.0f KiB), %d autovacuums, pickup p99 %.1f ms\n",
-			v.name, res.LiveRows, res.TableMiB, res.IndexesMiB, res.ReadyIdxKiB, res.Autovacuums, res.PickupP99MS)
+		fmt.Fprintf(e.log, "  %s: %d rows left, table %.1f MiB, indexes %.1f MiB, task_ready %.0f KiB, task_ready+task_claims+task_finished %.1f MiB, %d autovacuums, pickup p99 %.1f ms\n",
+			v.name, res.LiveRows, res.TableMiB, res.IndexesMiB, res.ReadyIdxKiB, res.QueueTablesMiB, res.Autovacuums, res.PickupP99MS)
 	}
 	return nil
 }
@@ -496,7 +500,17 @@ func (e *env) churnOnce(ctx context.Context, n, rate int, name string, retain ti
 		rcancel()
 		return res, err
 	}
-	err = waitBurnedDown(ctx, st.Pool(), c.running(), "noop", n)
+	if retain > 0 {
+		// Retention deletes completed tasks as the churn goes, so the
+		// table cannot show that all n completed: the runners' metrics
+		// count them, and the table that none is left unfinished.
+		var done float64
+		if done, err = waitDrained(ctx, st.Pool(), c.running(), "noop", n); err == nil && done < float64(n) {
+			err = fmt.Errorf("shardrun: the runners completed %.0f of %d noop tasks", done, n)
+		}
+	} else {
+		err = waitBurnedDown(ctx, st.Pool(), c.running(), "noop", n)
+	}
 	res.Seconds = time.Since(start).Seconds()
 	_, res.PickupP99MS, _ = pickup(ctx, st, from, dbNow(ctx, st))
 	if retain > 0 {
@@ -508,13 +522,15 @@ func (e *env) churnOnce(ctx context.Context, n, rate int, name string, retain ti
 	if err != nil {
 		return res, err
 	}
-	var table, indexes, ready int64
-	err = st.Pool().QueryRow(ctx, `SELECT pg_table_size('tasks'), pg_indexes_size('tasks'), pg_relation_size('tasks_ready_idx'),
+	var table, indexes, ready, queues int64
+	err = st.Pool().QueryRow(ctx, `SELECT pg_table_size('tasks'), pg_indexes_size('tasks'), pg_total_relation_size('task_ready'),
+		pg_total_relation_size('task_ready') + pg_total_relation_size('task_claims') + pg_total_relation_size('task_finished'),
 		(SELECT count(*) FROM tasks), s.autovacuum_count, s.n_dead_tup
-		FROM pg_stat_user_tables s WHERE s.relname = 'tasks'`).Scan(&table, &indexes, &ready, &res.LiveRows, &res.Autovacuums, &res.DeadTuples)
+		FROM pg_stat_user_tables s WHERE s.relname = 'tasks'`).Scan(&table, &indexes, &ready, &queues, &res.LiveRows, &res.Autovacuums, &res.DeadTuples)
 	if err != nil {
 		return res, err
 	}
 	res.TableMiB, res.IndexesMiB, res.ReadyIdxKiB = float64(table)/(1<<20), float64(indexes)/(1<<20), float64(ready)/1024
+	res.QueueTablesMiB = float64(queues) / (1 << 20)
 	return res, nil
 }

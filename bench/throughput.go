@@ -310,6 +310,16 @@ const finishedStall = time.Second
 // or a query that fails, a runner that exits and a burn-down that does not
 // end within burnDownTimeout fail the trial.
 func waitBurnedDown(ctx context.Context, pool *pgxpool.Pool, runners []*runnerProc, kind string, n int) error {
+	if _, err := waitDrained(ctx, pool, runners, kind, n); err != nil {
+		return err
+	}
+	return checkCompleted(ctx, pool, "shardrun", "tasks", kind, n)
+}
+
+// waitDrained waits until the runners' metrics count n completed tasks of
+// kind (or stop moving) and no task of kind is unfinished, and returns the
+// completions the metrics counted.
+func waitDrained(ctx context.Context, pool *pgxpool.Pool, runners []*runnerProc, kind string, n int) (float64, error) {
 	last, moved := -1.0, time.Now()
 	_, err := pollUntil(ctx, burnDownTimeout, finishedPoll, func() (bool, error) {
 		done := 0.0
@@ -340,11 +350,11 @@ func waitBurnedDown(ctx context.Context, pool *pgxpool.Pool, runners []*runnerPr
 	if err != nil {
 		states, serr := finalStates(ctx, pool, "tasks", kind)
 		if serr != nil {
-			return fmt.Errorf("shardrun burn-down: %w", err)
+			return last, fmt.Errorf("shardrun burn-down: %w", err)
 		}
-		return fmt.Errorf("shardrun burn-down: %w (%s tasks: %s)", err, kind, describeStates(states))
+		return last, fmt.Errorf("shardrun burn-down: %w (%s tasks: %s)", err, kind, describeStates(states))
 	}
-	return checkCompleted(ctx, pool, "shardrun", "tasks", kind, n)
+	return last, nil
 }
 
 // burnDownSpan is the seconds from the first claim to the last completion

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -66,6 +67,11 @@ type Coordinator struct {
 	kindsMu sync.Mutex
 	kinds   map[string]bool
 	kindsAt time.Time
+
+	// bulkBudget is how long one bulk cancel or retry request works
+	// before it answers done false (defaultBulkBudget); the browser test
+	// lowers it to see the status page continue from the cursor.
+	bulkBudget atomic.Int64
 }
 
 // New fills the defaults, validates cfg and builds the coordinator's
@@ -95,6 +101,7 @@ func New(cfg Config) (*Coordinator, error) {
 	c := &Coordinator{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reg: cfg.Registry, client: tc, started: make(chan struct{}),
 		tracer: tracing.Tracer(cfg.TracerProvider),
 		roster: newRoster(cfg.Client, cfg.Prefix, cfg.Clock, cfg.Logger.Named("roster"))}
+	c.bulkBudget.Store(int64(defaultBulkBudget))
 	if c.schedules, err = schedule.NewClient(cfg.Store, prep); err != nil {
 		return nil, err
 	}

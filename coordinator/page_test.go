@@ -142,8 +142,8 @@ func TestStatusPageInABrowser(t *testing.T) {
 		`<span class="badge attached">attached</span>`, `data-state="completed"`, "leader coord",
 		`<tr class="gone" data-runner="runner-4" data-health="left">`, `id="rate" data-completed-per-second=`,
 		"tasks/s completed", "minmax(0px, 1fr)", `data-state="cancelled"`,
-		fmt.Sprintf(`<tr data-task="%d"><td><a href="/api/tasks/%d">#%d</a></td><td>ghost</td>`, dead, dead, dead),
-		fmt.Sprintf(`<a href="/api/tasks/%d">#%d</a>`, failed, failed),
+		fmt.Sprintf(`<tr data-task="%d"><td><a href="#task/%d">#%d</a></td><td>ghost</td>`, dead, dead, dead),
+		fmt.Sprintf(`<a href="#task/%d">#%d</a>`, failed, failed),
 		`<tr data-schedule="nightly-report" data-next-run="`, "0 3 * * * (Europe/Berlin)",
 		`<tr data-unhandled-kind="mystery" data-ready="7">`, "no attached runner handles kind mystery",
 	} {

@@ -1,12 +1,13 @@
 package coordinator
 
 // The task operations of the API: enqueue answers (duplicates of a unique
-// key), listing, cancel and retry of one task or by filter, and who may
-// call what.
+// key), listing, the capped count of a filter, cancel and retry of one
+// task or by filter, and who may call what.
 //
 // Auth: with an API token configured, every call that changes something
 // (enqueue, cancel, retry) and every call that reads task data (the
-// listing and one task, with payloads, results and errors) needs it.
+// listing, the count and one task, with payloads, results and errors)
+// needs it.
 // /api/cluster, /healthz, /metrics and the status page stay open and carry
 // no task data beyond ids, kinds, states and counts.
 
@@ -28,16 +29,17 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// bulkBudget bounds one bulk request: it answers done false and the cursor
-// to continue from when its batches took this long, within the server's
-// 30s write timeout.
-const bulkBudget = 15 * time.Second
+// defaultBulkBudget bounds one bulk request: it answers done false and
+// the cursor to continue from when its batches took this long, within the
+// server's 30s write timeout.
+const defaultBulkBudget = 15 * time.Second
 
 // taskRoutes registers the task endpoints.
 func (c *Coordinator) taskRoutes(mux *http.ServeMux) {
 	auth := func(h http.HandlerFunc) http.HandlerFunc { return httpauth.Require(c.cfg.APIToken, "shardrun-api", h) }
 	mux.HandleFunc("POST /api/tasks", auth(c.handleEnqueue))
 	mux.HandleFunc("GET /api/tasks", auth(c.handleListTasks))
+	mux.HandleFunc("GET /api/tasks/count", auth(c.handleCountTasks))
 	mux.HandleFunc("GET /api/tasks/{id}", auth(c.handleTask("reading a task", c.client.Get, statusOK)))
 	mux.HandleFunc("POST /api/tasks/{id}/cancel", auth(c.handleTask("cancelling a task", c.client.Cancel, cancelled)))
 	mux.HandleFunc("POST /api/tasks/{id}/retry", auth(c.handleTask("retrying a task", c.client.Retry, statusOK)))
@@ -194,10 +196,12 @@ func cancelled(t tasks.Task) int {
 	return http.StatusOK
 }
 
-// The query parameters of the listing and of the bulk operations.
+// The query parameters of the listing, of the bulk operations and of the
+// count (the filter without a cursor).
 var (
-	filterParams = []string{"state", "kind", "shard", "key", "queue", "priority", "sequence_key", "created_before", "after"}
+	filterParams = []string{"state", "kind", "shard", "key", "queue", "priority", "sequence_key", "created_before", "created_since", "after"}
 	listParams   = append([]string{"limit", "order"}, filterParams...)
+	countParams  = slices.DeleteFunc(slices.Clone(filterParams), func(p string) bool { return p == "after" })
 )
 
 // parseFilter reads the filter and the cursor from q. It refuses
@@ -233,16 +237,12 @@ func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, 
 		}
 		f.Shard = &n
 	}
-	if v := q.Get("created_before"); v != "" {
-		t, err := time.Parse(time.RFC3339Nano, v)
-		switch {
-		case err != nil:
-			return f, 0, &tasks.FieldError{Field: "created_before", Problem: fmt.Sprintf("must be an RFC 3339 time, got %q", v)}
-		case t.IsZero():
-			// The filter's zero value means "no bound".
-			return f, 0, &tasks.FieldError{Field: "created_before", Problem: "must not be the zero time 0001-01-01T00:00:00Z (leave it out for no bound)"}
-		}
-		f.CreatedBefore = t
+	var err error
+	if f.CreatedBefore, err = parseTimeParam(q, "created_before"); err != nil {
+		return f, 0, err
+	}
+	if f.CreatedSince, err = parseTimeParam(q, "created_since"); err != nil {
+		return f, 0, err
 	}
 	var after int64
 	if v := q.Get("after"); v != "" {
@@ -253,6 +253,23 @@ func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, 
 		after = n
 	}
 	return f, after, f.Check(shardCount)
+}
+
+// parseTimeParam reads the optional time parameter name of q: an RFC 3339
+// time, not the zero time (the filter's zero value means "no bound").
+func parseTimeParam(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	switch {
+	case err != nil:
+		return time.Time{}, &tasks.FieldError{Field: name, Problem: fmt.Sprintf("must be an RFC 3339 time such as 2026-11-25T18:00:00Z, got %q", v)}
+	case t.IsZero():
+		return time.Time{}, &tasks.FieldError{Field: name, Problem: "must not be the zero time 0001-01-01T00:00:00Z (leave it out for no bound)"}
+	}
+	return t, nil
 }
 
 // checkParams refuses query parameters not in allowed, given twice or given
@@ -317,6 +334,29 @@ func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, page)
 }
 
+// handleCountTasks is GET /api/tasks/count: how many tasks match the
+// filter (the listing's, without a cursor; none counts every task), up to
+// store.MatchCountCap, so that an operator sees how many tasks a bulk
+// cancel or retry will touch before sending it. {"count": n} is exact;
+// with "at_least": true at least n match (the cap was reached, or the
+// count examined store.MatchCountScan candidates, then given as
+// "examined", without reaching the end).
+func (c *Coordinator) handleCountTasks(w http.ResponseWriter, r *http.Request) {
+	f, _, err := parseFilter(r.URL.Query(), countParams, c.cfg.ShardCount)
+	if err != nil {
+		c.taskError(w, r, "counting tasks", 0, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	n, err := c.cfg.Store.CountMatching(ctx, f)
+	if err != nil {
+		c.taskError(w, r, "counting tasks", 0, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, n)
+}
+
 // handleBulk is POST /api/tasks/cancel and /api/tasks/retry: the filter in
 // the query, as for the listing (at least one), and the counts in the
 // answer; "done": false with "next" when the request's time ran out, to be
@@ -328,7 +368,7 @@ func (c *Coordinator) handleBulk(op string, run func(context.Context, tasks.Filt
 			c.taskError(w, r, "bulk "+op, 0, err)
 			return
 		}
-		res, err := run(r.Context(), f, after, bulkBudget)
+		res, err := run(r.Context(), f, after, time.Duration(c.bulkBudget.Load()))
 		if err != nil {
 			// What was done before the error stays done; the caller sends
 			// the request again.

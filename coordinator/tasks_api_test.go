@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -99,6 +100,27 @@ func TestTaskOperationsAPI(t *testing.T) {
 		}
 	}
 
+	// Counts, as a confirmation shows them before a bulk operation.
+	for _, tc := range []struct {
+		query string
+		want  int64
+	}{
+		{"", 3}, {"kind=mail", 2}, {"state=running", 1}, {"state=ready,running", 3}, {"kind=mail&state=running", 0},
+		{"created_since=2000-01-01T00:00:00Z&created_before=2100-01-01T00:00:00Z", 3},
+		{"created_since=2100-01-01T00:00:00Z", 0},
+	} {
+		code, body := testutil.HTTP(t, "GET", base+"/api/tasks/count?"+tc.query, "tok", "")
+		if got := decode[store.MatchCount](t, body); code != 200 || got != (store.MatchCount{Count: tc.want}) || strings.Contains(body, "at_least") {
+			t.Errorf("GET /api/tasks/count?%s: %d %s, want exactly %d", tc.query, code, body, tc.want)
+		}
+	}
+	for _, q := range []string{"after=1", "limit=5", "order=desc", "state=paused", "created_since=yesterday",
+		"created_since=2026-01-02T00:00:00Z&created_before=2026-01-01T00:00:00Z"} {
+		if code, body := testutil.HTTP(t, "GET", base+"/api/tasks/count?"+q, "tok", ""); code != 400 || !strings.Contains(body, `"field"`) {
+			t.Errorf("GET /api/tasks/count?%s: %d %s, want 400 naming the parameter", q, code, body)
+		}
+	}
+
 	// Cancel: ready at once, running by request, finished refused.
 	code, body = testutil.HTTP(t, "POST", fmt.Sprintf("%s/api/tasks/%d/cancel", base, first.ID), "tok", "")
 	if code != 200 || decode[tasks.Task](t, body).State != tasks.Cancelled {
@@ -146,7 +168,7 @@ func TestTaskOperationsAPI(t *testing.T) {
 	for _, ep := range []struct{ method, path string }{
 		{"POST", "/api/tasks"}, {"GET", "/api/tasks"}, {"GET", fmt.Sprintf("/api/tasks/%d", first.ID)},
 		{"POST", fmt.Sprintf("/api/tasks/%d/cancel", first.ID)}, {"POST", fmt.Sprintf("/api/tasks/%d/retry", first.ID)},
-		{"POST", "/api/tasks/cancel?kind=mail"}, {"POST", "/api/tasks/retry?kind=mail"},
+		{"POST", "/api/tasks/cancel?kind=mail"}, {"POST", "/api/tasks/retry?kind=mail"}, {"GET", "/api/tasks/count?kind=mail"},
 	} {
 		for _, token := range []string{"", "wrong"} {
 			if code, body := testutil.HTTP(t, ep.method, base+ep.path, token, `{"kind": "mail"}`); code != 401 {
@@ -213,13 +235,17 @@ func TestQueryParametersAreCheckedLikeBodies(t *testing.T) {
 		{"state=", "state"},
 		{"created_before=0001-01-01T00:00:00Z", "created_before"},
 		{"created_before=", "created_before"},
+		{"created_since=0001-01-01T00:00:00Z", "created_since"},
+		{"created_since=", "created_since"},
+		{"created_since=10000-01-01T00:00:00Z", "created_since"},
 		{"limit=", "limit"},
 		{"order=", "order"},
 		{"after=", "after"},
 	} {
-		for _, target := range []string{"GET /api/tasks", "POST /api/tasks/cancel", "POST /api/tasks/retry"} {
+		for _, target := range []string{"GET /api/tasks", "POST /api/tasks/cancel", "POST /api/tasks/retry", "GET /api/tasks/count"} {
 			method, path, _ := strings.Cut(target, " ")
-			if method == "POST" && (tc.field == "limit" || tc.field == "order") {
+			if (method == "POST" || path == "/api/tasks/count") && (tc.field == "limit" || tc.field == "order") ||
+				path == "/api/tasks/count" && tc.field == "after" {
 				continue
 			}
 			w := serveOnce(h, method, path+"?"+tc.query, "")

@@ -166,13 +166,13 @@ func (c *claimer) once(ctx context.Context) error {
 	// claim rotates, and a share a queue leaves unused goes to the next
 	// round.
 	type visit struct {
-		q     *queueClaims
-		order []tasks.ShardEpoch
+		q            *queueClaims
+		first, order []tasks.ShardEpoch
 	}
 	var waiting []visit
 	for _, q := range c.queues {
-		if order := q.pending.order(terms, c.clock.Now(), c.poll); len(order) > 0 {
-			waiting = append(waiting, visit{q, order})
+		if first, order := q.pending.order(terms, c.clock.Now(), c.poll); len(order) > 0 {
+			waiting = append(waiting, visit{q, first, order})
 		}
 	}
 	if len(waiting) == 0 {
@@ -182,7 +182,7 @@ func (c *claimer) once(ctx context.Context) error {
 	share := (c.pool.idle() + len(waiting) - 1) / len(waiting)
 	for i := range waiting {
 		v := waiting[(c.turn+i)%len(waiting)]
-		if err := c.claimQueue(ctx, hold, v.q, v.order, share); err != nil {
+		if err := c.claimQueue(ctx, hold, v.q, v.first, v.order, share); err != nil {
 			return err
 		}
 	}
@@ -200,14 +200,37 @@ func (c *claimer) more() bool {
 	return false
 }
 
-// claimQueue claims up to share of queue q's tasks, as many as it has
-// free workers, visiting the shards of order (those that may have some
-// due), and starts them.
-func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, order []tasks.ShardEpoch, share int) error {
+// claimQueue claims up to share of q's tasks and starts them: first the
+// urgent tasks of the shards in first, then, with what is left, any task
+// of the shards in order.
+func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, first, order []tasks.ShardEpoch, share int) error {
 	limit := min(c.pool.free(q.name, q.limit), claimBatch, share)
 	if len(order) == 0 || limit <= 0 {
 		return nil
 	}
+	if len(first) > 0 {
+		got, err := c.claim(ctx, hold, q, first, limit, c.store.ClaimUrgent)
+		if err != nil {
+			return err
+		}
+		q.pending.urgentClaimed(first, got, limit)
+		if limit -= len(got); limit <= 0 {
+			return nil
+		}
+	}
+	got, err := c.claim(ctx, hold, q, order, limit, c.store.Claim)
+	if err != nil {
+		return err
+	}
+	q.pending.claimed(order, got, limit)
+	return nil
+}
+
+// claimFunc is Store.Claim or Store.ClaimUrgent.
+type claimFunc func(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
+
+// claim runs one claim statement over order and starts what it took.
+func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []tasks.ShardEpoch, limit int, claim claimFunc) ([]tasks.Task, error) {
 	// Not cancelled by shutdown: a cancelled statement may still have
 	// committed, leaving claims nobody runs.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
@@ -215,7 +238,7 @@ func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, ord
 	if c.tr != nil {
 		start = time.Now() // span times are wall-clock, whatever the executor's clock
 	}
-	claimed, err := c.store.Claim(cctx, c.owner, order, q.name, c.kinds, limit)
+	claimed, err := claim(cctx, c.owner, order, q.name, c.kinds, limit)
 	cancel()
 	var parents []trace.SpanContext
 	if c.tr != nil {
@@ -223,9 +246,8 @@ func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, ord
 	}
 	if err != nil {
 		c.unsure = true
-		return fmt.Errorf("claiming tasks of queue %s: %w", q.name, err)
+		return nil, fmt.Errorf("claiming tasks of queue %s: %w", q.name, err)
 	}
-	q.pending.claimed(order, claimed, limit)
 	c.m.Claimed.Add(float64(len(claimed)))
 	var giveBack []tasks.Ref
 	for i, t := range claimed {
@@ -243,7 +265,7 @@ func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, ord
 	if len(giveBack) > 0 {
 		c.unclaim(giveBack)
 	}
-	return nil
+	return claimed, nil
 }
 
 // fence raises the fence of every newly owned term and, in the same

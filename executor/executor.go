@@ -47,6 +47,9 @@ type Store interface {
 	// Claim claims up to limit tasks of queue and of kinds, visiting the
 	// shards of terms in the order given.
 	Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
+	// ClaimUrgent is Claim of the tasks more urgent than the default
+	// priority only.
+	ClaimUrgent(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
 	Claimed(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error)
 	Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error)
 	Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -804,4 +805,57 @@ func TestQueueWorkerLimits(t *testing.T) {
 	if most["mail"] != 1 || mostTotal > 4 {
 		t.Fatalf("at most %d mail tasks and %d in all at once, want 1 and 4", most["mail"], mostTotal)
 	}
+}
+
+// Urgent tasks in several shards all start in the next round, ahead of
+// every shard's backlog: a claim of the whole rotation would fill its limit
+// from the first shard's backlog and leave the other shards' urgent tasks
+// behind it.
+func TestUrgentTasksOfSeveralShardsGoFirst(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var started []int64
+	block := func(_ context.Context, task *tasks.Task) error {
+		mu.Lock()
+		started = append(started, task.ID)
+		mu.Unlock()
+		<-release
+		return nil
+	}
+	e := newEnv(t, map[string]tasks.Handler{"block": block}, func(c *Config) { c.MaxWorkers = 2 })
+	for id := int64(1); id <= 12; id++ {
+		e.store.add(id, "block", int(id%4), 3)
+	}
+	for id, shard := range map[int64]int{13: 1, 14: 3} {
+		e.store.add(id, "block", shard, 3)
+		e.store.mu.Lock()
+		e.store.tasks[id].Priority = tasks.MostUrgent
+		e.store.mu.Unlock()
+	}
+	for s := range 4 {
+		e.own.own(s, 1)
+	}
+	e.exec.Wake(false, []int{1, 3}, []int{1, 3})
+	e.run()
+	e.until("two tasks running", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(started) == 2
+	})
+	mu.Lock()
+	got := slices.Sorted(slices.Values(started))
+	mu.Unlock()
+	close(release)
+	if !slices.Equal(got, []int64{13, 14}) {
+		t.Fatalf("the first two tasks started were %v, want the urgent ones of shards 1 and 3: [13 14]", got)
+	}
+	e.until("all completed", func() bool {
+		for id := int64(1); id <= 14; id++ {
+			if e.state(id) != tasks.Completed {
+				return false
+			}
+		}
+		return true
+	})
 }

@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -121,7 +122,15 @@ func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.S
 	return raised, n, 0, nil
 }
 
-func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+func (s *fakeStore) Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, terms, queue, kinds, limit, tasks.LeastUrgent)
+}
+
+func (s *fakeStore) ClaimUrgent(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, terms, queue, kinds, limit, tasks.DefaultPriority-1)
+}
+
+func (s *fakeStore) claim(_ context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit, maxPriority int) ([]tasks.Task, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("claim"); err != nil {
@@ -138,7 +147,7 @@ func (s *fakeStore) Claim(_ context.Context, owner string, terms []tasks.ShardEp
 		if len(out) == limit {
 			break
 		}
-		if t.State != tasks.Ready || t.Queue != queue || !slices.Contains(kinds, t.Kind) {
+		if t.State != tasks.Ready || t.Queue != queue || !slices.Contains(kinds, t.Kind) || cmp.Or(t.Priority, tasks.DefaultPriority) > maxPriority {
 			continue
 		}
 		for _, term := range terms {

@@ -56,10 +56,12 @@ func (p *pending) notify(all bool, shards, urgent []int) {
 	}
 }
 
-// order returns the held terms that may have due tasks: those that got
-// urgent tasks first, then the others from the rotation's position. terms
-// are the held terms, ordered by shard.
-func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Duration) []tasks.ShardEpoch {
+// order returns the held terms that may have due tasks, from the
+// rotation's position, and, of those, the ones that got urgent tasks
+// (first, in shard order), which the claim loop sends a claim of urgent
+// tasks only before the rotation's claim. terms are the held terms,
+// ordered by shard.
+func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Duration) (first, order []tasks.ShardEpoch) {
 	p.mu.Lock()
 	all, woken, urgent := p.all, p.woken, p.urgent
 	p.all, p.woken, p.urgent = false, map[int]bool{}, map[int]bool{}
@@ -88,59 +90,67 @@ func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Durat
 			delete(p.first, s)
 		}
 	}
-	out := make([]tasks.ShardEpoch, 0, len(p.shards))
+	order = make([]tasks.ShardEpoch, 0, len(p.shards))
 	for _, t := range terms {
 		if p.first[t.Shard] {
-			out = append(out, t)
+			first = append(first, t)
 		}
 	}
 	start, _ := slices.BinarySearchFunc(terms, p.next, func(t tasks.ShardEpoch, s int) int { return t.Shard - s })
 	for i := range terms {
-		if t := terms[(start+i)%len(terms)]; p.shards[t.Shard] && !p.first[t.Shard] {
-			out = append(out, t)
+		if t := terms[(start+i)%len(terms)]; p.shards[t.Shard] {
+			order = append(order, t)
 		}
 	}
-	return out
+	return first, order
+}
+
+// visited reads what a claim over order took (got, with limit): the index
+// in order of the last shard it took from — or, when it did not fill its
+// limit, len(order)-1 — and the shards it drained of what it claims: those
+// before that last one, and that one too when the claim took fewer than
+// limit (it visited every shard and found no more).
+func visited(order []tasks.ShardEpoch, got []tasks.Task, limit int) (last int, drained []tasks.ShardEpoch) {
+	if len(got) < limit {
+		return len(order) - 1, order
+	}
+	from := make(map[int]bool, len(got))
+	for _, t := range got {
+		from[t.Shard] = true
+	}
+	last = len(order) - 1
+	for i := len(order) - 1; i >= 0; i-- {
+		if from[order[i].Shard] {
+			last = i
+			break
+		}
+	}
+	return last, order[:last]
+}
+
+// urgentClaimed records what a claim of urgent tasks over first took: the
+// shards it drained have no urgent tasks left.
+func (p *pending) urgentClaimed(first []tasks.ShardEpoch, got []tasks.Task, limit int) {
+	_, drained := visited(first, got, limit)
+	for _, t := range drained {
+		delete(p.first, t.Shard)
+	}
 }
 
 // claimed records what a claim over order took: the claim visits the
 // shards in order and moves to the next one only when a shard has no more
-// due tasks, so every shard before the last it took from is drained, and
-// that one too when the claim took fewer than limit. The next claim
-// starts after the last shard visited.
+// due tasks, so the shards it drained (visited) are no longer pending.
+// The next claim starts after the last shard visited.
 func (p *pending) claimed(order []tasks.ShardEpoch, got []tasks.Task, limit int) {
 	if len(order) == 0 {
 		return
 	}
-	last := -1
-	if len(got) > 0 {
-		from := make(map[int]bool, len(got))
-		for _, t := range got {
-			from[t.Shard] = true
-		}
-		for i, t := range order {
-			if from[t.Shard] {
-				last = i
-			}
-		}
-	}
-	drained := order
-	if len(got) >= limit && last >= 0 {
-		drained = order[:last]
-	}
+	last, drained := visited(order, got, limit)
 	for _, t := range drained {
 		delete(p.shards, t.Shard)
-	}
-	// Urgent shards the claim visited were served first; the next claim
-	// goes back to the rotation.
-	for _, t := range order[:min(len(order), max(last, 0)+1)] {
 		delete(p.first, t.Shard)
 	}
-	visited := len(order) - 1
-	if len(got) >= limit && last >= 0 {
-		visited = last
-	}
-	p.next = order[visited].Shard + 1
+	p.next = order[last].Shard + 1
 }
 
 // any reports whether some held shard may have due tasks.

@@ -20,36 +20,52 @@ func shards(terms []tasks.ShardEpoch) []int {
 // took fewer than it asked drains every shard it visited; a claim that
 // filled its limit drains those before its last shard and the next one
 // starts after it; notifications make shards pending again, and urgent
-// ones go first; the poll makes every shard pending.
+// ones are also handed out first, for a claim of urgent tasks only; the
+// poll makes every shard pending.
 func TestPendingShardsOrder(t *testing.T) {
 	now := time.Unix(0, 0)
 	p := newPending(now)
 	held := []tasks.ShardEpoch{{Shard: 1, Epoch: 1}, {Shard: 2, Epoch: 1}, {Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}}
-	order := p.order(held, now, time.Second)
-	if got := shards(order); !slices.Equal(got, []int{1, 2, 3, 4}) {
-		t.Fatalf("first order %v, want every held shard", got)
+	first, order := p.order(held, now, time.Second)
+	if got := shards(order); !slices.Equal(got, []int{1, 2, 3, 4}) || len(first) != 0 {
+		t.Fatalf("first order %v (urgent %v), want every held shard and none urgent", got, shards(first))
 	}
 	// The claim took its limit of 2, the last from shard 2: shard 1 is
 	// drained, shard 2 may have more, the next claim starts at 3.
 	p.claimed(order, []tasks.Task{{Shard: 1}, {Shard: 2}}, 2)
-	if got := shards(p.order(held, now, time.Second)); !slices.Equal(got, []int{3, 4, 2}) {
-		t.Fatalf("after a full claim %v, want [3 4 2]", got)
+	if _, got := p.order(held, now, time.Second); !slices.Equal(shards(got), []int{3, 4, 2}) {
+		t.Fatalf("after a full claim %v, want [3 4 2]", shards(got))
 	}
 	// A claim that took fewer than it asked drained all it visited.
 	p.claimed([]tasks.ShardEpoch{{Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}, {Shard: 2, Epoch: 1}}, []tasks.Task{{Shard: 4}}, 5)
-	if got := p.order(held, now, time.Second); len(got) != 0 || p.any() {
+	if _, got := p.order(held, now, time.Second); len(got) != 0 || p.any() {
 		t.Fatalf("after a short claim %v, want nothing pending", shards(got))
 	}
-	// Notifications: shard 3 plain, shard 1 urgent: 1 goes first.
-	p.notify(false, []int{3}, []int{1})
-	if got := shards(p.order(held, now, time.Second)); !slices.Equal(got, []int{1, 3}) {
-		t.Fatalf("after notifications %v, want the urgent shard first: [1 3]", got)
+	// Notifications: shard 3 plain, shards 1 and 4 urgent: both are handed
+	// out for the urgent claim, and all three stay in the rotation (they
+	// may have tasks of every priority), which goes on from shard 3.
+	p.notify(false, []int{3}, []int{4, 1})
+	first, order = p.order(held, now, time.Second)
+	if !slices.Equal(shards(first), []int{1, 4}) || !slices.Equal(shards(order), []int{3, 4, 1}) {
+		t.Fatalf("after notifications urgent %v, rotation %v; want [1 4] and [3 4 1]", shards(first), shards(order))
 	}
-	p.claimed([]tasks.ShardEpoch{{Shard: 1, Epoch: 1}, {Shard: 3, Epoch: 1}}, nil, 5)
+	// The urgent claim filled its limit from shard 1: shard 1 may have
+	// more urgent tasks, shard 4 was not reached; both stay urgent.
+	p.urgentClaimed(first, []tasks.Task{{Shard: 1}, {Shard: 1}}, 2)
+	if first, _ = p.order(held, now, time.Second); !slices.Equal(shards(first), []int{1, 4}) {
+		t.Fatalf("after a full urgent claim from shard 1: urgent %v, want [1 4]", shards(first))
+	}
+	// A short urgent claim drained both of urgent tasks; the rotation
+	// still visits them.
+	p.urgentClaimed(first, []tasks.Task{{Shard: 4}}, 5)
+	if first, order = p.order(held, now, time.Second); len(first) != 0 || !slices.Equal(shards(order), []int{3, 4, 1}) {
+		t.Fatalf("after a short urgent claim: urgent %v, rotation %v; want none and [3 4 1]", shards(first), shards(order))
+	}
+	p.claimed(order, nil, 5)
 	// The poll makes every held shard pending; a shard no longer held is
 	// forgotten, a newly held one is pending.
 	held = append(held[1:], tasks.ShardEpoch{Shard: 9, Epoch: 1})
-	if got := shards(p.order(held, now.Add(time.Second), time.Second)); len(got) != 4 || !slices.Contains(got, 9) || slices.Contains(got, 1) {
-		t.Fatalf("after the poll %v, want 2, 3, 4 and 9", got)
+	if _, got := p.order(held, now.Add(time.Second), time.Second); len(got) != 4 || !slices.Contains(shards(got), 9) || slices.Contains(shards(got), 1) {
+		t.Fatalf("after the poll %v, want 2, 3, 4 and 9", shards(got))
 	}
 }

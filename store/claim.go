@@ -39,16 +39,16 @@ import (
 // a shard are one index range per kind, merged in priority order).
 var claimSQL sync.Map
 
-// ClaimQuery returns the claim statement for n kinds: the plans test and the
-// benchmark explain it.
-func ClaimQuery(n int) string {
+// claimQuery returns the claim statement for n kinds ($7: the least urgent
+// priority to take).
+func claimQuery(n int) string {
 	if q, ok := claimSQL.Load(n); ok {
 		return q.(string)
 	}
 	lane := func(k int) string {
 		return `SELECT r.ctid AS tid, r.priority, r.run_after, r.id FROM task_ready r
 				WHERE r.shard = s.shard AND r.queue = $6 AND r.kind = ($4::text[])[` + strconv.Itoa(k) + `]
-				  AND r.run_after <= now() AND (r.deadline IS NULL OR r.deadline > now())
+				  AND r.priority <= $7 AND r.run_after <= now() AND (r.deadline IS NULL OR r.deadline > now())
 				ORDER BY r.priority, r.run_after, r.id`
 	}
 	lanes := lane(1) + ` LIMIT $5`
@@ -107,6 +107,21 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.seque
 // are never read, however many there are. It locks the fence rows of the
 // shards it takes from FOR SHARE, so a new owner's fence raise waits for it.
 func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.LeastUrgent)
+}
+
+// ClaimUrgent is Claim of the tasks more urgent than the default priority
+// only. The executor sends it first to the shards whose enqueue
+// notifications said they got such tasks: Claim fills its limit from the
+// first shard it visits, default-priority backlog included, so a round
+// would serve one urgent shard and leave the others' urgent tasks behind
+// whole backlogs.
+func (s *Store) ClaimUrgent(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.DefaultPriority-1)
+}
+
+// claim is Claim of the tasks of priority maxPriority or more urgent.
+func (s *Store) claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit, maxPriority int) ([]tasks.Task, error) {
 	if len(owned) == 0 || len(kinds) == 0 || limit <= 0 {
 		return nil, nil
 	}
@@ -115,7 +130,7 @@ func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoc
 	for i, se := range owned {
 		shards[i], epochs[i] = int32(se.Shard), se.Epoch
 	}
-	rows, err := s.pool.Query(ctx, ClaimQuery(len(kinds)), owner, shards, epochs, kinds, limit, queue)
+	rows, err := s.pool.Query(ctx, claimQuery(len(kinds)), owner, shards, epochs, kinds, limit, queue, maxPriority)
 	if err != nil {
 		return nil, fmt.Errorf("claiming tasks on %d shards: %w", len(owned), err)
 	}

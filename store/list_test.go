@@ -85,6 +85,9 @@ func TestListFiltersAndPages(t *testing.T) {
 		{"shard", tasks.Filter{Shard: &three}, "shard = 3"},
 		{"shard and state", tasks.Filter{Shard: &three, States: []tasks.State{tasks.Cancelled}}, "shard = 3 AND state = 'cancelled'"},
 		{"created before", tasks.Filter{CreatedBefore: cutoff}, "created_at < '" + cutoff.Format(time.RFC3339Nano) + "'"},
+		{"created since", tasks.Filter{CreatedSince: cutoff}, "created_at >= '" + cutoff.Format(time.RFC3339Nano) + "'"},
+		{"created in a window", tasks.Filter{CreatedSince: cutoff.Add(-100 * time.Second), CreatedBefore: cutoff, Kind: "a"},
+			"kind = 'a' AND created_at >= '" + cutoff.Add(-100*time.Second).Format(time.RFC3339Nano) + "' AND created_at < '" + cutoff.Format(time.RFC3339Nano) + "'"},
 		{"nothing matches", tasks.Filter{Kind: "zzz"}, "false"},
 	} {
 		rows, err := s.Pool().Query(ctx, `SELECT id FROM task_view WHERE `+tc.where+` ORDER BY id`)

@@ -359,6 +359,9 @@ func (b *sqlBuilder) stream(f tasks.Filter, after int64, desc bool, n int) (stre
 	if !f.CreatedBefore.IsZero() {
 		restParts = append(restParts, "t.created_at < "+b.arg(f.CreatedBefore))
 	}
+	if !f.CreatedSince.IsZero() {
+		restParts = append(restParts, "t.created_at >= "+b.arg(f.CreatedSince))
+	}
 	return stream, strings.Join(restParts, " AND ")
 }
 
@@ -576,7 +579,7 @@ func (s *Store) bulk(ctx context.Context, op bulkOp, f tasks.Filter, after int64
 	}
 	if f.Empty() {
 		return tasks.BulkResult{}, &tasks.FieldError{Field: "filter",
-			Problem: fmt.Sprintf("a bulk %s needs at least one filter (state, kind, shard, key, created_before)", op.name)}
+			Problem: fmt.Sprintf("a bulk %s needs at least one filter (state, kind, shard, key, queue, priority, sequence_key, created_before, created_since)", op.name)}
 	}
 	states := f.States
 	if len(states) == 0 {
@@ -628,6 +631,9 @@ func (b *sqlBuilder) matches(f tasks.Filter, alias string) string {
 	}
 	if !f.CreatedBefore.IsZero() {
 		parts = append(parts, a+"created_at < "+b.arg(f.CreatedBefore))
+	}
+	if !f.CreatedSince.IsZero() {
+		parts = append(parts, a+"created_at >= "+b.arg(f.CreatedSince))
 	}
 	return strings.Join(parts, " AND ")
 }

@@ -246,3 +246,36 @@ func TestClaimsTakeTheMostUrgentFirst(t *testing.T) {
 		t.Fatalf("claimed in the order %v, want %v (priority, then age)", ids, want)
 	}
 }
+
+// ClaimUrgent takes only the tasks more urgent than the default, across
+// the shards it is given, and leaves the backlog of the first shard for
+// Claim.
+func TestClaimUrgentTakesOnlyUrgentTasks(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	raise(t, s, "a", 3, 1)
+	raise(t, s, "a", 4, 1)
+	add := func(shard, priority int) int64 {
+		in := insert("k", shard, 3)
+		in.Priority = priority
+		return enqueue(t, s, in)
+	}
+	backlog := []int64{add(3, 3), add(3, 3), add(4, 5)}
+	urgent := []int64{add(3, 2), add(4, 1)}
+	terms := []tasks.ShardEpoch{{Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}}
+	got, err := s.ClaimUrgent(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int64, len(got))
+	for i, g := range got {
+		ids[i] = g.ID
+	}
+	if slices.Sort(ids); !slices.Equal(ids, urgent) {
+		t.Fatalf("ClaimUrgent took %v, want the urgent tasks %v only", ids, urgent)
+	}
+	if got, err = s.Claim(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10); err != nil || len(got) != len(backlog) {
+		t.Fatalf("Claim after ClaimUrgent: %+v %v, want the %d others", got, err, len(backlog))
+	}
+}

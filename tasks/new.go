@@ -114,24 +114,11 @@ func (n NewTask) Check(now time.Time) error {
 	if err := CheckKind(n.Kind); err != nil {
 		return err
 	}
-	if err := checkText("key", n.Key, MaxKeyLen); err != nil {
-		return err
-	}
 	if err := checkText("unique_key", n.UniqueKey, MaxKeyLen); err != nil {
 		return err
 	}
-	if err := checkText("sequence_key", n.SequenceKey, MaxKeyLen); err != nil {
+	if err := checkPlacement(n.Key, n.SequenceKey, n.Queue, n.Priority); err != nil {
 		return err
-	}
-	if n.Queue != "" {
-		if err := CheckQueue(n.Queue); err != nil {
-			return err
-		}
-	}
-	if n.Priority != 0 {
-		if err := CheckPriority(n.Priority); err != nil {
-			return err
-		}
 	}
 	if n.SequenceContinue && n.SequenceKey == "" {
 		return &FieldError{Field: "sequence_continue", Problem: "applies only to a task with a sequence_key"}
@@ -245,4 +232,25 @@ func payloadProblem(err error) string {
 		return "is not valid: " + je.Problem
 	}
 	return "is not valid: " + err.Error()
+}
+
+// checkPlacement checks the fields a task and a filter share: key and
+// sequence key as text PostgreSQL can store, the queue's name and the
+// priority's range where given (empty and 0 mean the default, or any).
+func checkPlacement(key, sequenceKey, queue string, priority int) error {
+	if err := checkText("key", key, MaxKeyLen); err != nil {
+		return err
+	}
+	if err := checkText("sequence_key", sequenceKey, MaxKeyLen); err != nil {
+		return err
+	}
+	if queue != "" {
+		if err := CheckQueue(queue); err != nil {
+			return err
+		}
+	}
+	if priority != 0 {
+		return CheckPriority(priority)
+	}
+	return nil
 }

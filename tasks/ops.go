@@ -102,12 +102,17 @@ type Filter struct {
 	SequenceKey string
 	// CreatedBefore: created strictly before this time.
 	CreatedBefore time.Time
+	// CreatedSince: created at or after this time. With CreatedBefore it
+	// selects the half-open window [CreatedSince, CreatedBefore), so that
+	// consecutive windows an operator steps through neither overlap nor
+	// leave a gap.
+	CreatedSince time.Time
 }
 
 // Empty reports whether f selects every task.
 func (f Filter) Empty() bool {
 	return len(f.States) == 0 && f.Kind == "" && f.Shard == nil && f.Key == "" && f.Queue == "" && f.Priority == 0 &&
-		f.SequenceKey == "" && f.CreatedBefore.IsZero()
+		f.SequenceKey == "" && f.CreatedBefore.IsZero() && f.CreatedSince.IsZero()
 }
 
 // Check validates the fields f gives with the rules of a task's fields
@@ -125,27 +130,21 @@ func (f Filter) Check(shardCount int) error {
 			return err
 		}
 	}
-	if err := checkText("key", f.Key, MaxKeyLen); err != nil {
+	if err := checkPlacement(f.Key, f.SequenceKey, f.Queue, f.Priority); err != nil {
 		return err
-	}
-	if err := checkText("sequence_key", f.SequenceKey, MaxKeyLen); err != nil {
-		return err
-	}
-	if f.Queue != "" {
-		if err := CheckQueue(f.Queue); err != nil {
-			return err
-		}
-	}
-	if f.Priority != 0 {
-		if err := CheckPriority(f.Priority); err != nil {
-			return err
-		}
 	}
 	if f.Shard != nil && (*f.Shard < 0 || *f.Shard >= shardCount) {
 		return &FieldError{Field: "shard", Problem: fmt.Sprintf("must be 0 to %d (the cluster has %d shards), got %d", shardCount-1, shardCount, *f.Shard)}
 	}
 	if !f.CreatedBefore.Before(latestTime) {
 		return &FieldError{Field: "created_before", Problem: "must be before the year 10000"}
+	}
+	if !f.CreatedSince.Before(latestTime) {
+		return &FieldError{Field: "created_since", Problem: "must be before the year 10000"}
+	}
+	if !f.CreatedSince.IsZero() && !f.CreatedBefore.IsZero() && !f.CreatedSince.Before(f.CreatedBefore) {
+		return &FieldError{Field: "created_since", Problem: fmt.Sprintf("must be before created_before (%s), got %s: no task is created in that window",
+			f.CreatedBefore.Format(time.RFC3339Nano), f.CreatedSince.Format(time.RFC3339Nano))}
 	}
 	return nil
 }
