@@ -49,6 +49,9 @@ type runnerOpts struct {
 	// queues is --queues (name=limit,...); empty: the runner's default.
 	queues string
 	proxy  bool
+	// env is added to the runner's environment (the tracing section's
+	// OTEL_* variables).
+	env []string
 }
 
 func (e *env) newCluster(name, dsn string, shards int) *cluster {
@@ -94,6 +97,9 @@ func (c *cluster) spawn(id string, o runnerOpts) (*runnerProc, error) {
 		args = append(args, "--queues", o.queues)
 	}
 	r.cmd = exec.Command(c.env.runnerBin, args...)
+	if len(o.env) > 0 {
+		r.cmd.Env = append(os.Environ(), o.env...)
+	}
 	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := r.cmd.Start(); err != nil {

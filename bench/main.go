@@ -71,6 +71,7 @@ type Report struct {
 	Scale       *scaleResult      `json:"scale,omitempty"`
 	Curve       *curveResult      `json:"scale_curve,omitempty"`
 	Features    *featuresResult   `json:"features,omitempty"`
+	Tracing     *tracingCost      `json:"tracing,omitempty"`
 	// Targets are the targets of issues 23 and 26, judged from this run.
 	Targets []target `json:"targets"`
 	// Seconds each section took.
@@ -97,7 +98,7 @@ func main() {
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,tracing (default all)")
 	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
 	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
 	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
@@ -123,6 +124,7 @@ func main() {
 	flag.IntVar(&featuresFlags.backlog, "priority-backlog", featuresFlags.backlog, "default-priority tasks draining while the features section enqueues urgent ones")
 	flag.IntVar(&featuresFlags.rate, "priority-rate", featuresFlags.rate, "tasks/s of each priority (1 and 3) enqueued one by one during the drain")
 	flag.IntVar(&featuresFlags.seconds, "priority-seconds", featuresFlags.seconds, "seconds of the one-by-one enqueue during the drain")
+	flag.IntVar(&tracingFlags.procs, "tracing-procs", tracingFlags.procs, "runner processes of the tracing section (--max-workers as in the throughput runs at that count)")
 	flag.Parse()
 	if *redraw != "" {
 		if err := redrawChart(*redraw, *out); err != nil {
@@ -232,6 +234,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"steady", func() error { return e.steadySection(ctx, rep) }},
 		{"notify", func() error { return e.notifySection(ctx, rep) }},
 		{"scale", func() error { return e.scaleSection(ctx, rep) }},
+		{"tracing", func() error { return e.tracingSection(ctx, rep, trials, n) }},
 	}
 	rep.SectionSeconds = map[string]float64{}
 	benchStart := time.Now()
@@ -562,7 +565,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "features", "curve", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale"} {
+	for _, name := range []string{"throughput", "features", "curve", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "tracing"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}

@@ -115,6 +115,9 @@ type trialOpts struct {
 	// check, when set, reads the trial's database after the burn-down,
 	// before it is dropped (shardrunBurnDown).
 	check func(context.Context, *pgxpool.Pool) error
+	// traced, when set, traces the trial: the enqueue through its
+	// provider, the runners with its OTEL_* environment (tracing.go).
+	traced *tracedTrial
 }
 
 // shardrunBurnDown inserts o.n noop tasks with COPY, then starts
@@ -141,7 +144,12 @@ func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, er
 	if err := st.Migrate(ctx); err != nil {
 		return r, err
 	}
-	client, err := srclient.New(st, srclient.Config{ShardCount: 256})
+	ccfg := srclient.Config{ShardCount: 256}
+	var env []string
+	if o.traced != nil {
+		ccfg.TracerProvider, env = o.traced.producer.TracerProvider(), o.traced.env
+	}
+	client, err := srclient.New(st, ccfg)
 	if err != nil {
 		return r, err
 	}
@@ -161,7 +169,7 @@ func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, er
 	c := e.newCluster(fmt.Sprintf("tp-%d-%d-%d", o.processes, o.trial, time.Now().UnixNano()), dsn, 256)
 	defer c.stop()
 	var peak sampler
-	rps, err := c.startAll(o.processes, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers, dbMaxConns: o.dbMaxConns, queues: o.queues})
+	rps, err := c.startAll(o.processes, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: o.maxWorkers, dbMaxConns: o.dbMaxConns, queues: o.queues, env: env})
 	if err != nil {
 		pgc.stop()
 		return r, err

@@ -32,8 +32,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -48,6 +51,12 @@ type Config struct {
 	MaxAttempts int
 	// Clock checks deadlines; default the real clock.
 	Clock clock.Clock
+	// TracerProvider, when set, traces every enqueue: a span that is a
+	// child of the span in the caller's context, whose trace context is
+	// stored with the task so that the runner's spans join its trace
+	// (README, Traces). Pass otel.GetTracerProvider() to use the global
+	// one. Nil: no span, and nothing extra stored.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns c with its zero fields replaced by the defaults.
@@ -112,6 +121,8 @@ func (e *BatchError) Unwrap() error { return e.Err }
 type Client struct {
 	st  *store.Store
 	cfg Config
+	// tracer is nil with tracing off.
+	tracer trace.Tracer
 }
 
 // New returns a client on st. cfg gives the cluster's shard count, which
@@ -121,7 +132,7 @@ func New(st *store.Store, cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Client{st: st, cfg: cfg}, nil
+	return &Client{st: st, cfg: cfg, tracer: tracing.Tracer(cfg.TracerProvider)}, nil
 }
 
 // Enqueue validates and inserts one task. With a unique key that an
@@ -137,12 +148,33 @@ func (c *Client) Enqueue(ctx context.Context, n tasks.NewTask) (tasks.Enqueued, 
 // default) when the task has a unique key: a stricter isolation level
 // cannot see a holder that committed after it began. A nil tx enqueues on
 // its own.
-func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, n tasks.NewTask) (tasks.Enqueued, error) {
+//
+// With tracing on, the span "shardrun.enqueue" covers the insert (not the
+// commit of tx) and its trace context is stored with the task.
+func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, n tasks.NewTask) (e tasks.Enqueued, err error) {
+	var span trace.Span
+	if c.tracer != nil {
+		ctx, span = c.tracer.Start(ctx, "shardrun.enqueue", trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(tracing.TaskKind.String(n.Kind)))
+		defer func() {
+			if err == nil {
+				span.SetAttributes(tracing.TaskID.Int64(e.ID))
+				if e.Duplicate {
+					span.SetAttributes(tracing.TaskDuplicate.Bool(true))
+				}
+			}
+			tracing.End(span, err)
+		}()
+	}
 	in, err := c.cfg.Prepare(n, c.cfg.Clock.Now())
 	if err != nil {
 		return tasks.Enqueued{}, err
 	}
-	e, err := c.st.EnqueueIn(ctx, tx, in)
+	if span != nil {
+		span.SetAttributes(tracing.TaskShard.Int(in.Shard), tracing.TaskQueue.String(in.Queue))
+		in.TraceContext = tracing.Inject(ctx)
+	}
+	e, err = c.st.EnqueueIn(ctx, tx, in)
 	if err == nil && !e.Duplicate {
 		e.Shard, e.Key = in.Shard, in.Key
 	}
@@ -158,7 +190,24 @@ func (c *Client) EnqueueBatch(ctx context.Context, ns []tasks.NewTask) (tasks.Ba
 }
 
 // EnqueueBatchTx is EnqueueBatch inside tx, as EnqueueTx.
-func (c *Client) EnqueueBatchTx(ctx context.Context, tx pgx.Tx, ns []tasks.NewTask) (tasks.BatchEnqueued, error) {
+//
+// With tracing on, one span "shardrun.enqueue_batch" covers the batch, and
+// every task stores its trace context: each task's spans are its children.
+func (c *Client) EnqueueBatchTx(ctx context.Context, tx pgx.Tx, ns []tasks.NewTask) (res tasks.BatchEnqueued, err error) {
+	traceContext := ""
+	if c.tracer != nil {
+		var span trace.Span
+		ctx, span = c.tracer.Start(ctx, "shardrun.enqueue_batch", trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(tracing.BatchSize.Int(len(ns))))
+		defer func() {
+			if err == nil {
+				span.SetAttributes(attribute.Int64("shardrun.batch.inserted", res.Inserted),
+					attribute.Int64("shardrun.batch.duplicates", res.Duplicates))
+			}
+			tracing.End(span, err)
+		}()
+		traceContext = tracing.Inject(ctx)
+	}
 	ins := make([]store.Insert, len(ns))
 	now := c.cfg.Clock.Now()
 	for i, n := range ns {
@@ -166,9 +215,10 @@ func (c *Client) EnqueueBatchTx(ctx context.Context, tx pgx.Tx, ns []tasks.NewTa
 		if err != nil {
 			return tasks.BatchEnqueued{}, &BatchError{Index: i, Len: len(ns), Err: err}
 		}
+		in.TraceContext = traceContext
 		ins[i] = in
 	}
-	res, err := c.st.EnqueueBatchIn(ctx, tx, ins)
+	res, err = c.st.EnqueueBatchIn(ctx, tx, ins)
 	for i := range res.Tasks {
 		if !res.Tasks[i].Duplicate {
 			res.Tasks[i].Shard, res.Tasks[i].Key = ins[i].Shard, ins[i].Key

@@ -306,7 +306,14 @@ func badRequest(w http.ResponseWriter, err error, batch bool, index int) {
 }
 
 // handleEnqueue accepts one task (a JSON object) or a batch (an array).
+// With tracing on it runs in a server span that joins the request's
+// traceparent (traceEnqueue).
 func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
+	if c.tracer != nil {
+		var end func()
+		w, r, end = c.traceEnqueue(w, r)
+		defer end()
+	}
 	body, ok := httpjson.ReadBody(w, r, MaxRequestBody)
 	if !ok {
 		return

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/clock"
@@ -71,6 +72,11 @@ type Config struct {
 	Logger      hclog.Logger
 	// Registry receives the coordinator's metrics; default a new one.
 	Registry *prometheus.Registry
+	// TracerProvider, when set, traces POST /api/tasks: a server span that
+	// joins the caller's traceparent, and the client's enqueue span under
+	// it, whose trace the task's runner spans join (README, Traces). Nil:
+	// tracing off. cmd/coordinator sets it from the OTEL_* environment.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns c with its zero settings (and its sweeper's)

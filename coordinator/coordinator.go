@@ -18,10 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promauto"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/leader"
+	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/maintenance"
 	"github.com/shardrun/shardrun/schedule"
 	"github.com/shardrun/shardrun/shard"
@@ -50,6 +52,8 @@ type Coordinator struct {
 	roster  *roster
 	addr    string
 	started chan struct{}
+	// tracer is nil with tracing off.
+	tracer trace.Tracer
 
 	counter   *counter
 	elector   *elector
@@ -88,11 +92,14 @@ func New(cfg Config) (*Coordinator, error) {
 		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	prep := client.Config{ShardCount: cfg.ShardCount, MaxAttempts: cfg.MaxAttempts, Clock: cfg.Clock}
-	tc, err := client.New(cfg.Store, prep)
+	enq := prep
+	enq.TracerProvider = cfg.TracerProvider // the API's enqueues are traced
+	tc, err := client.New(cfg.Store, enq)
 	if err != nil {
 		return nil, err
 	}
 	c := &Coordinator{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reg: cfg.Registry, client: tc, started: make(chan struct{}),
+		tracer: tracing.Tracer(cfg.TracerProvider),
 		roster: newRoster(cfg.Client, cfg.Prefix, cfg.Clock, cfg.Logger.Named("roster"))}
 	c.bulkBudget.Store(int64(defaultBulkBudget))
 	if c.schedules, err = schedule.NewClient(cfg.Store, prep); err != nil {

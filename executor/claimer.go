@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/wake"
@@ -30,6 +31,7 @@ type claimer struct {
 	clock clock.Clock
 	log   hclog.Logger
 	m     *Metrics
+	tr    *tracer // nil: tracing off
 	// wake is signalled by enqueue notifications for held shards.
 	wake wake.Signal
 	// queues are the queues served, in name order, each with its worker
@@ -55,9 +57,9 @@ type queueClaims struct {
 	pending *pending
 }
 
-func newClaimer(cfg Config, p *pool) *claimer {
+func newClaimer(cfg Config, p *pool, tr *tracer) *claimer {
 	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
-		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, wake: wake.New()}
+		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr, wake: wake.New()}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Queues)) {
 		c.queues = append(c.queues, &queueClaims{name: name, limit: cfg.Queues[name], pending: newPending(cfg.Clock.Now())})
 	}
@@ -232,21 +234,33 @@ func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []
 	// Not cancelled by shutdown: a cancelled statement may still have
 	// committed, leaving claims nobody runs.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	var start time.Time
+	if c.tr != nil {
+		start = time.Now() // span times are wall-clock, whatever the executor's clock
+	}
 	claimed, err := claim(cctx, c.owner, order, q.name, c.kinds, limit)
 	cancel()
+	var parents []trace.SpanContext
+	if c.tr != nil {
+		parents = c.tr.claimed(start, time.Now(), q.name, len(order), claimed, err)
+	}
 	if err != nil {
 		c.unsure = true
 		return nil, fmt.Errorf("claiming tasks of queue %s: %w", q.name, err)
 	}
 	c.m.Claimed.Add(float64(len(claimed)))
 	var giveBack []tasks.Ref
-	for _, t := range claimed {
+	for i, t := range claimed {
 		termCtx, done, ok := hold.Begin(t.Shard, t.Epoch)
 		if !ok {
 			giveBack = append(giveBack, t.Ref())
 			continue
 		}
-		c.pool.start(termCtx, t, done)
+		var parent trace.SpanContext
+		if parents != nil {
+			parent = parents[i]
+		}
+		c.pool.start(termCtx, t, done, parent)
 	}
 	if len(giveBack) > 0 {
 		c.unclaim(giveBack)

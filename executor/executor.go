@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
@@ -159,6 +160,9 @@ type Config struct {
 	Clock      clock.Clock
 	Logger     hclog.Logger
 	Metrics    *Metrics
+	// TracerProvider, when set, traces claims, handler runs and outcome
+	// writes (trace.go; README, Traces). Nil: tracing off, at no cost.
+	TracerProvider trace.TracerProvider
 }
 
 func (c *Config) fill() {
@@ -229,14 +233,15 @@ func New(cfg Config) (*Executor, error) {
 		return nil, err
 	}
 	results := make(chan result, cfg.MaxWorkers) // a finishing handler never blocks
-	p := newPool(cfg.Registry, cfg.MaxWorkers, results, cfg.StuckAfter, cfg.Clock, cfg.Metrics)
+	tr := newTracer(cfg.TracerProvider, cfg.RunnerID)
+	p := newPool(cfg.Registry, cfg.MaxWorkers, results, cfg.StuckAfter, cfg.Clock, cfg.Metrics, tr)
 	return &Executor{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		pool:    p,
-		claimer: newClaimer(cfg, p),
+		claimer: newClaimer(cfg, p, tr),
 		writer: &writer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, retry: cfg.Retry, in: results,
-			delay: cfg.FlushDelay, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics},
+			delay: cfg.FlushDelay, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr},
 		beats: &heartbeater{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
 			interval: cfg.HeartbeatInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics},
 	}, nil

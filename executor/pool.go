@@ -10,8 +10,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/jsonbody"
+	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/internal/wake"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -40,6 +43,9 @@ type result struct {
 	// expired: the handler failed after the task's deadline passed; the
 	// task ends failed, as the sweeper's deadline rule would end it.
 	expired bool
+	// span is the attempt's outcome span, ended once the outcome is
+	// written; nil with tracing off.
+	span trace.Span
 }
 
 // attempt is one claimed task from the start of its handler until its
@@ -79,6 +85,7 @@ type pool struct {
 	stuckAfter time.Duration
 	clock      clock.Clock
 	m          *Metrics
+	tr         *tracer // nil: tracing off
 	// freed is signalled when a handler returns, so the claimer can refill.
 	freed wake.Signal
 
@@ -92,8 +99,8 @@ type pool struct {
 	attempts map[tasks.Ref]*attempt
 }
 
-func newPool(registry *tasks.Registry, max int, results chan<- result, stuckAfter time.Duration, clk clock.Clock, m *Metrics) *pool {
-	return &pool{registry: registry, max: max, results: results, stuckAfter: stuckAfter, clock: clk, m: m,
+func newPool(registry *tasks.Registry, max int, results chan<- result, stuckAfter time.Duration, clk clock.Clock, m *Metrics, tr *tracer) *pool {
+	return &pool{registry: registry, max: max, results: results, stuckAfter: stuckAfter, clock: clk, m: m, tr: tr,
 		freed: wake.New(), attempts: map[tasks.Ref]*attempt{}, byQueue: map[string]int{}}
 }
 
@@ -112,8 +119,9 @@ func (p *pool) free(queue string, limit int) int {
 func (p *pool) idle() int { return p.max - p.inFlight() }
 
 // start runs one claimed task under its term's context; termDone ends the
-// attempt's hold on the term.
-func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
+// attempt's hold on the term. With tracing on, the handler runs in a span
+// that is a child of parent (see tracer.claimed).
+func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), parent trace.SpanContext) {
 	h, _ := p.registry.Lookup(t.Kind)
 	ctx, cancel := context.WithCancelCause(termCtx)
 	handlerCtx, stopDeadline := ctx, context.CancelFunc(func() {})
@@ -138,7 +146,11 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 	p.wg.Go(func() {
 		start := p.clock.Now()
 		task := t
-		err := call(handlerCtx, h, &task)
+		runCtx, span := handlerCtx, trace.Span(nil)
+		if p.tr != nil {
+			runCtx, span = p.tr.run(handlerCtx, &task, parent)
+		}
+		err := call(runCtx, h, &task)
 		if err == nil && errors.Is(handlerCtx.Err(), context.DeadlineExceeded) {
 			// The success came after the task's deadline: the deadline wins.
 			err = fmt.Errorf("deadline exceeded: the handler returned after the task's deadline %s", t.Deadline.UTC().Format(time.RFC3339Nano))
@@ -149,6 +161,11 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func()) {
 			r.interrupted = cause
 		}
 		r.cancelled = err != nil && tasks.CancelRequested(ctx)
+		if span != nil {
+			tracing.End(span, err)
+			_, r.span = p.tr.t.Start(runCtx, "shardrun.outcome", trace.WithAttributes(taskAttrs(&task)...),
+				trace.WithAttributes(p.tr.runner))
+		}
 		stopWatch()
 		stopDeadline()
 		cancel(nil)

@@ -1,15 +1,19 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -34,6 +38,10 @@ type writer struct {
 	clock clock.Clock
 	log   hclog.Logger
 	m     *Metrics
+	tr    *tracer // nil: tracing off
+	// batchErr is the first write error of the batch being flushed, for
+	// its span.
+	batchErr error
 }
 
 // Run writes outcomes until ctx ends; then it writes what has arrived and
@@ -103,13 +111,37 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 			fItems = append(fItems, r)
 		}
 	}
+	var batchSpan trace.Span
+	if w.tr != nil {
+		batchSpan = w.startBatch(batch)
+	}
 	writeEach(ctx, w, "completing", cItems, completions, w.store.Complete)
 	writeEach(ctx, w, "failing", fItems, failures, w.store.Fail)
 	writeEach(ctx, w, "interrupting", iItems, interruptions, w.store.Interrupt)
 	w.writeCancelled(ctx, cancelled)
+	if batchSpan != nil {
+		for _, r := range batch {
+			r.span.End()
+		}
+		tracing.End(batchSpan, w.batchErr)
+		w.batchErr = nil
+	}
 	for _, r := range batch {
 		r.done()
 	}
+}
+
+// startBatch starts the span of one outcome write, linked to each
+// attempt's outcome span and they to it.
+func (w *writer) startBatch(batch []result) trace.Span {
+	_, span := w.tr.t.Start(context.Background(), "shardrun.write_outcomes",
+		trace.WithAttributes(w.tr.runner, tracing.BatchSize.Int(len(batch))))
+	link := trace.Link{SpanContext: span.SpanContext()}
+	for _, r := range batch {
+		r.span.AddLink(link)
+		span.AddLink(trace.Link{SpanContext: r.span.SpanContext()})
+	}
+	return span
 }
 
 // writeEach writes one kind of outcome for items (ins[i] is items[i]'s)
@@ -129,6 +161,11 @@ func writeEach[T any](ctx context.Context, w *writer, what string, items []resul
 	case err == nil:
 		w.account(items, res)
 	case len(ins) == 1:
+		if items[0].span != nil {
+			items[0].span.SetAttributes(tracing.TaskOutcome.String("refused"))
+			tracing.Fail(items[0].span, err)
+			w.batchErr = cmp.Or(w.batchErr, err)
+		}
 		w.m.WriteRefused.Inc()
 		w.log.Error("the database refused a task outcome; the task is retried once its claim goes stale",
 			"what", what, "task", items[0].task.ID, "attempt", items[0].task.Attempt, "error", err)
@@ -195,11 +232,21 @@ func (w *writer) account(items []result, res []claims.WriteResult) {
 			}
 			w.m.Finished.WithLabelValues(it.task.Kind, outcome).Inc()
 			w.m.Duration.Observe(it.elapsed.Seconds())
+			if it.span != nil {
+				it.span.SetAttributes(tracing.TaskOutcome.String(outcome))
+			}
 		case claims.FenceLost:
+			if it.span != nil {
+				it.span.SetAttributes(tracing.TaskOutcome.String("fence_lost"))
+				it.span.SetStatus(codes.Error, "outcome refused: the shard's fence moved on")
+			}
 			w.m.FenceRejections.Inc()
 			w.log.Warn("outcome refused: shard fence moved on", "task", it.task.ID, "shard", it.task.Shard, "epoch", it.task.Epoch)
 			w.own.FenceLost(it.task.Shard, it.task.Epoch)
 		default:
+			if it.span != nil {
+				it.span.SetAttributes(tracing.TaskOutcome.String(r.Outcome.String()))
+			}
 			w.log.Info("outcome dropped: the task moved on", "task", it.task.ID, "outcome", r.Outcome.String())
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/executor"
@@ -92,6 +93,11 @@ type Config struct {
 	// DBMaxConns are not used; the runner migrates it and does not close
 	// it.
 	Store *store.Store
+	// TracerProvider, when set, traces every claim, handler run and
+	// outcome write (README, Traces); the handler's context carries its
+	// span. Nil: tracing off, at no cost. cmd/runner sets it from the
+	// OTEL_* environment.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultAdminAddr is the default admin endpoint address.
@@ -159,7 +165,7 @@ func (c Config) executorConfig() executor.Config {
 	}
 	return executor.Config{RunnerID: c.RunnerID, Retry: c.retryPolicy(), MaxWorkers: c.MaxWorkers, Queues: queues,
 		HeartbeatInterval: c.HeartbeatInterval, PollInterval: c.PollInterval,
-		ShutdownTimeout: c.HandoffTimeout + 5*time.Second, StuckAfter: c.HandoffTimeout}
+		ShutdownTimeout: c.HandoffTimeout + 5*time.Second, StuckAfter: c.HandoffTimeout, TracerProvider: c.TracerProvider}
 }
 
 // ParseQueues reads --queues: comma-separated queue names, each with an

@@ -83,7 +83,8 @@ func claimQuery(n int) string {
 			SELECT id, shard, queue, epoch, $1, attempt, deadline FROM picked
 		)
 		SELECT id, kind, shard, key, queue, priority, coalesce(sequence_key, ''), coalesce(sequence_blocks, false), payload,
-			attempt, max_attempts, coalesce(attempt_budget, 0), run_after, deadline, epoch, now(), created_at
+			attempt, max_attempts, coalesce(attempt_budget, 0), run_after, deadline, epoch, now(), created_at,
+			coalesce(trace_context, '')
 		FROM picked ORDER BY priority, run_after, id`
 	claimSQL.Store(n, q)
 	return q
@@ -91,7 +92,7 @@ func claimQuery(n int) string {
 
 // claimColumns are the fields of a claimed task, as scanClaimed reads them.
 const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.sequence_key, t.sequence_blocks, t.payload,
-	t.attempt, t.max_attempts, t.attempt_budget, t.run_after, t.deadline, t.created_at`
+	t.attempt, t.max_attempts, t.attempt_budget, t.run_after, t.deadline, t.created_at, t.trace_context`
 
 // Claim moves up to limit ready tasks of queue and of the given kinds, due
 // by the database clock, from the shards the runner holds the fence of to
@@ -137,7 +138,8 @@ func (s *Store) claim(ctx context.Context, owner string, owned []tasks.ShardEpoc
 		t := tasks.Task{State: tasks.Running, ClaimedBy: owner}
 		var priority int16
 		err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &t.SequenceBlocks, &t.Payload,
-			&t.Attempt, &t.MaxAttempts, &t.AttemptBudget, &t.RunAfter, &t.Deadline, &t.Epoch, &t.ClaimedAt, &t.CreatedAt)
+			&t.Attempt, &t.MaxAttempts, &t.AttemptBudget, &t.RunAfter, &t.Deadline, &t.Epoch, &t.ClaimedAt, &t.CreatedAt,
+			&t.TraceContext)
 		t.Priority = int(priority)
 		return t, err
 	})

@@ -43,6 +43,10 @@ type Insert struct {
 	SequenceKey string // empty: none
 	// SequenceBlocks: this task, dead or failed, blocks its sequence.
 	SequenceBlocks bool
+	// TraceContext is the W3C trace context of the enqueue span
+	// (internal/tracing.Inject), stored so that the runner's spans join
+	// the producer's trace; empty (NULL, nothing written) with tracing off.
+	TraceContext string
 }
 
 // querier is where the producer statements run: the pool, or a producer's
@@ -93,6 +97,13 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in Insert) (tasks.Enqu
 		$9::text, $10::smallint, $11::text, $12::boolean`
 	args := []any{in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline, nil,
 		queueOf(in), priorityOf(in), nullable(in.SequenceKey), sequenceBlocks(in)}
+	if in.TraceContext != "" {
+		// Only a traced enqueue names the column: with tracing off the
+		// statement is the one it always was.
+		cols += `, trace_context`
+		vals += `, $13::text`
+		args = append(args, in.TraceContext)
+	}
 	done := func(id int64) (tasks.Enqueued, error) {
 		if tx == nil {
 			s.notifyReady([]Insert{in}, func(int) bool { return true })
@@ -236,12 +247,20 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (ta
 }
 
 // copyTasks inserts tasks with COPY: one COPY for those that start now and
-// one for those with a RunAfter.
+// one for those with a RunAfter. The trace_context column is copied only
+// when some task of the batch has one (tracing on).
 func copyTasks(ctx context.Context, q querier, ins []Insert) (int64, error) {
+	traced := false
+	for _, in := range ins {
+		traced = traced || in.TraceContext != ""
+	}
 	var now, later [][]any
 	for _, in := range ins {
 		row := []any{in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts), in.Deadline,
 			queueOf(in), priorityOf(in), nullable(in.SequenceKey), sequenceBlocks(in)}
+		if traced {
+			row = append(row, nullable(in.TraceContext))
+		}
 		if in.RunAfter == nil {
 			now = append(now, row)
 		} else {
@@ -249,6 +268,9 @@ func copyTasks(ctx context.Context, q querier, ins []Insert) (int64, error) {
 		}
 	}
 	cols := []string{"kind", "shard", "key", "payload", "max_attempts", "deadline", "queue", "priority", "sequence_key", "sequence_blocks"}
+	if traced {
+		cols = append(cols, "trace_context")
+	}
 	var total int64
 	if len(now) > 0 {
 		n, err := q.CopyFrom(ctx, pgx.Identifier{"tasks"}, cols, pgx.CopyFromRows(now))
@@ -283,9 +305,9 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 			WITH u AS MATERIALIZED (
 				SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id, x.*
 				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::timestamptz[], $7::timestamptz[], $8::text[],
-						$9::text[], $10::smallint[], $11::text[], $12::boolean[])
+						$9::text[], $10::smallint[], $11::text[], $12::boolean[], $13::text[])
 					WITH ORDINALITY AS x(kind, shard, key, payload, max_attempts, run_after, deadline, unique_key,
-						queue, priority, sequence_key, sequence_blocks, n)
+						queue, priority, sequence_key, sequence_blocks, trace_context, n)
 			), k AS (
 				INSERT INTO task_unique_keys (unique_key, id)
 				SELECT unique_key, id FROM u WHERE unique_key IS NOT NULL ORDER BY n
@@ -293,10 +315,10 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 				RETURNING id
 			), ins AS (
 				INSERT INTO tasks (id, kind, shard, key, payload, max_attempts, run_after, deadline, unique_key,
-					queue, priority, sequence_key, sequence_blocks)
+					queue, priority, sequence_key, sequence_blocks, trace_context)
 				OVERRIDING SYSTEM VALUE
 				SELECT id, kind, shard, key, payload::jsonb, max_attempts, coalesce(run_after, now()), deadline, unique_key,
-					queue, priority, sequence_key, sequence_blocks
+					queue, priority, sequence_key, sequence_blocks, trace_context
 				FROM u WHERE unique_key IS NULL OR id = ANY (ARRAY(SELECT id FROM k))
 				ORDER BY n
 				RETURNING id
@@ -351,7 +373,8 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 
 // uniqueArgs are the arrays of insertUnique's statement for the tasks
 // ins[todo]: kinds, shards, keys, payloads, max_attempts, run_after,
-// deadlines, unique keys.
+// deadlines, unique keys, queues, priorities, sequence keys and blocks, trace
+// contexts (NULL with tracing off).
 func uniqueArgs(ins []Insert, todo []int) []any {
 	n := len(todo)
 	kinds, keys, payloads, queues := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -360,12 +383,24 @@ func uniqueArgs(ins []Insert, todo []int) []any {
 	runAfters, deadlines := make([]*time.Time, n), make([]*time.Time, n)
 	uniqueKeys, sequenceKeys := make([]*string, n), make([]*string, n)
 	blocks := make([]*bool, n)
+	// NULL, not an array of NULLs, when no task is traced: unnest pads
+	// a shorter (or NULL) array with NULLs.
+	var traceContexts []*string
+	for _, i := range todo {
+		if ins[i].TraceContext != "" {
+			traceContexts = make([]*string, n)
+			break
+		}
+	}
 	for j, i := range todo {
 		in := ins[i]
 		kinds[j], shards[j], keys[j], payloads[j], maxAttempts[j] = in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts)
 		runAfters[j], deadlines[j] = in.RunAfter, in.Deadline
 		uniqueKeys[j], sequenceKeys[j] = nullable(in.UniqueKey), nullable(in.SequenceKey)
 		queues[j], priorities[j], blocks[j] = queueOf(in), priorityOf(in), sequenceBlocks(in)
+		if traceContexts != nil {
+			traceContexts[j] = nullable(in.TraceContext)
+		}
 	}
-	return []any{kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys, queues, priorities, sequenceKeys, blocks}
+	return []any{kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys, queues, priorities, sequenceKeys, blocks, traceContexts}
 }

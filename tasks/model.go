@@ -148,6 +148,12 @@ type Task struct {
 	Result     json.RawMessage `json:"result,omitempty"`
 	CreatedAt  time.Time       `json:"created_at"`
 	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	// TraceContext is the W3C trace context (traceparent, tracestate) of
+	// the span that enqueued the task, as stored with it; the runner's
+	// spans of the task join that trace. Set on claimed tasks only, and
+	// empty when the task was enqueued with tracing off. Not part of the
+	// API's JSON: a handler that wants the trace uses its context's span.
+	TraceContext string `json:"-"`
 }
 
 // BudgetAttempt is the number of this attempt within the task's current

@@ -153,7 +153,8 @@ func demoLoad(ctx context.Context, o options, c *coordinator.Coordinator, log hc
 		return err
 	}
 	defer st.Close()
-	producer, err := client.New(st, client.Config{ShardCount: o.shardCount})
+	// The demo's tasks are traced as any producer's when tracing is on.
+	producer, err := client.New(st, client.Config{ShardCount: o.shardCount, TracerProvider: o.tracerProvider})
 	if err != nil {
 		return err
 	}
@@ -321,7 +322,10 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 	// process dies without stopping it.
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	// The database URL goes by environment, not on the command line, where
-	// every local user could read its password.
+	// every local user could read its password. The rest of this process's
+	// environment passes on: OTEL_* among it, so the runners trace as this
+	// coordinator does (service.name shardrun-runner unless
+	// OTEL_SERVICE_NAME says otherwise).
 	r.cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "DATABASE_URL_FILE"), "DATABASE_URL="+o.databaseURL)
 	// The etcd client's TLS, as this coordinator's: by environment too (the
 	// key is a secret).

@@ -15,11 +15,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/coordinator"
 	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/maintenance"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
@@ -44,6 +46,8 @@ type options struct {
 	dev                                                               bool
 	devRunners, devRate                                               int
 	runnerBin                                                         string
+	// tracerProvider traces the API's enqueues; nil: tracing off.
+	tracerProvider trace.TracerProvider
 	// warnings name the secrets given on the command line.
 	warnings []string
 }
@@ -133,6 +137,20 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		log.Warn("a secret was given on the command line, where every local user can read it (/proc/<pid>/cmdline); give it by file or environment instead",
 			"flag", "--"+name, "instead", "--"+name+"-file")
 	}
+	// Traces are off unless the OTEL_* environment asks for them; the
+	// buffered spans are flushed on the way out. The --dev runners inherit
+	// the environment, so they trace (or not) alike.
+	tp, err := tracing.FromEnv(context.Background(), "shardrun-coordinator", getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "coordinator: %s\n", cli.OneLine(err))
+		return 2
+	}
+	defer tp.Close(log)
+	if tp != nil {
+		tracing.LogErrors(log.Named("tracing"))
+		log.Info("tracing on: exporting spans over OTLP (OTEL_* environment)")
+	}
+	o.tracerProvider = tp.TracerProvider()
 	ctx, stop := cli.SignalContext(log)
 	defer stop()
 	if o.dev {
@@ -273,7 +291,7 @@ func serve(ctx context.Context, o options, log hclog.Logger, ready chan<- *coord
 	}
 	defer etcd.Close()
 	cfg := o.config()
-	cfg.Client, cfg.Store, cfg.Logger = etcd, st, log
+	cfg.Client, cfg.Store, cfg.Logger, cfg.TracerProvider = etcd, st, log, o.tracerProvider
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		return err

@@ -59,6 +59,15 @@ func TestHelpAndBadInput(t *testing.T) {
 			t.Errorf("%v: exit %d %q; want exit 2 and one line naming %s", tc.args, code, msg, tc.want)
 		}
 	}
+	// Tracing that shardrun cannot do stops it before it connects.
+	for name, value := range map[string]string{"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"} {
+		env = map[string]string{name: value, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"}
+		var out, errOut bytes.Buffer
+		code := run([]string{"--database-url", "postgres://u@h/db"}, func(k string) string { return env[k] }, &out, &errOut)
+		if msg := strings.TrimSpace(errOut.String()); code != 2 || !strings.HasPrefix(msg, "coordinator: "+name+":") {
+			t.Errorf("%s=%s: exit %d %q; want exit 2 and one line naming it", name, value, code, msg)
+		}
+	}
 }
 
 func TestEmbeddedEtcd(t *testing.T) {

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/shardrun/shardrun/executor"
 	"github.com/shardrun/shardrun/internal/cli"
+	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/runner"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -131,6 +133,18 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	warnSecrets(log, s.warnings)
 	s.cfg.Logger = log
+	// Traces are off unless the OTEL_* environment asks for them; the
+	// buffered spans are flushed on the way out.
+	tp, err := tracing.FromEnv(context.Background(), "shardrun-runner", getenv)
+	if err != nil {
+		return fail(err, 2)
+	}
+	defer tp.Close(log)
+	if tp != nil {
+		tracing.LogErrors(log.Named("tracing"))
+		log.Info("tracing on: exporting spans over OTLP (OTEL_* environment)")
+	}
+	s.cfg.TracerProvider = tp.TracerProvider()
 	r, err := runner.New(s.cfg)
 	if err != nil {
 		return fail(err, 2)

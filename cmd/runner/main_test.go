@@ -67,6 +67,10 @@ func TestBadInputIsOneLineNamingTheFlag(t *testing.T) {
 		{[]string{"--database-url", "postgres://u@h/db", "--lease-ttl", "3s", "--detach-margin", "3s"}, nil, "--detach-margin"},
 		{[]string{"--database-url", "postgres://u@h/db", "--admin-addr", "0.0.0.0:9090"}, nil, "--admin-token"},
 		{[]string{"--database-url", "postgres://u@h/db", "--etcd-endpoints", "localhost:2379"}, nil, "--etcd-endpoints"},
+		// Tracing that shardrun cannot do stops it before it connects.
+		{nil, map[string]string{"DATABASE_URL": "postgres://u@h/db", "OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"},
+		{nil, map[string]string{"DATABASE_URL": "postgres://u@h/db", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317",
+			"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL"},
 	} {
 		env = tc.env
 		var out, errOut bytes.Buffer
