@@ -119,3 +119,20 @@ func TestClaimAfterIdleAnalyze(t *testing.T) {
 		t.Errorf("the claims read %d blocks of tasks_pkey for %d tasks", pkey1-pkey0, claimed)
 	}
 }
+
+// The coordinator's pool plans every statement at each execution (its
+// leader passes run on idle tables, as the claim does); other pools keep
+// PostgreSQL's plan cache, which the sequence trigger's statements need.
+func TestPlanEachExecutionIsThePoolsPlanCacheMode(t *testing.T) {
+	ctx := context.Background()
+	for _, each := range []bool{false, true} {
+		s, _ := pgtest.NewStore(t, store.Options{MaxConns: 2, PlanEachExecution: each})
+		var mode string
+		if err := s.Pool().QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]string{false: "auto", true: "force_custom_plan"}[each]; mode != want {
+			t.Errorf("PlanEachExecution %v: plan_cache_mode %s, want %s", each, mode, want)
+		}
+	}
+}

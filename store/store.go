@@ -64,6 +64,16 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// Logger receives migration progress; nil discards it.
 	Logger hclog.Logger
+	// PlanEachExecution makes PostgreSQL plan every statement of the pool
+	// at each execution (plan_cache_mode force_custom_plan) rather than
+	// settle on a generic plan. The coordinator sets it: its leader passes
+	// run on idle tables, and a generic plan made while autovacuum had
+	// analysed them empty can look tasks up through the wrong index (see
+	// claimExecMode). Runners leave it off: it replans the sequence
+	// trigger's statements at every completion (sequences ran at half
+	// their throughput), and their one statement that runs at idle, the
+	// claim, is planned at each execution anyway.
+	PlanEachExecution bool
 }
 
 // Validate reports a bad setting naming its flag. It checks the options as
@@ -136,19 +146,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	// statements that run in milliseconds. None of the store's statements
 	// runs long enough to repay a compilation.
 	cfg.ConnConfig.RuntimeParams["jit"] = "off"
-	// Every statement is planned at each execution, against the tables as
-	// they are. pgx prepares each statement once per connection, and after
-	// five executions PostgreSQL may settle on a generic plan that it keeps
-	// until the tables' statistics change. The idle runners' claims and the
-	// leader's passes run on empty tables; where autovacuum had analysed
-	// them empty (relpages 0, reltuples 0: "empty", not "never measured"),
-	// the claim's generic plan found the claimed tasks' records through
-	// tasks_kind_id_idx (kind, id) — one walk of the whole index per
-	// claimed task — and a burst after an idle period burned down 4x
-	// slower until autovacuum analysed the tables again, a minute later
-	// (TestClaimAfterIdleAnalyze). Planning costs a fraction of a
-	// millisecond per statement, and the hot path's statements are batches.
-	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	if opts.PlanEachExecution {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
 	timeout := cmp.Or(opts.ConnectTimeout, DefaultConnectTimeout)
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > timeout {
 		cfg.ConnConfig.ConnectTimeout = timeout

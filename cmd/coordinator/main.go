@@ -191,7 +191,7 @@ func (o *options) config() coordinator.Config {
 }
 
 func (o *options) storeOptions() store.Options {
-	return store.Options{MaxConns: o.dbMaxConns, ApplicationName: "shardrun-coordinator " + o.id}
+	return store.Options{MaxConns: o.dbMaxConns, ApplicationName: "shardrun-coordinator " + o.id, PlanEachExecution: true}
 }
 
 // validate checks every setting, each by the package that owns it, before
