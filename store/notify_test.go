@@ -25,14 +25,7 @@ func TestStoreEnqueueSuppressesTheTriggersNotification(t *testing.T) {
 	s, dsn := pgtest.NewStore(t, store.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close(context.Background()) }()
-	if _, err := conn.Exec(ctx, "LISTEN "+store.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
+	conn := listenConn(ctx, t, dsn)
 	on := func(shard int, unique string) store.Insert {
 		in := insert("k", shard, 3)
 		in.Key, in.UniqueKey = "key-"+strconv.Itoa(shard)+unique, unique

@@ -325,14 +325,7 @@ func TestSequenceReleaseNotifiesTheNextTasksShard(t *testing.T) {
 	if len(head) != 1 {
 		t.Fatalf("claimed %d tasks of a sequence of two, want its head only", len(head))
 	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close(context.Background()) }()
-	if _, err := conn.Exec(ctx, "LISTEN "+store.NotifyChannel); err != nil {
-		t.Fatal(err)
-	}
+	conn := listenConn(ctx, t, dsn)
 	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: head[0].Ref()}})); r.Outcome != claims.Applied {
 		t.Fatalf("completing the head: %v", r.Outcome)
 	}

@@ -918,3 +918,18 @@ func TestFailExpiredEndsFailedAndFinalEndsDead(t *testing.T) {
 		t.Fatalf("expired task: %+v", got)
 	}
 }
+
+// listenConn opens a connection of its own to dsn that LISTENs on the enqueue
+// channel, closed when the test ends.
+func listenConn(ctx context.Context, t testing.TB, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "LISTEN "+store.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
