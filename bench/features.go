@@ -20,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	srclient "github.com/shardrun/shardrun/client"
-	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -267,24 +266,15 @@ func (e *env) priorityFigure(ctx context.Context, f *featuresResult) (p *priorit
 			"priority 1 by client.EnqueueTx in the bench's own transaction (notified by the insert trigger at the commit), priority 3 by client.Enqueue; "+
 			"latency is claimed_at - created_at (database clock) of the tasks created before the backlog's last task was claimed; the backlog's drain from its first claim to its last completion",
 			f.Processes, f.MaxWorkers, backlog, window, rate)}
-	dsn, err := e.database(ctx, "sr_fprio")
+	st, dsn, drop, err := e.trialStore(ctx, "sr_fprio", 16)
 	if err != nil {
 		return p, err
 	}
-	st, err := store.Open(ctx, dsn, store.Options{MaxConns: 16})
-	if err != nil {
-		return p, err
-	}
-	db := st.Pool().Config().ConnConfig.Database
 	defer func() {
-		st.Close()
-		if dropErr := e.dropDatabase(ctx, db); err == nil {
+		if dropErr := drop(); err == nil {
 			err = dropErr
 		}
 	}()
-	if err := st.Migrate(ctx); err != nil {
-		return p, err
-	}
 	cfg := srclient.Config{ShardCount: 256}.WithDefaults()
 	client, err := srclient.New(st, cfg)
 	if err != nil {

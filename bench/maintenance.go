@@ -124,24 +124,16 @@ var unclaimableFlags = unclaimableOpts{tasks: 200_000, procs: 2}
 // earlier) and include the coordinator's statements.
 func (e *env) deployedBurnDown(ctx context.Context, o trialOpts, setup unclaimableSetup) (r burnDown, idlePct float64, err error) {
 	r = burnDown{System: "shardrun", Processes: o.processes, Tasks: o.n, MaxWorkers: o.maxWorkers, Unhandled: o.unhandled}
-	dsn, err := e.database(ctx, fmt.Sprintf("sr_%s_%d_%d_%d", o.label, o.processes, o.trial, o.unhandled))
+	st, dsn, drop, err := e.trialStore(ctx, fmt.Sprintf("sr_%s_%d_%d_%d", o.label, o.processes, o.trial, o.unhandled), 4)
 	if err != nil {
 		return r, 0, err
 	}
-	st, err := store.Open(ctx, dsn, store.Options{MaxConns: 4})
-	if err != nil {
-		return r, 0, err
-	}
-	db := st.Pool().Config().ConnConfig.Database
 	defer func() {
-		st.Close()
-		if dropErr := e.dropDatabase(ctx, db); err == nil {
+		if dropErr := drop(); err == nil {
 			err = dropErr
 		}
 	}()
-	if err := st.Migrate(ctx); err != nil {
-		return r, 0, err
-	}
+	db := st.Pool().Config().ConnConfig.Database
 	prep := srclient.Config{ShardCount: 256}.WithDefaults()
 	c := e.newCluster(fmt.Sprintf("uc-%d-%d", o.trial, time.Now().UnixNano()), dsn, 256)
 	defer c.stop()

@@ -126,24 +126,16 @@ type trialOpts struct {
 // completed.
 func (e *env) shardrunBurnDown(ctx context.Context, o trialOpts) (r burnDown, err error) {
 	r = burnDown{System: "shardrun", Processes: o.processes, Tasks: o.n, MaxWorkers: o.maxWorkers}
-	dsn, err := e.database(ctx, fmt.Sprintf("sr_%s_%d_%d", o.label, o.processes, o.trial))
+	st, dsn, drop, err := e.trialStore(ctx, fmt.Sprintf("sr_%s_%d_%d", o.label, o.processes, o.trial), 4)
 	if err != nil {
 		return r, err
 	}
-	st, err := store.Open(ctx, dsn, store.Options{MaxConns: 4})
-	if err != nil {
-		return r, err
-	}
-	db := st.Pool().Config().ConnConfig.Database
 	defer func() {
-		st.Close()
-		if dropErr := e.dropDatabase(ctx, db); err == nil {
+		if dropErr := drop(); err == nil {
 			err = dropErr
 		}
 	}()
-	if err := st.Migrate(ctx); err != nil {
-		return r, err
-	}
+	db := st.Pool().Config().ConnConfig.Database
 	ccfg := srclient.Config{ShardCount: 256}
 	var env []string
 	if o.traced != nil {

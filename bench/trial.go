@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shardrun/shardrun/store"
 )
 
 // benchTag starts every statement the bench sends to a trial's database
@@ -201,4 +203,26 @@ func (e *env) dropDatabase(ctx context.Context, name string) error {
 		return fmt.Errorf("dropping database %s: %w", name, err)
 	}
 	return nil
+}
+
+// trialStore creates a fresh database named after name, opens a store on
+// it with maxConns connections and migrates it. drop closes the store and
+// drops the database; a trial defers it and keeps its first error.
+func (e *env) trialStore(ctx context.Context, name string, maxConns int) (st *store.Store, dsn string, drop func() error, err error) {
+	if dsn, err = e.database(ctx, name); err != nil {
+		return nil, "", nil, err
+	}
+	if st, err = store.Open(ctx, dsn, store.Options{MaxConns: maxConns}); err != nil {
+		return nil, "", nil, err
+	}
+	db := st.Pool().Config().ConnConfig.Database
+	drop = func() error {
+		st.Close()
+		return e.dropDatabase(ctx, db)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		_ = drop()
+		return nil, "", nil, err
+	}
+	return st, dsn, drop, nil
 }
