@@ -224,8 +224,11 @@ func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, 
 	}
 	f.Kind, f.Key, f.Queue, f.SequenceKey = q.Get("kind"), q.Get("key"), q.Get("queue"), q.Get("sequence_key")
 	if v := q.Get("priority"); v != "" {
+		// Checked here, not left to Filter.Check: the filter's zero
+		// priority means "any", so priority=0 (or 00, +0) parsed into it
+		// would widen a bulk cancel to every priority.
 		n, err := strconv.Atoi(v)
-		if err != nil {
+		if err != nil || tasks.CheckPriority(n) != nil {
 			return f, 0, &tasks.FieldError{Field: "priority", Problem: fmt.Sprintf("must be %d to %d, got %q", tasks.MostUrgent, tasks.LeastUrgent, v)}
 		}
 		f.Priority = n

@@ -233,6 +233,21 @@ func TestQueryParametersAreCheckedLikeBodies(t *testing.T) {
 		{"shard=1000000000", "shard"},
 		{"shard=-1", "shard"},
 		{"state=", "state"},
+		{"state=ready,", "state"},
+		{"state=,ready", "state"},
+		// The filter's zero priority means "any": a priority that parses
+		// to it must not widen the filter (issue 34: priority=0 cancelled
+		// every priority of a queue).
+		{"priority=0", "priority"},
+		{"priority=00", "priority"},
+		{"priority=%2B0", "priority"},
+		{"priority=-0", "priority"},
+		{"priority=6", "priority"},
+		{"priority=", "priority"},
+		{"queue=", "queue"},
+		{"queue=%00", "queue"},
+		{"sequence_key=", "sequence_key"},
+		{"sequence_key=%FF", "sequence_key"},
 		{"created_before=0001-01-01T00:00:00Z", "created_before"},
 		{"created_before=", "created_before"},
 		{"created_since=0001-01-01T00:00:00Z", "created_since"},
@@ -257,5 +272,36 @@ func TestQueryParametersAreCheckedLikeBodies(t *testing.T) {
 	}
 	if w := serveOnce(h, "GET", "/api/tasks?shard=15&kind=noop&key=k&created_before=2020-01-01T00:00:00Z", ""); w.Code != 200 {
 		t.Fatalf("a valid filter: %d %s", w.Code, w.Body)
+	}
+}
+
+// TestABulkCancelNeverWidensItsFilter: a bulk operation acts on no more
+// than its filter says. priority=0 once meant "any priority" and cancelled
+// every task of the queue.
+func TestABulkCancelNeverWidensItsFilter(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c := e.start("coord", nil)
+	base := "http://" + c.Addr()
+	for p := 1; p <= 3; p++ {
+		if code, body := testutil.HTTP(t, "POST", base+"/api/tasks", "", fmt.Sprintf(`{"kind": "noop", "queue": "q34", "priority": %d}`, p)); code != 201 {
+			t.Fatalf("enqueue: %d %s", code, body)
+		}
+	}
+	for _, p := range []string{"0", "00", "-0"} {
+		if code, body := testutil.HTTP(t, "POST", base+"/api/tasks/cancel?queue=q34&priority="+p, "", ""); code != 400 {
+			t.Errorf("cancel with priority=%s: %d %s, want 400", p, code, body)
+		}
+		if code, body := testutil.HTTP(t, "GET", base+"/api/tasks/count?queue=q34&priority="+p, "", ""); code != 400 {
+			t.Errorf("count with priority=%s: %d %s, want 400", p, code, body)
+		}
+	}
+	code, body := testutil.HTTP(t, "POST", base+"/api/tasks/cancel?queue=q34&priority=2", "", "")
+	if got := decode[tasks.BulkResult](t, body); code != 200 || got.Cancelled != 1 || !got.Done {
+		t.Fatalf("cancel of priority 2: %d %s, want one cancelled", code, body)
+	}
+	code, body = testutil.HTTP(t, "GET", base+"/api/tasks/count?queue=q34&state=ready", "", "")
+	if got := decode[store.MatchCount](t, body); code != 200 || got.Count != 2 {
+		t.Fatalf("ready after the cancel: %d %s, want 2", code, body)
 	}
 }
