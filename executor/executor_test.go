@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -150,19 +151,16 @@ func TestFailedAttemptIsRetriedThenCompletes(t *testing.T) {
 	}
 }
 
-// A task an operator retried starts its new budget of attempts from the
-// shortest backoff again, not from the one its absolute attempt number
-// would give (attempt 4 after a retry at 3 of 3: 8 times the base).
-func TestBackoffCountsFromTheLastRetry(t *testing.T) {
+// A failure carries the runner's retry policy, which the store applies
+// (shardrun_backoff, counting from the task's last retry:
+// TestFailBackoffCountsFromTheLastRetry in store).
+func TestFailureCarriesTheRetryPolicy(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, map[string]tasks.Handler{"bad": func(context.Context, *tasks.Task) error { return errors.New("boom") }})
 	e.store.add(1, "bad", 0, 6)
-	e.store.mu.Lock()
-	e.store.tasks[1].Attempt, e.store.tasks[1].AttemptBudget = 4, 3 // retried once, at attempt 3 of 3
-	e.store.mu.Unlock()
 	e.own.own(0, 1)
 	e.run()
-	e.until("the first attempt after the retry failed", func() bool {
+	e.until("the attempt failed", func() bool {
 		e.store.mu.Lock()
 		defer e.store.mu.Unlock()
 		return len(e.store.failed) > 0
@@ -170,10 +168,8 @@ func TestBackoffCountsFromTheLastRetry(t *testing.T) {
 	e.store.mu.Lock()
 	first := e.store.failed[0]
 	e.store.mu.Unlock()
-	// Base 10ms: the first attempt of a budget waits [5ms, 10ms), the
-	// fourth would wait [40ms, 80ms).
-	if first.Ref.Attempt != 4 || first.RetryAfter >= 10*time.Millisecond {
-		t.Fatalf("the first failure after a retry waits %s (attempt %d), want under the 10ms base", first.RetryAfter, first.Ref.Attempt)
+	if want := (claims.Backoff{Base: 10 * time.Millisecond, Cap: 100 * time.Millisecond}); first.Backoff != want {
+		t.Fatalf("the failure's backoff is %+v, want the policy's %+v", first.Backoff, want)
 	}
 }
 

@@ -106,7 +106,7 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 			interruptions = append(interruptions, claims.Interruption{Ref: r.task.Ref(), Reason: "interrupted: " + r.interrupted.Error()})
 			iItems = append(iItems, r)
 		default:
-			failures = append(failures, claims.Failure{Ref: r.task.Ref(), Error: r.err.Error(), RetryAfter: w.retry.Backoff(r.task.BudgetAttempt(), nil),
+			failures = append(failures, claims.Failure{Ref: r.task.Ref(), Error: r.err.Error(), Backoff: claims.Backoff{Base: w.retry.Base, Cap: w.retry.Cap},
 				Final: errors.Is(r.err, tasks.ErrPermanent), Expired: r.expired})
 			fItems = append(fItems, r)
 		}

@@ -80,9 +80,10 @@ func countQuery(f tasks.Filter) (sql string, args []any, scan int) {
 	others := f
 	others.States = nil
 	if len(f.States) > 0 && others.Empty() {
-		// States alone are counted in each state's own table, as
+		// States alone are counted in each state's own places, as
 		// CountByStateCapped does: ready tasks have no index in id order
-		// that a stream could walk, but task_ready holds them all.
+		// that a stream could walk, but task_ready and task_waiting hold
+		// them all.
 		var b sqlBuilder
 		states := slices.Compact(slices.Sorted(slices.Values(f.States)))
 		parts := make([]string, 0, len(states))
@@ -90,6 +91,7 @@ func countQuery(f tasks.Filter) (sql string, args []any, scan int) {
 			var from string
 			switch st {
 			case tasks.Ready:
+				parts = append(parts, "(SELECT count(*) FROM (SELECT 1 FROM task_waiting LIMIT "+strconv.Itoa(MatchCountCap)+") x)")
 				from = "task_ready"
 			case tasks.Running:
 				from = "task_claims"

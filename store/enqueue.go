@@ -199,7 +199,8 @@ func (s *Store) EnqueueBatch(ctx context.Context, ins []Insert) (int64, error) {
 // EnqueueBatchIn inserts many tasks inside tx, the producer's own
 // transaction (nil: a transaction of its own). A batch without unique keys
 // goes by COPY, the fastest path, and reports only its count. A batch with
-// any unique key goes by one INSERT … SELECT FROM unnest … ON CONFLICT DO
+// any unique key (or whose sequences mix tasks with and without a
+// run_after) goes by one INSERT … SELECT FROM unnest … ON CONFLICT DO
 // NOTHING (COPY has no ON CONFLICT) and reports every task's id in order,
 // the duplicates marked; a unique key given twice in one batch creates one
 // task, and the second entry is its duplicate.
@@ -207,15 +208,23 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (ta
 	if len(ins) == 0 {
 		return tasks.BatchEnqueued{}, nil
 	}
-	unique := false
+	// COPY goes in two parts (tasks that start now, then those with a
+	// run_after: COPY cannot default a column row by row), so a batch
+	// whose sequences mix the two would be reordered by it: ids decide a
+	// sequence's order. Such a batch goes by the ordered insert, as a batch
+	// with unique keys does.
+	unique, sequenced, now, later := false, false, false, false
 	for _, in := range ins {
 		unique = unique || in.UniqueKey != ""
+		sequenced = sequenced || in.SequenceKey != ""
+		now, later = now || in.RunAfter == nil, later || in.RunAfter != nil
 	}
+	ordered := unique || sequenced && now && later
 	var res tasks.BatchEnqueued
 	run := func(q querier) error {
 		var err error
-		if unique {
-			res, err = insertUnique(ctx, q, ins)
+		if ordered {
+			res, err = insertOrdered(ctx, q, ins)
 		} else {
 			res.Inserted, err = copyTasks(ctx, q, ins)
 		}
@@ -233,13 +242,13 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (ta
 			return run(tx)
 		})
 		if err == nil {
-			s.notifyReady(ins, func(i int) bool { return !unique || !res.Tasks[i].Duplicate })
+			s.notifyReady(ins, func(i int) bool { return !ordered || !res.Tasks[i].Duplicate })
 		}
 	}
 	if err != nil {
 		how := "COPY"
-		if unique {
-			how = "unique keys"
+		if ordered {
+			how = "ordered insert"
 		}
 		return tasks.BatchEnqueued{}, fmt.Errorf("enqueueing %d tasks (%s): %w", len(ins), how, err)
 	}
@@ -289,25 +298,29 @@ func copyTasks(ctx context.Context, q querier, ins []Insert) (int64, error) {
 	return total, nil
 }
 
-// insertUnique inserts a batch with unique keys. The ids are drawn from the
-// table's identity sequence before the insert, so that each input row's id
-// is known whether or not it was inserted (RETURNING cannot name the input
-// row), then the holders of the keys not inserted are looked up. Keys whose
-// holder finished in between are inserted again, in the next round.
-func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqueued, error) {
+// insertOrdered inserts a batch in its order (ids follow the input), with
+// or without unique keys. The ids are drawn from the table's identity
+// sequence before the insert, so that each input row's id is known whether
+// or not it was inserted (RETURNING cannot name the input row), then the
+// holders of the keys not inserted are looked up. Keys whose holder
+// finished in between are inserted again, in the next round, under the
+// ids drawn for them in the first: a later round must not put a task after
+// the ones that followed it in the batch (a sequence's order is its ids').
+func insertOrdered(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqueued, error) {
 	res := tasks.BatchEnqueued{Tasks: make([]tasks.Enqueued, len(ins))}
 	todo := make([]int, len(ins)) // indexes of ins still to insert
 	for i := range todo {
 		todo[i] = i
 	}
+	drawn := make([]*int64, len(ins)) // the id drawn for each task in the first round
 	for range uniqueTries {
 		rows, err := q.Query(ctx, `/* shardrun.enqueue_batch_unique */
 			WITH u AS MATERIALIZED (
-				SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id, x.*
+				SELECT coalesce(x.drawn, nextval(pg_get_serial_sequence('tasks', 'id'))) AS id, x.*
 				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::timestamptz[], $7::timestamptz[], $8::text[],
-						$9::text[], $10::smallint[], $11::text[], $12::boolean[], $13::text[])
+						$9::text[], $10::smallint[], $11::text[], $12::boolean[], $13::text[], $14::bigint[])
 					WITH ORDINALITY AS x(kind, shard, key, payload, max_attempts, run_after, deadline, unique_key,
-						queue, priority, sequence_key, sequence_blocks, trace_context, n)
+						queue, priority, sequence_key, sequence_blocks, trace_context, drawn, n)
 			), k AS (
 				INSERT INTO task_unique_keys (unique_key, id)
 				SELECT unique_key, id FROM u WHERE unique_key IS NOT NULL ORDER BY n
@@ -324,7 +337,7 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 				RETURNING id
 			)
 			SELECT u.id, ins.id IS NOT NULL FROM u LEFT JOIN ins ON ins.id = u.id ORDER BY u.n`,
-			uniqueArgs(ins, todo)...)
+			uniqueArgs(ins, todo, drawn)...)
 		if err != nil {
 			return tasks.BatchEnqueued{}, err
 		}
@@ -336,6 +349,8 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 		_, err = pgx.ForEachRow(rows, []any{&id, &inserted}, func() error {
 			i := todo[j]
 			j++
+			v := id
+			drawn[i] = &v
 			if inserted {
 				res.Tasks[i] = tasks.Enqueued{ID: id}
 				res.Inserted++
@@ -371,11 +386,12 @@ func insertUnique(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnqu
 	return tasks.BatchEnqueued{}, errHolderInvisible
 }
 
-// uniqueArgs are the arrays of insertUnique's statement for the tasks
+// uniqueArgs are the arrays of insertOrdered's statement for the tasks
 // ins[todo]: kinds, shards, keys, payloads, max_attempts, run_after,
 // deadlines, unique keys, queues, priorities, sequence keys and blocks, trace
-// contexts (NULL with tracing off).
-func uniqueArgs(ins []Insert, todo []int) []any {
+// contexts (NULL with tracing off), and the ids drawn for them in an
+// earlier round (NULL: draw one).
+func uniqueArgs(ins []Insert, todo []int, drawn []*int64) []any {
 	n := len(todo)
 	kinds, keys, payloads, queues := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	shards, maxAttempts := make([]int32, n), make([]int32, n)
@@ -383,6 +399,7 @@ func uniqueArgs(ins []Insert, todo []int) []any {
 	runAfters, deadlines := make([]*time.Time, n), make([]*time.Time, n)
 	uniqueKeys, sequenceKeys := make([]*string, n), make([]*string, n)
 	blocks := make([]*bool, n)
+	ids := make([]*int64, n)
 	// NULL, not an array of NULLs, when no task is traced: unnest pads
 	// a shorter (or NULL) array with NULLs.
 	var traceContexts []*string
@@ -401,6 +418,7 @@ func uniqueArgs(ins []Insert, todo []int) []any {
 		if traceContexts != nil {
 			traceContexts[j] = nullable(in.TraceContext)
 		}
+		ids[j] = drawn[i]
 	}
-	return []any{kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys, queues, priorities, sequenceKeys, blocks, traceContexts}
+	return []any{kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys, queues, priorities, sequenceKeys, blocks, traceContexts, ids}
 }

@@ -151,7 +151,7 @@ func TestShardCountRefusedOverExistingTasksOutsideTheRange(t *testing.T) {
 		t.Fatal("a task in shard 20 was inserted under a count of 16")
 	}
 	// Once the stray rows are gone the next start validates the constraint.
-	exec(t, s, `DELETE FROM tasks WHERE shard >= 16`)
+	exec(t, s, `WITH gone AS (DELETE FROM tasks WHERE shard >= 16 RETURNING id) DELETE FROM task_ready WHERE id IN (SELECT id FROM gone)`)
 	if created, err := s.EnsureShardCount(context.Background(), 16); err != nil || created {
 		t.Fatalf("the second start: created %v, %v", created, err)
 	}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -31,10 +29,6 @@ import (
 // quietSetting is the transaction-local setting the insert trigger checks
 // (migration 00006): 'off' skips the trigger's NOTIFY.
 const quietSetting = `set_config('shardrun.notify', 'off', true)`
-
-// maxNotifyPayload is the longest shard list sent; a longer one is sent as
-// '*' (wake all). PostgreSQL's limit is 8000 bytes; the trigger uses the same.
-const maxNotifyPayload = 7000
 
 // notifyTimeout bounds one notification: runners poll anyway, so a lost
 // notification costs at most a poll interval. It also bounds how long
@@ -119,7 +113,8 @@ func (n *notifier) send() {
 		// nothing worth a WAL flush (a crash loses nothing a poll would not
 		// find), and without the flush it holds PostgreSQL's notify lock
 		// only briefly, so the producers' commits are not held up.
-		_, err := n.exec(ctx, `SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)`, NotifyChannel, notifyPayload(shards))
+		ids, urgent := notifyArgs(shards)
+		_, err := n.exec(ctx, `SELECT set_config('synchronous_commit', 'off', true), shardrun_notify($1, $2)`, ids, urgent)
 		cancel()
 		if err != nil {
 			n.log.Warn("notifying runners of new tasks failed; they find them when they next poll", "shards", len(shards), "error", err)
@@ -151,23 +146,16 @@ func (n *notifier) close() {
 	n.cancelStop()
 }
 
-// notifyPayload is the comma-separated sorted shard list, urgent shards
-// marked with a leading '!' as the insert trigger marks them, or '*'.
-func notifyPayload(shards map[int]bool) string {
-	var b strings.Builder
-	for i, s := range slices.Sorted(maps.Keys(shards)) {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		if shards[s] {
-			b.WriteByte('!')
-		}
-		b.WriteString(strconv.Itoa(s))
-		if b.Len() > maxNotifyPayload {
-			return "*"
-		}
+// notifyArgs are the arguments of shardrun_notify (the one encoder of the
+// notification) for shards: their numbers, sorted, and whether each got
+// an urgent task.
+func notifyArgs(shards map[int]bool) ([]int32, []bool) {
+	ids := make([]int32, 0, len(shards))
+	urgent := make([]bool, 0, len(shards))
+	for _, s := range slices.Sorted(maps.Keys(shards)) {
+		ids, urgent = append(ids, int32(s)), append(urgent, shards[s])
 	}
-	return b.String()
+	return ids, urgent
 }
 
 // notifyReady notifies the shards of committed quiet inserts whose tasks
@@ -179,7 +167,7 @@ func (s *Store) notifyReady(ins []Insert, inserted func(i int) bool) {
 		if !inserted(i) || (in.RunAfter != nil && in.RunAfter.After(now)) {
 			continue
 		}
-		if priorityOf(in) < tasks.DefaultPriority {
+		if tasks.Urgent(int(priorityOf(in))) {
 			urgent = append(urgent, in.Shard)
 		} else {
 			shards = append(shards, in.Shard)

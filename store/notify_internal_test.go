@@ -17,7 +17,7 @@ func TestNotifierCoalescesWhileSending(t *testing.T) {
 	sent := make(chan string)
 	release := make(chan struct{})
 	exec := func(_ context.Context, _ string, args ...any) (pgconn.CommandTag, error) {
-		sent <- args[1].(string)
+		sent <- payloadOf(args)
 		<-release
 		return pgconn.CommandTag{}, nil
 	}
@@ -45,7 +45,7 @@ func TestNotifierSendsPendingOnClose(t *testing.T) {
 	sent := make(chan string, 10)
 	release := make(chan struct{})
 	exec := func(_ context.Context, _ string, args ...any) (pgconn.CommandTag, error) {
-		sent <- args[1].(string)
+		sent <- payloadOf(args)
 		<-release
 		return pgconn.CommandTag{}, nil
 	}
@@ -101,21 +101,16 @@ func TestNotifierCloseIsBounded(t *testing.T) {
 	}
 }
 
-func TestNotifyPayloadFallsBackToAll(t *testing.T) {
-	many := func(n int) map[int]bool {
-		m := map[int]bool{}
-		for s := range n {
-			m[s] = false
+// payloadOf shows the arguments the notifier passes to shardrun_notify as
+// the notification it sends: "!2,9" is shards 2 (urgent) and 9.
+func payloadOf(args []any) string {
+	ids, urgent := args[0].([]int32), args[1].([]bool)
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.Itoa(int(id))
+		if urgent[i] {
+			parts[i] = "!" + parts[i]
 		}
-		return m
 	}
-	if got := notifyPayload(many(3000)); got != "*" {
-		t.Fatalf("payload of 3000 shards: %d bytes, want *", len(got))
-	}
-	if got := notifyPayload(map[int]bool{10: false, 3: true}); got != "!3,10" {
-		t.Fatalf("payload %q, want !3,10", got)
-	}
-	if p := notifyPayload(many(1000)); len(p) > maxNotifyPayload || len(strings.Split(p, ",")) != 1000 || !strings.HasSuffix(p, strconv.Itoa(999)) {
-		t.Fatalf("payload of 1000 shards: %d bytes", len(p))
-	}
+	return strings.Join(parts, ",")
 }

@@ -52,205 +52,6 @@ const (
 	bulkPasses = 100
 )
 
-// CancelTask cancels task id: a ready task at once (state cancelled), a
-// running one by recording the request that its runner's next heartbeat
-// picks up; the task is returned as it is after the statement (ready ->
-// cancelled, running with CancelRequestedAt set). Either way the task no
-// longer holds its unique key: a producer may enqueue the key again at once.
-// Cancelling a running task twice is harmless. A finished task gives a
-// *tasks.ConflictError naming its state, a missing one a
-// *tasks.NotFoundError.
-func (s *Store) CancelTask(ctx context.Context, id int64) (tasks.Task, error) {
-	t, err := scanTask(s.pool.QueryRow(ctx, `/* shardrun.cancel */
-		WITH locked AS (
-			SELECT id, shard, queue, kind, priority, run_after, state, sequence_key FROM tasks t
-			WHERE id = $1 AND (state = 'ready' OR (state IN ('failed', 'dead') AND `+headsItsSequence+`))
-			FOR UPDATE
-		)`+cancelLocked+`
-		SELECT `+taskColumnsOf("u")+`
-		FROM u LEFT JOIN LATERAL (`+claimOf("u")+`) k ON true`, id))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return tasks.Task{}, s.refusal(ctx, id, "cancel", "it is finished (only a dead or failed task that blocks its sequence can be cancelled)")
-	}
-	if err != nil {
-		return tasks.Task{}, fmt.Errorf("cancelling task %d: %w", id, err)
-	}
-	return t, nil
-}
-
-// headsItsSequence: task t heads its sequence (SQL).
-const headsItsSequence = `t.sequence_key IS NOT NULL
-	AND EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = t.sequence_key AND s.head_id = t.id)`
-
-// cancelLocked follows a CTE (locked) of tasks to cancel, locked, with
-// their lane columns, state and sequence key: unfinished ones whose
-// task_ready entry it takes out are cancelled, and so are those waiting
-// for their turn in a sequence (in no lane, not claimed) and dead or
-// failed ones that block their sequence; the others (claimed: running) get
-// the request. All free their unique keys. It defines u, the tasks as
-// updated, with cancelled: whether the task ended now.
-const cancelLocked = `, taken AS (
-			DELETE FROM task_ready r USING locked l
-			WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind AND r.priority = l.priority
-			  AND r.run_after = l.run_after AND r.id = l.id
-			RETURNING r.id
-		), ending AS MATERIALIZED (
-			SELECT id FROM taken
-			UNION ALL
-			SELECT l.id FROM locked l WHERE l.state <> 'ready'
-			UNION ALL
-			SELECT l.id FROM locked l WHERE l.state = 'ready' AND l.sequence_key IS NOT NULL
-			  AND NOT EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = l.sequence_key AND s.head_id = l.id)
-		), unfinished AS (
-			DELETE FROM task_finished f USING locked l WHERE l.state <> 'ready' AND f.state = l.state AND f.id = l.id
-		), u AS (
-			UPDATE tasks t SET
-				state               = CASE WHEN t.id = ANY (ARRAY(SELECT id FROM ending)) THEN 'cancelled' ELSE t.state END,
-				finished_at         = CASE WHEN t.id = ANY (ARRAY(SELECT id FROM ending)) THEN now() ELSE t.finished_at END,
-				cancel_requested_at = CASE WHEN t.state = 'ready' THEN coalesce(t.cancel_requested_at, now()) ELSE t.cancel_requested_at END
-			WHERE t.id = ANY (ARRAY(SELECT id FROM locked))
-			RETURNING t.*, t.id = ANY (ARRAY(SELECT id FROM ending)) AS cancelled
-		), finished AS (
-			INSERT INTO task_finished (state, id, finished_at, queue)
-			SELECT state, id, finished_at, queue FROM u WHERE cancelled
-		), freed AS (
-			DELETE FROM task_unique_keys k USING u
-			WHERE u.unique_key IS NOT NULL AND k.unique_key = u.unique_key AND k.id = u.id
-		)`
-
-// claimOf is a lateral lookup of the claim of task alias.id, columns
-// owner, epoch, claimed_at, heartbeat_at (as task_view reads them).
-func claimOf(alias string) string {
-	return `SELECT c.id, c.owner, c.epoch, c.claimed_at, c.heartbeat_at FROM task_claims c WHERE c.id = ` + alias + `.id`
-}
-
-// taskColumnsOf is taskColumns over a tasks-shaped relation alias joined
-// to its claim k (claimOf): what task_view computes, for rows a statement
-// has just changed (the statement's own reads of task_view would not see
-// its changes). A task left 'ready' that the statement did not find in
-// task_ready is one a claim took: running.
-func taskColumnsOf(alias string) string {
-	a := alias + "."
-	return a + `id, ` + a + `kind, ` + a + `shard, ` + a + `key, ` + a + `queue, ` + a + `priority,
-		coalesce(` + a + `sequence_key, ''), coalesce(` + a + `sequence_blocks, false), ` + a + `payload,
-		CASE WHEN ` + a + `state <> 'ready' THEN ` + a + `state
-		     WHEN k.id IS NOT NULL OR ` + a + `cancel_requested_at IS NOT NULL THEN 'running' ELSE 'ready' END,
-		` + a + `attempt, ` + a + `max_attempts, coalesce(` + a + `attempt_budget, 0), ` + a + `run_after, ` + a + `deadline,
-		coalesce(k.owner, ` + a + `claimed_by), coalesce(k.epoch, ` + a + `claim_epoch),
-		coalesce(k.claimed_at, ` + a + `claimed_at), coalesce(k.heartbeat_at, ` + a + `heartbeat_at),
-		` + a + `cancel_requested_at, ` + a + `unique_key, ` + a + `errors, ` + a + `result, ` + a + `created_at, ` + a + `finished_at`
-}
-
-// retrySet is the SET list of a retry. The attempt number moves on (it only
-// ever grows, so that a late write of an earlier attempt can never match
-// the new one) and the task gets as many further attempts as it was
-// enqueued with: attempt_budget records max_attempts at the first retry.
-// A deadline that has passed is dropped, since it would fail the task
-// again at once; the history (errors) is kept.
-const retrySet = `
-		state               = 'ready',
-		attempt             = t.attempt + 1,
-		attempt_budget      = coalesce(t.attempt_budget, t.max_attempts),
-		max_attempts        = t.attempt + coalesce(t.attempt_budget, t.max_attempts),
-		run_after           = now(),
-		deadline            = CASE WHEN t.deadline <= now() THEN NULL ELSE t.deadline END,
-		finished_at         = NULL,
-		claimed_by          = NULL,
-		claim_epoch         = NULL,
-		claimed_at          = NULL,
-		heartbeat_at        = NULL,
-		cancel_requested_at = NULL,
-		result              = NULL`
-
-// retried follows a CTE (r) of tasks a retry just made ready: their
-// entries leave task_finished, go into their lanes (a task of a sequence
-// joins its sequence instead, at the commit: the sequence's trigger files
-// it when it heads the sequence), and their unique keys are held again (a key another unfinished task holds fails the statement
-// with a unique violation on task_unique_keys_pkey).
-const retried = `, unfinished AS (
-			DELETE FROM task_finished f
-			WHERE f.state = ANY ('{failed,dead,cancelled}'::text[]) AND f.id = ANY (ARRAY(SELECT id FROM r))
-		), filed AS (
-			INSERT INTO task_ready (shard, queue, kind, priority, run_after, id, deadline)
-			SELECT shard, queue, kind, priority, run_after, id, deadline FROM r WHERE sequence_key IS NULL
-		), held AS (
-			INSERT INTO task_unique_keys (unique_key, id)
-			SELECT unique_key, id FROM r WHERE unique_key IS NOT NULL ORDER BY id
-		)`
-
-// RetryTask puts a dead, failed or cancelled task back to ready (see
-// retrySet for the attempt budget) and wakes the runners of its shard. A
-// task in another state, or whose unique key another unfinished task holds
-// now, gives a *tasks.ConflictError; a missing one a *tasks.NotFoundError.
-func (s *Store) RetryTask(ctx context.Context, id int64) (tasks.Task, error) {
-	var t tasks.Task
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var err error
-		t, err = scanTask(tx.QueryRow(ctx, `/* shardrun.retry */
-			WITH r AS (
-				UPDATE tasks t SET `+retrySet+`
-				WHERE t.id = $1 AND t.state IN ('failed', 'dead', 'cancelled')
-				RETURNING t.*
-			)`+retried+`
-			SELECT `+taskColumnsOf("r")+` FROM r LEFT JOIN LATERAL (`+claimOf("r")+`) k ON true`, id))
-		if err != nil {
-			return err
-		}
-		return notifyShards(ctx, tx, []int{t.Shard})
-	})
-	var pe *pgconn.PgError
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return tasks.Task{}, s.refusal(ctx, id, "retry", "only dead, failed and cancelled tasks can be retried")
-	case errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "task_unique_keys_pkey":
-		cur, gerr := s.Get(ctx, id)
-		if gerr != nil {
-			return tasks.Task{}, fmt.Errorf("retrying task %d: %w", id, gerr)
-		}
-		holders, herr := uniqueHolders(ctx, s.pool, []string{cur.UniqueKey})
-		if herr != nil {
-			return tasks.Task{}, fmt.Errorf("retrying task %d: %w", id, herr)
-		}
-		return tasks.Task{}, &tasks.ConflictError{ID: id, Op: "retry", State: cur.State,
-			Reason: fmt.Sprintf("its unique key %q is held by unfinished task %d", cur.UniqueKey, holders[cur.UniqueKey])}
-	case err != nil:
-		return tasks.Task{}, fmt.Errorf("retrying task %d: %w", id, err)
-	}
-	return t, nil
-}
-
-// refusal explains why an operation on task id changed nothing: it does not
-// exist, or its state does not allow the operation.
-func (s *Store) refusal(ctx context.Context, id int64, op, why string) error {
-	t, err := s.Get(ctx, id)
-	if err != nil {
-		return fmt.Errorf("%s task %d: %w", op, id, err)
-	}
-	return &tasks.ConflictError{ID: id, Op: op, State: t.State, Reason: why}
-}
-
-// notifyShards wakes the runners of shards, as the insert trigger does:
-// NOTIFY is sent when tx commits.
-func notifyShards(ctx context.Context, tx pgx.Tx, shards []int) error {
-	if len(shards) == 0 {
-		return nil
-	}
-	slices.Sort(shards)
-	shards = slices.Compact(shards)
-	parts := make([]string, len(shards))
-	for i, s := range shards {
-		parts[i] = strconv.Itoa(s)
-	}
-	payload := strings.Join(parts, ",")
-	if len(payload) > 7000 { // the trigger's limit: NOTIFY payloads are bounded
-		payload = "*"
-	}
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, NotifyChannel, payload); err != nil {
-		return fmt.Errorf("notifying runners: %w", err)
-	}
-	return nil
-}
-
 // sqlBuilder collects positional arguments.
 type sqlBuilder struct {
 	args []any
@@ -550,7 +351,6 @@ type bulkPass struct {
 	candidates, last int64
 	res              tasks.BulkResult
 	locked           int64
-	shards           []int
 }
 
 // CancelMatching cancels the tasks matching f (ready ones at once, running
@@ -651,10 +451,8 @@ func (s *Store) bulkBatch(ctx context.Context, op bulkOp, f tasks.Filter, after 
 			}
 			rest += "t.state = ANY (" + b.arg(stateStrings(f.States)) + "::text[])"
 			var err error
-			if p, err = op.pass(ctx, tx, &b, f, candidates, rest); err != nil {
-				return err
-			}
-			return notifyShards(ctx, tx, p.shards)
+			p, err = op.pass(ctx, tx, &b, f, candidates, rest)
+			return err
 		})
 		var pe *pgconn.PgError
 		retry := errors.As(err, &pe) && pe.Code == "23505" // a concurrent enqueue took a unique key
@@ -677,77 +475,6 @@ func (s *Store) bulkBatch(ctx context.Context, op bulkOp, f tasks.Filter, after 
 	}
 }
 
-// cancelPass: running tasks already asked to cancel are not asked again,
-// so that a pass run again counts each task once. Rows are locked SKIP
-// LOCKED in id order: waiting on rows a runner's write holds, in whatever
-// order that statement took them, could deadlock; a locked row makes the
-// pass run again instead.
-func cancelPass(ctx context.Context, tx pgx.Tx, b *sqlBuilder, _ tasks.Filter, candidates, rest string) (bulkPass, error) {
-	var p bulkPass
-	err := tx.QueryRow(ctx, `/* shardrun.cancel_matching */
-		WITH c AS MATERIALIZED (`+candidates+`),
-		elig AS MATERIALIZED (
-			SELECT t.id FROM (`+byID("SELECT id FROM c", "")+`) t
-			WHERE `+rest+` AND t.cancel_requested_at IS NULL
-		),
-		locked AS MATERIALIZED (
-			SELECT id, shard, queue, kind, priority, run_after, state, sequence_key FROM tasks
-			WHERE id = ANY (ARRAY(SELECT id FROM elig)) AND state = 'ready' AND cancel_requested_at IS NULL
-			ORDER BY id FOR UPDATE SKIP LOCKED
-		)`+cancelLocked+`
-		SELECT (SELECT count(*) FROM c), (SELECT coalesce(max(id), 0) FROM c),
-		       (SELECT count(*) FROM elig) - (SELECT count(*) FROM locked),
-		       (SELECT count(*) FROM u WHERE cancelled),
-		       (SELECT count(*) FROM u WHERE NOT cancelled)`, b.args...).Scan(
-		&p.candidates, &p.last, &p.locked, &p.res.Cancelled, &p.res.CancelRequested)
-	return p, err
-}
-
-// retryPass retries every candidate without a unique key, and each
-// candidate with one that is the newest matching task of its key (wherever
-// the newer ones fall among the batches) and whose key no unfinished task
-// holds.
-func retryPass(ctx context.Context, tx pgx.Tx, b *sqlBuilder, f tasks.Filter, candidates, rest string) (bulkPass, error) {
-	var p bulkPass
-	newer := b.matches(f, "o")
-	var shards []int32
-	err := tx.QueryRow(ctx, `/* shardrun.retry_matching */
-		WITH c AS MATERIALIZED (`+candidates+`),
-		elig AS MATERIALIZED (
-			SELECT t.id, t.unique_key FROM (`+byID("SELECT id FROM c", "")+`) t
-			WHERE `+rest+`
-		),
-		pick AS MATERIALIZED (
-			SELECT id FROM elig WHERE unique_key IS NULL
-			UNION ALL
-			SELECT e.id FROM elig e
-			WHERE e.unique_key IS NOT NULL
-			  AND NOT EXISTS (
-				SELECT 1 FROM tasks n JOIN LATERAL (SELECT * FROM task_view v WHERE v.id = n.id) o ON true
-				WHERE n.unique_key = e.unique_key AND n.id > e.id AND `+newer+`)
-			  AND NOT EXISTS (SELECT 1 FROM task_unique_keys h WHERE h.unique_key = e.unique_key)
-		),
-		locked AS MATERIALIZED (
-			SELECT id FROM tasks WHERE id = ANY (ARRAY(SELECT id FROM pick)) AND state IN ('failed', 'dead', 'cancelled')
-			ORDER BY id FOR UPDATE SKIP LOCKED
-		),
-		r AS (
-			UPDATE tasks t SET `+retrySet+`
-			WHERE t.id = ANY (ARRAY(SELECT id FROM locked)) AND t.state IN ('failed', 'dead', 'cancelled')
-			RETURNING t.*
-		)`+retried+`
-		SELECT (SELECT count(*) FROM c), (SELECT coalesce(max(id), 0) FROM c),
-		       (SELECT count(*) FROM pick) - (SELECT count(*) FROM locked),
-		       (SELECT count(*) FROM elig) - (SELECT count(*) FROM pick),
-		       (SELECT count(*) FROM r),
-		       ARRAY(SELECT DISTINCT shard FROM r)`, b.args...).Scan(
-		&p.candidates, &p.last, &p.locked, &p.res.Skipped, &p.res.Retried, &shards)
-	for _, s := range shards {
-		p.shards = append(p.shards, int(s))
-	}
-	return p, err
-}
-
 func joinStates(states []tasks.State) string {
 	return strings.Join(stateStrings(states), ", ")
 }
@@ -757,12 +484,14 @@ const CountCap = 100_000
 
 // CountByStateCapped counts the tasks of each state (every state present)
 // up to limit: a count of limit means "limit or more". Ready tasks are
-// counted in task_ready, running ones in task_claims, finished ones per
-// state in task_finished, each walk stopping at limit, so the statement
-// costs at most len(States) × limit index entries however large the table.
+// counted in task_ready and task_waiting, running ones in task_claims,
+// finished ones per state in task_finished, each walk stopping at limit,
+// so the statement costs at most len(States) × limit index entries however
+// large the table.
 func (s *Store) CountByStateCapped(ctx context.Context, limit int) (map[tasks.State]int64, error) {
 	return s.countByState(ctx, "counting tasks by state up to "+strconv.Itoa(limit), `/* shardrun.count_capped */
-		SELECT 'ready', (SELECT count(*) FROM (SELECT 1 FROM task_ready LIMIT $1) x)
+		SELECT 'ready', (SELECT count(*) FROM (SELECT 1 FROM task_ready LIMIT $1) x) +
+			(SELECT count(*) FROM (SELECT 1 FROM task_waiting LIMIT $1) y)
 		UNION ALL
 		SELECT 'running', (SELECT count(*) FROM (SELECT 1 FROM task_claims LIMIT $1) x)
 		UNION ALL

@@ -37,10 +37,15 @@ const QueueCountCap = 100_000
 // ahead. It returns the queue as it is now.
 func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (time.Time, error) {
 	var at *time.Time
+	// A resumed queue's tasks may wait on any shard: every runner looks.
 	err := s.pool.QueryRow(ctx, `/* shardrun.set_queue_paused */
-		INSERT INTO queues AS q (name, paused_at) VALUES ($1, CASE WHEN $2 THEN now() END)
-		ON CONFLICT (name) DO UPDATE SET paused_at = CASE WHEN $2 THEN coalesce(q.paused_at, now()) END
-		RETURNING paused_at`, name, paused).Scan(&at)
+		WITH q AS (
+			INSERT INTO queues AS q (name, paused_at) VALUES ($1, CASE WHEN $2 THEN now() END)
+			ON CONFLICT (name) DO UPDATE SET paused_at = CASE WHEN $2 THEN coalesce(q.paused_at, now()) END
+			RETURNING paused_at
+		)
+		SELECT paused_at, (SELECT count(*) FROM (SELECT shardrun_notify(NULL, NULL) WHERE NOT $2) n) FROM q`,
+		name, paused).Scan(&at, nil)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("setting queue %s paused=%v: %w", name, paused, err)
 	}
@@ -52,12 +57,14 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (t
 
 // Queues returns every queue with its counts and completion rate over the
 // last window, in name order. Ready tasks are counted by lane (a loose scan
-// of task_ready's primary key, then each lane of the queue up to the cap),
-// running ones in task_claims, completions in task_finished.
+// of task_ready's primary key, then each lane of the queue up to the cap)
+// and in the sequences' waiting lines, running ones in task_claims,
+// completions in task_finished.
 func (s *Store) Queues(ctx context.Context, window time.Duration) ([]QueueStats, error) {
 	rows, err := s.pool.Query(ctx, `/* shardrun.queues */
 		WITH RECURSIVE `+readyLanes+`, lanes AS MATERIALIZED (SELECT * FROM lane WHERE kind IS NOT NULL)
-		SELECT q.name, r.n, (SELECT count(*) FROM task_claims c WHERE c.queue = q.name), q.paused_at,
+		SELECT q.name, r.n + (SELECT count(*) FROM (SELECT 1 FROM task_waiting w WHERE w.queue = q.name LIMIT $1) w),
+			(SELECT count(*) FROM task_claims c WHERE c.queue = q.name), q.paused_at,
 			(SELECT count(*) FROM task_finished f
 			 WHERE f.state = 'completed' AND f.finished_at > now() - $2 * interval '1 millisecond' AND f.queue = q.name)
 		FROM queues q
@@ -106,8 +113,7 @@ const WaitingCountCap = 10_000
 func (s *Store) BlockedSequences(ctx context.Context, after string, limit int) ([]BlockedSequence, error) {
 	rows, err := s.pool.Query(ctx, `/* shardrun.blocked_sequences */
 		SELECT s.key, s.blocked_at, `+summaryColumns+`,
-			(SELECT count(*) FROM (SELECT 1 FROM tasks w
-				WHERE w.sequence_key = s.key AND w.state = 'ready' AND w.id <> s.head_id LIMIT $3) x)
+			(SELECT count(*) FROM (SELECT 1 FROM task_waiting w WHERE w.sequence_key = s.key LIMIT $3) x)
 		FROM task_sequences s
 		CROSS JOIN LATERAL (SELECT * FROM task_view v WHERE v.id = s.head_id) t
 		WHERE s.blocked_at IS NOT NULL AND s.key > $1

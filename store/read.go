@@ -18,12 +18,13 @@ import (
 var ErrNotFound = tasks.ErrNotFound
 
 // CountByState returns the exact number of tasks in each state (every state
-// present). It reads every task_ready, task_claims and task_finished entry:
-// seconds at tens of millions of tasks. The status page uses
-// CountByStateCapped instead.
+// present), counted in the places of moves.go: ready in the lanes and the
+// sequences' waiting lines, running in the claims, each final state in
+// task_finished. It reads every entry: seconds at tens of millions of
+// tasks. The status page uses CountByStateCapped instead.
 func (s *Store) CountByState(ctx context.Context) (map[tasks.State]int64, error) {
 	return s.countByState(ctx, "counting tasks by state", `/* shardrun.count */
-		SELECT 'ready', count(*) FROM task_ready
+		SELECT 'ready', (SELECT count(*) FROM task_ready) + (SELECT count(*) FROM task_waiting)
 		UNION ALL
 		SELECT 'running', count(*) FROM task_claims
 		UNION ALL

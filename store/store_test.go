@@ -225,7 +225,7 @@ func TestLegalMoves(t *testing.T) {
 	t.Run("running to ready with backoff then dead", func(t *testing.T) {
 		id := enqueue(t, s, insert("k", 1, 2))
 		got := claim(t, s, "a", 1, 5, 10)
-		r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "boom", RetryAfter: time.Hour}}))
+		r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "boom", Backoff: claims.Backoff{Base: 2 * time.Hour, Cap: 2 * time.Hour}}}))
 		if r.Outcome != claims.Applied || r.State != tasks.Ready {
 			t.Fatalf("fail with attempts left: %+v", r)
 		}
@@ -480,7 +480,8 @@ func TestWriteHoldingItsClaimCommitsBeforeTheRaise(t *testing.T) {
 	if _, err := tx.Exec(ctx, `DELETE FROM task_claims WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1`, id); err != nil {
+	if _, err := tx.Exec(ctx, `WITH u AS (UPDATE tasks SET state = 'completed', finished_at = now() WHERE id = $1 RETURNING id, finished_at)
+		INSERT INTO task_finished (state, id, finished_at, queue) SELECT 'completed', id, finished_at, 'default' FROM u`, id); err != nil {
 		t.Fatal(err)
 	}
 	type raiseResult struct {
@@ -724,13 +725,12 @@ func TestGetMissingTask(t *testing.T) {
 	}
 }
 
-// The SQL backoff used by sweeps must match tasks.RetryPolicy.Backoff.
-func TestSQLBackoffMatchesPolicy(t *testing.T) {
+// The backoff (shardrun_backoff, the one formula): after the n-th failed
+// attempt, min(cap, base * 2^(n-1)) scaled by a factor in [0.5, 1).
+func TestSQLBackoff(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
-	p := tasks.RetryPolicy{MaxAttempts: 5, Base: time.Second, Cap: 10 * time.Second}
-	for _, attempt := range []int{1, 2, 3, 4, 5, 30} {
-		full := p.Backoff(attempt, func() float64 { return 0 }) * 2
+	for attempt, full := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 4: 8 * time.Second, 5: 10 * time.Second, 30: 10 * time.Second} {
 		var lo, hi time.Duration
 		if err := s.Pool().QueryRow(context.Background(), `
 			SELECT min(d), max(d) FROM (SELECT shardrun_backoff($1, 1000, 10000) AS d FROM generate_series(1, 2000)) x`,
@@ -738,7 +738,7 @@ func TestSQLBackoffMatchesPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 		if lo < full/2 || hi >= full || hi-lo < full/4 {
-			t.Errorf("attempt %d: SQL backoff in [%s, %s], policy range [%s, %s)", attempt, lo, hi, full/2, full)
+			t.Errorf("attempt %d: backoff in [%s, %s], want [%s, %s)", attempt, lo, hi, full/2, full)
 		}
 	}
 }
@@ -808,7 +808,7 @@ func TestFinalFailureBuries(t *testing.T) {
 	got := claim(t, s, "a", 3, 1, 2)
 	var fs []claims.Failure
 	for _, task := range got {
-		fs = append(fs, claims.Failure{Ref: task.Ref(), Error: "no", RetryAfter: time.Millisecond, Final: task.ID == final})
+		fs = append(fs, claims.Failure{Ref: task.Ref(), Error: "no", Backoff: claims.Backoff{Base: time.Millisecond, Cap: time.Millisecond}, Final: task.ID == final})
 	}
 	if _, err := s.Fail(ctx, "a", fs); err != nil {
 		t.Fatal(err)

@@ -83,37 +83,3 @@ func (s *Store) ReadyKindsExcept(ctx context.Context, handled []string) ([]KindC
 	}
 	return out, nil
 }
-
-// FailUnhandled fails up to limit ready tasks of kind that have been due
-// (run_after) for longer than dueFor, in each lane's order, recording
-// reason as the attempt's error, and returns how many. It applies under
-// the leadership epoch only (ErrNotLeader otherwise).
-func (s *Store) FailUnhandled(ctx context.Context, epoch int64, kind string, dueFor time.Duration, limit int, reason string) (int64, error) {
-	var fenced bool
-	var n int64
-	err := s.pool.QueryRow(ctx, `/* shardrun.fail_unhandled */
-		WITH RECURSIVE `+leaderFence+`, `+readyLanes+`, due AS (
-			SELECT x.id FROM lane l CROSS JOIN LATERAL (
-				SELECT r.id FROM task_ready r
-				WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind
-				  AND r.run_after < now() - $3 * interval '1 millisecond'
-				ORDER BY r.priority, r.run_after, r.id LIMIT $4) x
-			WHERE l.kind = $2 AND EXISTS (SELECT 1 FROM lf)
-			LIMIT $4
-		), `+lockLanes("SELECT id FROM due", "kind = $2")+`, t AS (
-			UPDATE tasks t SET state = 'failed', finished_at = now(),
-				errors = t.errors || jsonb_build_array(jsonb_build_object(
-					'attempt', t.attempt, 'at', now(), 'error', $5::text))
-			WHERE t.id = ANY (ARRAY(SELECT id FROM taken ORDER BY id))
-			RETURNING t.id, t.shard, t.queue, t.kind, t.priority, t.run_after, t.deadline, t.state, t.unique_key, t.finished_at
-		)`+fileTail("t")+`
-		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM t)`,
-		epoch, kind, dueFor.Milliseconds(), limit, reason).Scan(&fenced, &n)
-	if err != nil {
-		return 0, fmt.Errorf("failing ready tasks of unhandled kind %q: %w", kind, err)
-	}
-	if !fenced {
-		return 0, ErrNotLeader
-	}
-	return n, nil
-}

@@ -156,17 +156,6 @@ type Task struct {
 	TraceContext string `json:"-"`
 }
 
-// BudgetAttempt is the number of this attempt within the task's current
-// budget of attempts: Attempt for a task never retried, and counted from 1
-// again after each operator's retry. The backoff after a failure counts
-// from it, so a retried task starts again from the shortest wait.
-func (t *Task) BudgetAttempt() int {
-	if t.AttemptBudget <= 0 {
-		return t.Attempt
-	}
-	return max(1, t.Attempt-(t.MaxAttempts-t.AttemptBudget))
-}
-
 // Ref names one claimed attempt of a task: every write about it is fenced on
 // all four fields.
 func (t *Task) Ref() Ref {

@@ -56,6 +56,12 @@ const (
 	DefaultPriority = 3
 )
 
+// Urgent reports whether priority p is more urgent than the default: an
+// urgent task's shard is marked in its notification, and runners claim
+// such tasks first (store.ClaimUrgent). The SQL function shardrun_urgent
+// says the same (checked by store's TestRulesAgree).
+func Urgent(p int) bool { return p < DefaultPriority }
+
 // latestTime bounds run_after and deadline: RFC 3339 and the API have
 // four-digit years, and PostgreSQL's timestamptz and pgx's encoding of it
 // end (at year 294,276) long before Go's time.Time does.

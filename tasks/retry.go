@@ -2,13 +2,14 @@ package tasks
 
 import (
 	"fmt"
-	"math"
-	"math/rand/v2"
 	"time"
 )
 
 // RetryPolicy decides how often a task is attempted and how long a failed
-// attempt waits before the next one.
+// attempt waits before the next one: the store waits min(Cap, Base *
+// 2^(n-1)) scaled by a random factor in [0.5, 1) after the n-th failed
+// attempt of the task's current budget (the SQL function
+// shardrun_backoff, the one place of the formula).
 type RetryPolicy struct {
 	// MaxAttempts is the default number of attempts for tasks enqueued
 	// without one. Default 5.
@@ -69,20 +70,4 @@ func ValidateBackoff(base, cap time.Duration) error {
 		return fmt.Errorf("--retry-cap: must be at least --retry-base (%s) and at most %s (wait longer with a new task's run_after), got %s", base, MaxRetryCap, cap)
 	}
 	return nil
-}
-
-// Backoff returns the delay after failed attempt number attempt (1-based):
-// min(Cap, Base * 2^(attempt-1)) scaled by a uniform factor in [0.5, 1), the
-// "equal jitter" that keeps retries of a burst of failures apart while
-// bounding the wait. The SQL function shardrun_backoff computes the same for
-// the sweeper. rnd returns values in [0, 1); nil uses math/rand/v2.
-func (p RetryPolicy) Backoff(attempt int, rnd func() float64) time.Duration {
-	if rnd == nil {
-		rnd = rand.Float64
-	}
-	if attempt < 1 {
-		attempt = 1
-	}
-	d := math.Min(float64(p.Cap), float64(p.Base)*math.Pow(2, float64(attempt-1)))
-	return time.Duration(d * (0.5 + rnd()*0.5))
 }

@@ -70,17 +70,25 @@ type Interruption struct {
 	Reason string
 }
 
-// Failure is a failed attempt to record. RetryAfter is the backoff before the
+// Backoff is the retry policy's backoff between attempts: the store waits
+// shardrun_backoff(attempt, Base, Cap) (sql/shardrun_backoff.sql, the one
+// formula) after a failed attempt and after a stale claim alike.
+type Backoff struct {
+	Base time.Duration
+	Cap  time.Duration
+}
+
+// Failure is a failed attempt to record. Backoff decides the wait before the
 // next attempt when attempts are left. Final buries the task (dead) whatever
 // attempts are left: the handler said no retry can succeed. Expired ends it
 // failed, as the sweeper's deadline rule does: the task's deadline passed,
 // so no attempt may follow.
 type Failure struct {
-	Ref        tasks.Ref
-	Error      string
-	RetryAfter time.Duration
-	Final      bool
-	Expired    bool
+	Ref     tasks.Ref
+	Error   string
+	Backoff Backoff
+	Final   bool
+	Expired bool
 }
 
 // Cancellation is an attempt cancelled on request, to record: Error is what

@@ -214,6 +214,7 @@ func NewDatabase(t testing.TB) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
+		checkLayout(ctx, t, dsn)
 		conn, err := pgx.Connect(ctx, adminDSN)
 		if err != nil {
 			t.Logf("pgtest: dropping %s: %v", name, err)
@@ -225,6 +226,63 @@ func NewDatabase(t testing.TB) string {
 		}
 	})
 	return dsn
+}
+
+// skipLayout holds the tests that leave the task layout broken on purpose
+// (SkipLayoutCheck).
+var skipLayout sync.Map
+
+// SkipLayoutCheck exempts t's databases from the layout check at its end,
+// for a test that breaks the layout on purpose (one that builds an earlier
+// layout, or one that checks that the check finds what it should); why is
+// logged.
+func SkipLayoutCheck(t testing.TB, why string) {
+	t.Helper()
+	t.Logf("pgtest: no layout check at the end: %s", why)
+	skipLayout.Store(t.Name(), true)
+}
+
+// checkLayout fails t when the task layout of the database behind dsn
+// breaks one of its invariants (store/sql/shardrun_layout_violations.sql),
+// listing each violation. Every test database is checked when its test
+// ends, once everything the test started has stopped; a database without
+// the layout (never migrated, or migrated to an earlier version) is not.
+func checkLayout(ctx context.Context, t testing.TB, dsn string) {
+	if _, skip := skipLayout.Load(t.Name()); skip {
+		return
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Errorf("pgtest: checking the task layout: %v", err)
+		return
+	}
+	defer conn.Close(context.Background())
+	var present bool
+	if err := conn.QueryRow(ctx, `SELECT to_regproc('shardrun_layout_violations') IS NOT NULL
+		AND EXISTS (SELECT 1 FROM pg_class WHERE relname = 'task_waiting')`).Scan(&present); err != nil || !present {
+		return
+	}
+	rows, err := conn.Query(ctx, `SELECT coalesce(task_id::text, '-'), coalesce(sequence_key, '-'), problem
+		FROM shardrun_layout_violations() ORDER BY 1, 2, 3`)
+	if err != nil {
+		t.Errorf("pgtest: checking the task layout: %v", err)
+		return
+	}
+	var found []string
+	var id, key, problem string
+	_, err = pgx.ForEachRow(rows, []any{&id, &key, &problem}, func() error {
+		found = append(found, fmt.Sprintf("task %s, sequence %s: %s", id, key, problem))
+		return nil
+	})
+	if err != nil {
+		t.Errorf("pgtest: checking the task layout: %v", err)
+	}
+	if len(found) > 0 {
+		if len(found) > 20 {
+			found = append(found[:20], fmt.Sprintf("… and %d more", len(found)-20))
+		}
+		t.Errorf("pgtest: the task layout breaks its invariants at the end of the test:\n\t%s", strings.Join(found, "\n\t"))
+	}
 }
 
 func sanitize(s string) string {
@@ -282,7 +340,7 @@ func Exec(t testing.TB, st *store.Store, sql string, args ...any) {
 
 // Retime sets a time of tasks (all of them without ids) where the layout
 // keeps it: run_after in the task and its task_ready entry; deadline in
-// the task, its task_ready entry and its claim; claimed_at and heartbeat_at
+// the task, its task_ready or task_waiting entry and its claim; claimed_at and heartbeat_at
 // in its claim. expr is SQL: what tests that age a task or a claim set.
 func Retime(t testing.TB, st *store.Store, col, expr string, ids ...int64) {
 	t.Helper()
@@ -293,7 +351,8 @@ func Retime(t testing.TB, st *store.Store, col, expr string, ids ...int64) {
 			UPDATE task_ready r SET run_after = u.run_after FROM u WHERE r.id = u.id`
 	case "deadline":
 		sql = `WITH u AS (UPDATE tasks SET deadline = ` + expr + ` WHERE $1::bigint[] IS NULL OR id = ANY ($1) RETURNING id, deadline),
-			r AS (UPDATE task_ready r SET deadline = u.deadline FROM u WHERE r.id = u.id)
+			r AS (UPDATE task_ready r SET deadline = u.deadline FROM u WHERE r.id = u.id),
+			w AS (UPDATE task_waiting w SET deadline = u.deadline FROM u WHERE w.id = u.id)
 			UPDATE task_claims c SET deadline = u.deadline FROM u WHERE c.id = u.id`
 	case "claimed_at", "heartbeat_at":
 		sql = `UPDATE task_claims SET ` + col + ` = ` + expr + ` WHERE $1::bigint[] IS NULL OR id = ANY ($1)`

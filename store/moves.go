@@ -1,0 +1,1055 @@
+package store
+
+// Every move of a task between the layout's tables, in one place.
+//
+// A task's record (tasks) says 'ready' until it finishes; where an
+// unfinished task is lives in exactly one of three places, and a finished
+// one in one:
+//
+//	task_ready     its lane (shard, queue, kind, priority, run_after, id):
+//	               claimable once due
+//	task_claims    running: a runner's claim under a shard's epoch
+//	task_waiting   its sequence's waiting line: not its turn yet
+//	task_finished  finished, under its final state
+//
+// The rule of where a task goes once its record changed is one SQL
+// function, shardrun_file (sql/shardrun_file.sql), and the rule of a
+// sequence is another, shardrun_settle; every move below ends with them.
+//
+//	move              from -> to                        statement            locks, in order
+//	----------------  --------------------------------  -------------------  ------------------------------------------
+//	insert            -> lane | waiting | finished      INSERT INTO tasks    records (new), keys; at commit: sequences,
+//	                                                    (trigger, at commit: waiting, lanes
+//	                                                    tasks_settle)
+//	claim             lane -> claim                     Claim, ClaimUrgent   fences (share), lanes, claims (new)
+//	heartbeat         claim (touched)                   Heartbeat            claims
+//	complete, fail,   claim -> finished | lane |        endClaimsOf          claims, records, sequences, lanes and
+//	interrupt,        waiting (a sequence moves on)                          waiting, finished and keys
+//	cancel attempt,
+//	unclaim
+//	orphan requeue    claim -> lane | finished          RaiseFences          fences, claims, records, sequences, ...
+//	stale sweep,      claim -> lane | finished          SweepStale,          leader fence (share), claims, records, ...
+//	running deadline                                    SweepDeadlines
+//	ready deadline,   lane | waiting -> finished        shardrun_expire      leader fence (share), records, sequences,
+//	unhandled rule                                                           lanes, waiting, finished and keys
+//	cancel            lane | waiting -> finished;       shardrun_cancel      records, sequences, lanes, waiting,
+//	                  claim: a request                                       finished and keys
+//	retry             finished -> lane | waiting        shardrun_retry       records, sequences, finished, keys, lanes
+//	retention         finished -> (deleted)             DeleteFinished       leader fence (share), records, finished
+//	promotion         waiting -> lane                   shardrun_settle      sequences, waiting, lanes
+//
+// The one lock order: shard fences, then claims, then records, then
+// sequences, then lanes and waiting lines, then finished entries and
+// unique keys; within a table, in key order (claims and records by id,
+// sequences by key, fences by shard). Every statement takes what it
+// locks in that order, explicitly (ORDER BY … FOR UPDATE), never in the
+// order a plan happens to read rows. A row a statement inserts is no lock
+// another waits for (nobody else can see it), so the claim's new claim rows
+// and a producer's new records and keys follow no order. Two statements
+// that lock in one order cannot deadlock (TestLayoutUnderStress runs them
+// all at once and fails on a deadlock).
+//
+// Operators' and the leader's moves of tasks no runner holds lock the
+// records first and then look (shardrun_lock_tasks): a look before the
+// lock sees a snapshot, and the task may have moved since (a cancel once
+// decided "waiting" from such a look and cancelled a task that was being
+// claimed). The runners' writes need no lock on a record to know where it
+// is: they hold its claim.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardrun/shardrun/internal/claims"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// placeOf is a row of CTE t, a tasks-shaped relation just updated, as the
+// shardrun_place that shardrun_file files.
+const placeOf = `row(t.id, t.shard, t.queue, t.kind, t.priority, t.run_after, t.deadline, t.state,
+	t.unique_key, t.finished_at, t.sequence_key)::shardrun_place`
+
+// fileTail is what follows a CTE t of tasks a move just updated: file
+// them (shardrun_file, settling their sequences now). It defines the CTE
+// filed, which the statement must read where it is sure to be evaluated:
+// an unread CTE without a write is not run, and one read beside t, or
+// under a condition, is not run when the plan finds nothing to join it
+// to. So every statement ends "SELECT (SELECT count(*) FROM filed), …
+// aggregates … FROM t": an aggregate yields one row whatever t holds, and
+// its select list is evaluated for it.
+const fileTail = `, filed AS (
+			SELECT shardrun_file(ARRAY(SELECT ` + placeOf + ` FROM t), true)
+		)`
+
+// filedOnce is the first item of the select list of fileTail's statements.
+const filedOnce = `(SELECT count(*) FROM filed)`
+
+// ---- claim: lane -> claim ----
+
+// claimSQL is the claim statement for each number of kinds (the lanes of
+// a shard are one index range per kind, merged in priority order).
+var claimSQL sync.Map
+
+// claimQuery returns the claim statement for n kinds ($7: the least urgent
+// priority to take).
+func claimQuery(n int) string {
+	if q, ok := claimSQL.Load(n); ok {
+		return q.(string)
+	}
+	lane := func(k int) string {
+		return `SELECT r.ctid AS tid, r.priority, r.run_after, r.id FROM task_ready r
+				WHERE r.shard = s.shard AND r.queue = $6 AND r.kind = ($4::text[])[` + strconv.Itoa(k) + `]
+				  AND r.priority <= $7 AND r.run_after <= now() AND (r.deadline IS NULL OR r.deadline > now())
+				ORDER BY r.priority, r.run_after, r.id`
+	}
+	lanes := lane(1) + ` LIMIT $5`
+	if n > 1 {
+		parts := make([]string, n)
+		for k := range parts {
+			parts[k] = "(" + lane(k+1) + ")"
+		}
+		lanes = `SELECT x.tid FROM (` + strings.Join(parts, " UNION ALL ") + `) x ORDER BY x.priority, x.run_after, x.id LIMIT $5`
+	}
+	q := `/* shardrun.claim */
+		WITH cand AS (
+			SELECT c.tid, s.shard FROM unnest($2::int[]) AS s(shard)
+			CROSS JOIN LATERAL (` + lanes + `) c
+			WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = $6 AND q.paused_at IS NOT NULL)
+			LIMIT $5
+		), fence AS (
+			SELECT f.shard FROM shard_fences f
+			WHERE f.shard = ANY (ARRAY(SELECT DISTINCT shard FROM cand)) AND f.owner = $1
+			  AND f.epoch = ($3::bigint[])[array_position($2::int[], f.shard)]
+			ORDER BY f.shard
+			FOR SHARE
+		), del AS (
+			DELETE FROM task_ready r
+			WHERE r.ctid = ANY (ARRAY(SELECT tid FROM cand WHERE shard = ANY (ARRAY(SELECT shard FROM fence))))
+			RETURNING r.id
+		), picked AS MATERIALIZED (
+			SELECT ` + claimColumns + `, ($3::bigint[])[array_position($2::int[], t.shard)] AS epoch
+			FROM tasks t WHERE t.id = ANY (ARRAY(SELECT id FROM del ORDER BY id)) AND t.state = 'ready'
+		), ins AS (
+			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, deadline)
+			SELECT id, shard, queue, epoch, $1, attempt, deadline FROM picked
+		)
+		SELECT id, kind, shard, key, queue, priority, coalesce(sequence_key, ''), coalesce(sequence_blocks, false), payload,
+			attempt, max_attempts, coalesce(attempt_budget, 0), run_after, deadline, epoch, now(), created_at,
+			coalesce(trace_context, '')
+		FROM picked ORDER BY priority, run_after, id`
+	claimSQL.Store(n, q)
+	return q
+}
+
+// claimExecMode is how the claim statement is sent: with the unnamed
+// statement (its description cached), so that PostgreSQL plans it for each
+// execution against the tables as they are, and never reuses a plan made
+// while they were empty. The idle runners' polls run the claim on empty
+// tables; once a prepared statement has run five times, PostgreSQL settles
+// on its generic plan and keeps it until the tables' statistics change.
+// Where autovacuum had analysed the tables empty (relpages 0, reltuples 0:
+// "empty", not "never measured"), that plan found the claimed tasks'
+// records through tasks_kind_id_idx (kind, id), id being its second column,
+// so one walk of the whole index per claimed task: 4x slower burn-downs of
+// a burst after an idle period until autovacuum analysed the tables again,
+// a minute later (TestClaimAfterIdleAnalyze). Planning costs about 0.5 ms
+// a claim. The leader's statements, which run at idle too, are planned at
+// each execution by the coordinator's pool (Options.PlanEachExecution).
+const claimExecMode = pgx.QueryExecModeCacheDescribe
+
+// claimColumns are the fields of a claimed task, as scanClaimed reads them.
+const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.sequence_key, t.sequence_blocks, t.payload,
+	t.attempt, t.max_attempts, t.attempt_budget, t.run_after, t.deadline, t.created_at, t.trace_context`
+
+// Claim moves up to limit ready tasks of queue and of the given kinds, due
+// by the database clock, from the shards the runner holds the fence of to
+// running under that shard's epoch; nothing while the queue is paused. It
+// visits the shards in the order given and takes each one's tasks in
+// (priority, run_after, id) order until it has limit: the caller rotates
+// the order so that every shard is served, and leaves out shards it knows
+// to be empty. Shards whose fence is not (owner, epoch) yield nothing.
+//
+// A claim reads only the lanes (shard, queue, kind) of the shards it visits
+// and the kinds it handles: other runners' tasks and kinds nobody handles
+// are never read, however many there are. It locks the fence rows of the
+// shards it takes from FOR SHARE, so a new owner's fence raise waits for it.
+func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.LeastUrgent)
+}
+
+// ClaimUrgent is Claim of the urgent tasks only (tasks.Urgent). The
+// executor sends it first to the shards whose enqueue notifications said
+// they got such tasks: Claim fills its limit from the first shard it
+// visits, default-priority backlog included, so a round would serve one
+// urgent shard and leave the others' urgent tasks behind whole backlogs.
+func (s *Store) ClaimUrgent(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.DefaultPriority-1)
+}
+
+// claim is Claim of the tasks of priority maxPriority or more urgent.
+func (s *Store) claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit, maxPriority int) ([]tasks.Task, error) {
+	if len(owned) == 0 || len(kinds) == 0 || limit <= 0 {
+		return nil, nil
+	}
+	shards := make([]int32, len(owned))
+	epochs := make([]int64, len(owned))
+	for i, se := range owned {
+		shards[i], epochs[i] = int32(se.Shard), se.Epoch
+	}
+	rows, err := s.pool.Query(ctx, claimQuery(len(kinds)), claimExecMode, owner, shards, epochs, kinds, limit, queue, maxPriority)
+	if err != nil {
+		return nil, fmt.Errorf("claiming tasks on %d shards: %w", len(owned), err)
+	}
+	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Task, error) {
+		t := tasks.Task{State: tasks.Running, ClaimedBy: owner}
+		var priority int16
+		err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &t.SequenceBlocks, &t.Payload,
+			&t.Attempt, &t.MaxAttempts, &t.AttemptBudget, &t.RunAfter, &t.Deadline, &t.Epoch, &t.ClaimedAt, &t.CreatedAt,
+			&t.TraceContext)
+		t.Priority = int(priority)
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claiming tasks on %d shards: %w", len(owned), err)
+	}
+	return claimed, nil
+}
+
+// ---- the runner's writes about its claims ----
+
+// inputCol is an extra per-task column of a claim write, visible to its SET
+// list as k.<name>.
+type inputCol struct {
+	name, sqlType string
+	values        any
+}
+
+// permuted returns a copy of the slice values with out[i] = values[order[i]].
+func permuted(values any, order []int) any {
+	in := reflect.ValueOf(values)
+	out := reflect.MakeSlice(in.Type(), len(order), len(order))
+	for i, o := range order {
+		out.Index(i).Set(in.Index(o))
+	}
+	return out.Interface()
+}
+
+// claimMatch is how a write finds the claims of refs: the arguments $1
+// (the owner), $2 (the ids, sorted), $3 and $4 (attempts and epochs) and
+// one array per extra column; locked, an array of the ids of the matching
+// claim rows, locked in id order (the one lock order, whatever the plan);
+// and the extra columns as RETURNING items of k's delete, named as the
+// columns. Each claim must be the one named: owner, epoch and attempt. The
+// per-row values are looked up by the id's position in $2 rather than
+// joined: a join of the claims to the input table was planned as a nested
+// loop over a rescanned function (32ms for 256 rows).
+func claimMatch(owner string, refs []tasks.Ref, extra []inputCol) (locked, returning string, args []any) {
+	order := make([]int, len(refs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(refs[a].ID, refs[b].ID) })
+	ids := make([]int64, len(refs))
+	attempts := make([]int32, len(refs))
+	epochs := make([]int64, len(refs))
+	for i, o := range order {
+		r := refs[o]
+		ids[i], attempts[i], epochs[i] = r.ID, int32(r.Attempt), r.Epoch
+	}
+	args = []any{owner, ids, attempts, epochs}
+	const pos = "array_position($2::bigint[], k.id)"
+	for _, col := range extra {
+		args = append(args, permuted(col.values, order))
+		returning += fmt.Sprintf(", ($%d::%s[])[%s] AS %s", len(args), col.sqlType, pos, col.name)
+	}
+	locked = `ARRAY(SELECT k.id FROM task_claims k WHERE k.id = ANY ($2::bigint[]) AND k.owner = $1
+		AND k.epoch = ($4::bigint[])[` + pos + `] AND k.attempt = ($3::int[])[` + pos + `]
+		ORDER BY k.id FOR UPDATE)`
+	return locked, returning, args
+}
+
+// endClaims is the tail of every statement that ends claims. Given the CTE
+// k of the task_claims rows the statement deleted (k.*, plus the columns
+// it computed), it locks their tasks' records in id order, updates them
+// with set (which reads k), and files them (fileTail). It defines the CTE
+// t: the tasks as updated, with the claim's attempt and epoch.
+func endClaims(set string) string {
+	return `, r AS (
+			SELECT id FROM tasks WHERE id = ANY (ARRAY(SELECT id FROM k)) ORDER BY id FOR UPDATE
+		), t AS (
+			UPDATE tasks t SET ` + set + `
+			FROM k WHERE t.id = k.id AND t.id = ANY (ARRAY(SELECT id FROM r)) AND t.state = 'ready'
+			RETURNING t.*, k.attempt AS k_attempt, k.epoch AS k_epoch
+		)` + fileTail
+}
+
+// claimEvidence is the SET list that records the claim in a task that
+// finishes: who ran its last attempt, under which epoch, and when.
+const claimEvidence = `claimed_by = k.owner, claim_epoch = k.epoch, claimed_at = k.claimed_at,
+	heartbeat_at = coalesce(k.heartbeat_at, k.claimed_at)`
+
+// endClaimsOf is the shape of the runner's own writes that end attempts:
+// its claims matching refs (task, owner, epoch, attempt) are deleted, and
+// their tasks updated with set (see endClaims), in one statement.
+func (s *Store) endClaimsOf(ctx context.Context, what, name, owner string, refs []tasks.Ref,
+	set string, extra ...inputCol) ([]claims.WriteResult, error) {
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	if rounds := distinctRounds(refs); len(rounds) > 1 {
+		return s.inRounds(ctx, refs, extra, rounds, func(refs []tasks.Ref, extra []inputCol) ([]claims.WriteResult, error) {
+			return s.endClaimsOf(ctx, what, name, owner, refs, set, extra...)
+		})
+	}
+	locked, returning, args := claimMatch(owner, refs, extra)
+	sql := `/* shardrun.` + name + ` */
+		WITH k AS (
+			DELETE FROM task_claims k WHERE k.id = ANY (` + locked + `)
+			RETURNING k.*` + returning + `
+		)` + endClaims(set) + `
+		SELECT ` + filedOnce + `, coalesce(array_agg(t.id), '{}'), coalesce(array_agg(t.k_attempt), '{}'),
+			coalesce(array_agg(t.k_epoch), '{}'), coalesce(array_agg(t.state), '{}'),
+			coalesce(array_agg(t.cancel_requested_at IS NOT NULL), '{}')
+		FROM t`
+	return s.claimResults(ctx, what, owner, refs, sql, args)
+}
+
+// distinctRounds splits refs (by index) into rounds in which no task
+// appears twice: claimMatch looks each claim's values up by its id, and a
+// batch may hold a stale attempt and the current one of the same task (a
+// handler of an old epoch that returned late), of which at most one can
+// match. Almost every batch is one round.
+func distinctRounds(refs []tasks.Ref) [][]int {
+	var rounds [][]int
+	seen := make([]map[int64]bool, 0, 1)
+	for i, r := range refs {
+		k := 0
+		for k < len(rounds) && seen[k][r.ID] {
+			k++
+		}
+		if k == len(rounds) {
+			rounds, seen = append(rounds, nil), append(seen, map[int64]bool{})
+		}
+		rounds[k], seen[k][r.ID] = append(rounds[k], i), true
+	}
+	return rounds
+}
+
+// inRounds runs write once per round of refs (and of the extra columns'
+// values) and puts the results back in refs' order.
+func (s *Store) inRounds(ctx context.Context, refs []tasks.Ref, extra []inputCol, rounds [][]int,
+	write func([]tasks.Ref, []inputCol) ([]claims.WriteResult, error)) ([]claims.WriteResult, error) {
+	results := make([]claims.WriteResult, len(refs))
+	for _, round := range rounds {
+		sub := make([]tasks.Ref, len(round))
+		for j, i := range round {
+			sub[j] = refs[i]
+		}
+		subExtra := make([]inputCol, len(extra))
+		for j, col := range extra {
+			subExtra[j] = inputCol{col.name, col.sqlType, permuted(col.values, round)}
+		}
+		res, err := write(sub, subExtra)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range round {
+			results[i] = res[j]
+		}
+	}
+	return results, nil
+}
+
+// claimResults runs a write about the claims of refs, which answers one
+// row: a count to ignore, then the ids, attempts, epochs, states and
+// cancel requests of the claims it applied to, as arrays; and says, for
+// each of refs, whether it applied and why not.
+func (s *Store) claimResults(ctx context.Context, what, owner string, refs []tasks.Ref, sql string, args []any) ([]claims.WriteResult, error) {
+	var filed int64
+	var ids, epochs []int64
+	var attempts []int32
+	var states []string
+	var requested []bool
+	if err := s.pool.QueryRow(ctx, sql, args...).Scan(&filed, &ids, &attempts, &epochs, &states, &requested); err != nil {
+		return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
+	}
+	// Keyed by the whole claim: a batch may hold a stale attempt and the
+	// current one of the same task, and only the current one can apply.
+	type claim struct {
+		id      int64
+		attempt int32
+		epoch   int64
+	}
+	type after struct {
+		state           tasks.State
+		cancelRequested bool
+	}
+	applied := make(map[claim]after, len(refs))
+	for i := range ids {
+		applied[claim{ids[i], attempts[i], epochs[i]}] = after{tasks.State(states[i]), requested[i]}
+	}
+	results := make([]claims.WriteResult, len(refs))
+	var missed []int
+	for i, r := range refs {
+		results[i].Ref = r
+		if a, ok := applied[claim{r.ID, int32(r.Attempt), r.Epoch}]; ok {
+			results[i].State, results[i].CancelRequested = a.state, a.cancelRequested
+		} else {
+			missed = append(missed, i)
+		}
+	}
+	if len(missed) > 0 {
+		if err := s.classify(ctx, owner, results, missed); err != nil {
+			return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
+		}
+	}
+	return results, nil
+}
+
+// classify explains why writes did not apply: the fence moved (or was never
+// ours), the task is gone, or the task moved on.
+func (s *Store) classify(ctx context.Context, owner string, results []claims.WriteResult, missed []int) error {
+	ids := make([]int64, len(missed))
+	shards := make([]int32, len(missed))
+	for i, m := range missed {
+		ids[i], shards[i] = results[m].Ref.ID, int32(results[m].Ref.Shard)
+	}
+	rows, err := s.pool.Query(ctx, `/* shardrun.classify */
+		SELECT c.id, t.id IS NOT NULL, coalesce(f.epoch, 0), coalesce(f.owner, '')
+		FROM unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS c(id, shard, n)
+		LEFT JOIN tasks t ON t.id = c.id
+		LEFT JOIN shard_fences f ON f.shard = c.shard
+		ORDER BY c.n`, ids, shards)
+	if err != nil {
+		return fmt.Errorf("classifying rejected writes: %w", err)
+	}
+	i := 0
+	var id, fenceEpoch int64
+	var exists bool
+	var fenceOwner string
+	_, err = pgx.ForEachRow(rows, []any{&id, &exists, &fenceEpoch, &fenceOwner}, func() error {
+		res := &results[missed[i]]
+		i++
+		switch {
+		case fenceEpoch != res.Ref.Epoch || fenceOwner != owner:
+			res.Outcome = claims.FenceLost
+		case !exists:
+			res.Outcome = claims.TaskGone
+		default:
+			res.Outcome = claims.TaskMoved
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("classifying rejected writes: %w", err)
+	}
+	return nil
+}
+
+// Heartbeat records that the runner is still working on these attempts, in
+// one statement that touches only their claim rows. Each result says
+// whether an operator asked to cancel the task meanwhile (CancelRequested):
+// that is how a cancel request reaches whichever runner runs the task,
+// within one heartbeat interval.
+func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
+	if len(refs) == 0 {
+		return nil, nil
+	}
+	if rounds := distinctRounds(refs); len(rounds) > 1 {
+		return s.inRounds(ctx, refs, nil, rounds, func(refs []tasks.Ref, _ []inputCol) ([]claims.WriteResult, error) {
+			return s.Heartbeat(ctx, owner, refs)
+		})
+	}
+	locked, _, args := claimMatch(owner, refs, nil)
+	return s.claimResults(ctx, "heartbeating", owner, refs, `/* shardrun.heartbeat */
+		WITH k AS (
+			UPDATE task_claims k SET heartbeat_at = now()
+			WHERE k.id = ANY (`+locked+`)
+			RETURNING k.id, k.attempt, k.epoch, (SELECT t.cancel_requested_at IS NOT NULL FROM tasks t WHERE t.id = k.id) AS requested
+		)
+		SELECT 0, coalesce(array_agg(k.id), '{}'), coalesce(array_agg(k.attempt), '{}'), coalesce(array_agg(k.epoch), '{}'),
+			coalesce(array_agg('running'::text), '{}'), coalesce(array_agg(k.requested), '{}')
+		FROM k`, args)
+}
+
+// Claimed lists the running tasks claimed by owner under the given terms.
+// After a claim statement whose answer was lost (it may have committed),
+// the runner gives back those it is not running, with Unclaim, instead of
+// leaving them to go stale and spend an attempt.
+func (s *Store) Claimed(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error) {
+	if len(terms) == 0 {
+		return nil, nil
+	}
+	shards, epochs := splitSorted(terms)
+	rows, err := s.pool.Query(ctx, `/* shardrun.claimed */
+		SELECT k.id, k.shard, k.attempt, k.epoch FROM task_claims k
+		WHERE k.owner = $1 AND k.shard = ANY ($2::int[]) AND k.epoch = ($3::bigint[])[array_position($2::int[], k.shard)]`,
+		owner, shards, epochs)
+	if err != nil {
+		return nil, fmt.Errorf("listing the claims of %d shards: %w", len(terms), err)
+	}
+	refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Ref, error) {
+		var ref tasks.Ref
+		return ref, r.Scan(&ref.ID, &ref.Shard, &ref.Attempt, &ref.Epoch)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing the claims of %d shards: %w", len(terms), err)
+	}
+	return refs, nil
+}
+
+// requeueOrCancel is the SET list of an attempt given back without being
+// spent (unclaim, interrupt): the task is ready again with the same
+// attempt, or cancelled when an operator asked to cancel it meanwhile,
+// since nothing would run it again.
+func requeueOrCancel(runAfter string) string {
+	return `
+		state       = CASE WHEN t.cancel_requested_at IS NULL THEN 'ready' ELSE 'cancelled' END,
+		run_after   = ` + runAfter + `,
+		finished_at = CASE WHEN t.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+		claimed_by   = CASE WHEN t.cancel_requested_at IS NULL THEN t.claimed_by ELSE k.owner END,
+		claim_epoch  = CASE WHEN t.cancel_requested_at IS NULL THEN t.claim_epoch ELSE k.epoch END,
+		claimed_at   = CASE WHEN t.cancel_requested_at IS NULL THEN t.claimed_at ELSE k.claimed_at END,
+		heartbeat_at = CASE WHEN t.cancel_requested_at IS NULL THEN t.heartbeat_at ELSE k.heartbeat_at END`
+}
+
+// Unclaim gives back claims whose handler never started (the shard began
+// to move between the claim and the start): ready again with the same
+// attempt, since no attempt was made; or cancelled when an operator asked
+// to cancel the task meanwhile.
+func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
+	return s.endClaimsOf(ctx, "unclaiming", "unclaim", owner, refs, requeueOrCancel("t.run_after"))
+}
+
+// CancelAttempts records attempts cancelled on request (the heartbeat
+// reported the request, the runner cancelled the handler's context and the
+// handler returned an error; a success is recorded by Complete): cancelled
+// under the same claim. A completion or failure that landed first wins:
+// the claim is then gone and the cancellation changes nothing, so each
+// attempt has exactly one outcome. The attempt is recorded in the task's
+// errors with what the handler returned.
+func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []claims.Cancellation) ([]claims.WriteResult, error) {
+	refs := make([]tasks.Ref, len(cancelled))
+	msgs := make([]string, len(cancelled))
+	for i, c := range cancelled {
+		refs[i], msgs[i] = c.Ref, "cancelled on request"
+		if c.Error != "" {
+			msgs[i] = StorableText(msgs[i] + "; the handler returned: " + c.Error)
+		}
+	}
+	return s.endClaimsOf(ctx, "recording cancelled", "cancel_attempts", owner, refs, `
+		state = 'cancelled', finished_at = now(), `+claimEvidence+`,
+		errors = t.errors || jsonb_build_array(jsonb_build_object(
+			'attempt', t.attempt, 'at', now(), 'runner', k.owner, 'error', k.msg))`,
+		inputCol{"msg", "text", msgs})
+}
+
+// Interrupt records attempts cut short because the runner lost the shard
+// (detached, handoff timeout, fence lost, shutdown): back to ready with the
+// same attempt, since the handler did not fail, and the interruption
+// appended to the task's history. If a newer owner has the shard already,
+// its orphan requeue took the claim and this changes nothing.
+func (s *Store) Interrupt(ctx context.Context, owner string, cut []claims.Interruption) ([]claims.WriteResult, error) {
+	refs := make([]tasks.Ref, len(cut))
+	msgs := make([]string, len(cut))
+	for i, c := range cut {
+		refs[i], msgs[i] = c.Ref, StorableText(c.Reason)
+	}
+	return s.endClaimsOf(ctx, "interrupting", "interrupt", owner, refs, requeueOrCancel("now()")+`,
+		errors = t.errors || jsonb_build_array(jsonb_build_object(
+			'attempt', t.attempt, 'at', now(), 'runner', k.owner, 'error', k.msg, 'interrupted', true))`,
+		inputCol{"msg", "text", msgs})
+}
+
+// Complete records successful attempts, in one statement.
+func (s *Store) Complete(ctx context.Context, owner string, done []claims.Completion) ([]claims.WriteResult, error) {
+	refs := make([]tasks.Ref, len(done))
+	results := make([]*string, len(done))
+	for i, d := range done {
+		refs[i] = d.Ref
+		if d.Result != nil {
+			r := string(d.Result)
+			results[i] = &r
+		}
+	}
+	return s.endClaimsOf(ctx, "completing", "complete", owner, refs,
+		`state = 'completed', result = k.result::jsonb, finished_at = now(), `+claimEvidence,
+		inputCol{"result", "text", results})
+}
+
+// Fail records failed attempts, in one statement: each task goes back to
+// ready with attempt+1 after its backoff (shardrun_backoff with the
+// failure's Backoff), or to dead when its attempts are used up (or the
+// failure is Final), or to failed when its deadline passed (Expired). The
+// error text is appended to the task's errors.
+func (s *Store) Fail(ctx context.Context, owner string, failed []claims.Failure) ([]claims.WriteResult, error) {
+	refs := make([]tasks.Ref, len(failed))
+	msgs := make([]string, len(failed))
+	bases, caps := make([]int64, len(failed)), make([]int64, len(failed))
+	finals := make([]bool, len(failed))
+	expired := make([]bool, len(failed))
+	for i, f := range failed {
+		refs[i], msgs[i], finals[i], expired[i] = f.Ref, StorableText(f.Error), f.Final, f.Expired
+		bases[i], caps[i] = f.Backoff.Base.Milliseconds(), f.Backoff.Cap.Milliseconds()
+	}
+	return s.endClaimsOf(ctx, "failing", "fail", owner, refs,
+		retryOrBuryUnless("k.final", "k.expired", "now() + shardrun_backoff("+budgetAttempt+", k.base_ms, k.cap_ms)", "k.msg"),
+		inputCol{"msg", "text", msgs}, inputCol{"base_ms", "bigint", bases}, inputCol{"cap_ms", "bigint", caps},
+		inputCol{"final", "boolean", finals}, inputCol{"expired", "boolean", expired})
+}
+
+// budgetAttempt is the number of the failing attempt within the task's
+// current attempt budget (SQL over the task t): a retry grants a fresh
+// budget, and the backoff counts from its start, not from the task's
+// first attempt ever.
+const budgetAttempt = `(t.attempt - (t.max_attempts - coalesce(t.attempt_budget, t.max_attempts)))`
+
+// retryOrBury is the SET list of every statement that ends a claimed
+// attempt in failure (k is the claim): back to ready with attempt+1 at
+// runAfter, or to dead when the attempts are used up, recording the claim
+// as evidence. A task whose cancel was requested goes to cancelled instead
+// of either: it must not run again. The error (an SQL expression) is
+// appended to the task's errors under the attempt that failed.
+func retryOrBury(runAfter, errExpr string) string {
+	return retryOrBuryUnless("false", "false", runAfter, errExpr)
+}
+
+// retryOrBuryUnless is retryOrBury where final (an SQL boolean) buries the
+// task whatever attempts it has left (a handler's permanent failure), and
+// expired ends it failed (its deadline passed).
+func retryOrBuryUnless(final, expired, runAfter, errExpr string) string {
+	again := `t.attempt < t.max_attempts AND t.cancel_requested_at IS NULL AND NOT (` + final + `) AND NOT (` + expired + `)`
+	keep := func(col, claim string) string {
+		return col + ` = CASE WHEN ` + again + ` THEN t.` + col + ` ELSE ` + claim + ` END`
+	}
+	return `
+		state        = CASE WHEN ` + again + ` THEN 'ready'
+		                    WHEN t.cancel_requested_at IS NOT NULL THEN 'cancelled'
+		                    WHEN ` + expired + ` THEN 'failed' ELSE 'dead' END,
+		attempt      = CASE WHEN ` + again + ` THEN t.attempt + 1 ELSE t.attempt END,
+		run_after    = CASE WHEN ` + again + ` THEN ` + runAfter + ` ELSE t.run_after END,
+		finished_at  = CASE WHEN ` + again + ` THEN NULL ELSE now() END,
+		` + keep("claimed_by", "k.owner") + `,
+		` + keep("claim_epoch", "k.epoch") + `,
+		` + keep("claimed_at", "k.claimed_at") + `,
+		` + keep("heartbeat_at", "coalesce(k.heartbeat_at, k.claimed_at)") + `,
+		errors       = t.errors || jsonb_build_array(jsonb_build_object(
+			'attempt', t.attempt, 'at', now(), 'runner', k.owner, 'error', ` + errExpr + `))`
+}
+
+// ---- orphan requeue: claim -> lane | finished ----
+
+// RaiseFences records the runner's ownership of shards at the given epochs,
+// returns those whose fence now holds that epoch, and in the same
+// transaction requeues the claims earlier owners left on them (to ready
+// with attempt+1, or dead when the attempts are used up: their owner is
+// gone by construction). A shard whose fence is already newer is left
+// alone and not returned: the caller no longer owns it. Raising the epoch
+// the fence already holds is idempotent.
+//
+// One transaction makes the shard's move atomic for the old owner's
+// writes, which match their claim row and take no fence lock: a write that
+// locked its claim row before the requeue reached it commits before the
+// raise does, and every later one finds its claim gone. Claims lock the
+// fence rows of the shards they take from FOR SHARE, so the raise waits for
+// a claim under the old epoch and the requeue then sees what it claimed.
+// The requeue locks the old claims in id order, as the old owner's writes
+// do: in the takeover race the two wait for each other, never deadlock.
+func (s *Store) RaiseFences(ctx context.Context, owner string, owned []tasks.ShardEpoch) (raised []tasks.ShardEpoch, requeued, dead int64, err error) {
+	if len(owned) == 0 {
+		return nil, 0, 0, nil
+	}
+	shards, epochs := splitSorted(owned)
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `/* shardrun.raise_fences */
+			INSERT INTO shard_fences AS f (shard, epoch, owner)
+			SELECT shard, epoch, $3 FROM unnest($1::int[], $2::bigint[]) AS o(shard, epoch) ORDER BY shard
+			ON CONFLICT (shard) DO UPDATE SET epoch = excluded.epoch, owner = excluded.owner, raised_at = now()
+			WHERE f.epoch <= excluded.epoch
+			RETURNING shard, epoch`, shards, epochs, owner)
+		if err != nil {
+			return err
+		}
+		raised, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.ShardEpoch, error) {
+			var se tasks.ShardEpoch
+			err := r.Scan(&se.Shard, &se.Epoch)
+			return se, err
+		})
+		if err != nil || len(raised) == 0 {
+			return err
+		}
+		rs, re := splitSorted(raised)
+		rows, err = tx.Query(ctx, `/* shardrun.requeue_orphans */
+			WITH k AS (
+				DELETE FROM task_claims k WHERE k.id = ANY (ARRAY(
+					SELECT c.id FROM task_claims c
+					WHERE c.shard = ANY ($1::int[]) AND c.epoch < ($2::bigint[])[array_position($1::int[], c.shard)]
+					ORDER BY c.id FOR UPDATE))
+				RETURNING k.*, format('orphaned: shard %s moved from epoch %s to %s', k.shard, k.epoch,
+					($2::bigint[])[array_position($1::int[], k.shard)]) AS msg
+			)`+endClaims(retryOrBury("now()", "k.msg"))+`
+			SELECT `+filedOnce+`, count(*) FILTER (WHERE t.state = 'ready'), count(*) FILTER (WHERE t.state = 'dead') FROM t`, rs, re)
+		if err != nil {
+			return err
+		}
+		var filed int64
+		if _, err := pgx.ForEachRow(rows, []any{&filed, &requeued, &dead}, func() error { return nil }); err != nil {
+			return fmt.Errorf("requeueing orphans: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("raising fences of %d shards: %w", len(owned), err)
+	}
+	return raised, requeued, dead, nil
+}
+
+// splitSorted returns the shards and epochs of owned ordered by shard, so
+// that every statement locks fence rows in the same order.
+func splitSorted(owned []tasks.ShardEpoch) ([]int32, []int64) {
+	sorted := slices.Clone(owned)
+	slices.SortFunc(sorted, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	shards := make([]int32, len(sorted))
+	epochs := make([]int64, len(sorted))
+	for i, se := range sorted {
+		shards[i], epochs[i] = int32(se.Shard), se.Epoch
+	}
+	return shards, epochs
+}
+
+// ---- the leader's sweeps ----
+
+// Backoff parameterises the SQL backoff (shardrun_backoff) of stale claims
+// and failed attempts: the retry policy's Base and Cap.
+type Backoff = claims.Backoff
+
+// ErrNotLeader is returned by the sweeps when the coordinator fence holds
+// another leadership epoch: the caller has been deposed.
+var ErrNotLeader = errors.New("store: coordinator fence holds a newer leader")
+
+// leaderFence is the CTE that locks the coordinator fence FOR SHARE when it
+// holds epoch $1; sweeps apply only if it yields a row.
+const leaderFence = `lf AS (SELECT epoch FROM coordinator_fence WHERE id = 1 AND epoch = $1 FOR SHARE)`
+
+// SkipRunning as SweepDeadlines' runningGrace sweeps unclaimed tasks only.
+const SkipRunning time.Duration = -1
+
+// SweepDeadlines fails up to limit unfinished tasks whose deadline passed
+// and returns how many, under the leadership epoch (ErrNotLeader if it is
+// not the fence's): tasks in a lane or waiting in a sequence at once,
+// running ones only runningGrace after their deadline. A running task's
+// runner ends its handler at the deadline and records the outcome itself;
+// the sweep is the backstop for a runner that is gone, and the grace lets
+// the success of a handler that returned before its deadline land even
+// when its write was delayed (a database outage). A task whose cancel was
+// requested ends cancelled, as every other leader sweep ends it. Rows
+// locked by a concurrent write are skipped for this pass. A negative
+// runningGrace (SkipRunning) leaves running tasks alone: the sweeper's
+// outage grace, when their runners' writes may still be on the way.
+func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, runningGrace time.Duration, limit int) (int64, error) {
+	var fenced bool
+	var unclaimed int64
+	err := s.pool.QueryRow(ctx, `/* shardrun.sweep_deadlines_unclaimed */
+		WITH `+leaderFence+`, due AS (
+			(SELECT r.id, r.deadline FROM task_ready r WHERE r.deadline < now() ORDER BY r.deadline LIMIT $2)
+			UNION ALL
+			(SELECT w.id, w.deadline FROM task_waiting w WHERE w.deadline < now() ORDER BY w.deadline LIMIT $2)
+		)
+		SELECT EXISTS (SELECT 1 FROM lf),
+			CASE WHEN EXISTS (SELECT 1 FROM lf)
+			     THEN shardrun_expire(ARRAY(SELECT id FROM due ORDER BY deadline LIMIT $2), 'failed', 'deadline exceeded')
+			     ELSE 0 END`, epoch, limit).Scan(&fenced, &unclaimed)
+	if err != nil {
+		return 0, fmt.Errorf("sweeping deadlines of unclaimed tasks: %w", err)
+	}
+	if !fenced {
+		return 0, ErrNotLeader
+	}
+	if runningGrace < 0 || unclaimed >= int64(limit) {
+		return unclaimed, nil
+	}
+	var running int64
+	err = s.pool.QueryRow(ctx, `/* shardrun.sweep_deadlines_running */
+		WITH `+leaderFence+`, k AS (
+			DELETE FROM task_claims k WHERE k.id = ANY (ARRAY(
+				SELECT c.id FROM task_claims c
+				WHERE c.deadline < now() - $3 * interval '1 millisecond' AND EXISTS (SELECT 1 FROM lf)
+				ORDER BY c.id LIMIT $2 FOR UPDATE SKIP LOCKED))
+			RETURNING k.*
+		)`+endClaims(`
+			state = CASE WHEN t.cancel_requested_at IS NULL THEN 'failed' ELSE 'cancelled' END,
+			finished_at = now(), `+claimEvidence+`,
+			errors = t.errors || jsonb_build_array(jsonb_build_object(
+				'attempt', t.attempt, 'at', now(), 'runner', k.owner, 'error',
+				CASE WHEN t.cancel_requested_at IS NULL THEN 'deadline exceeded'
+				     ELSE 'cancelled on request; its deadline passed while its runner was away' END))`)+`
+		SELECT EXISTS (SELECT 1 FROM lf), `+filedOnce+`, count(*) FROM t`,
+		epoch, limit-int(unclaimed), runningGrace.Milliseconds()).Scan(&fenced, nil, &running)
+	if err != nil {
+		return unclaimed, fmt.Errorf("sweeping deadlines of running tasks: %w", err)
+	}
+	if !fenced {
+		return unclaimed, ErrNotLeader
+	}
+	return unclaimed + running, nil
+}
+
+// SweepStale requeues up to limit running tasks whose last sign of life —
+// the last heartbeat, or the claim when there was none — is older than
+// threshold: to ready with attempt+1 after a backoff, or to dead when the
+// attempts are used up. Tasks past their deadline are left to SweepDeadlines
+// (deadline wins over staleness). It applies under the leadership epoch only
+// (ErrNotLeader otherwise). It reads task_claims, one row per running task
+// (bounded by the runners' workers), until it has limit stale ones, in id
+// order: each pass takes them all in batches.
+func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Duration, limit int, b Backoff) (requeued, dead int64, err error) {
+	var fenced bool
+	err = s.pool.QueryRow(ctx, `/* shardrun.sweep_stale */
+		WITH `+leaderFence+`, k AS (
+			DELETE FROM task_claims k WHERE k.id = ANY (ARRAY(
+				SELECT c.id FROM task_claims c
+				WHERE c.claimed_at < now() - $2 * interval '1 millisecond'
+				  AND coalesce(c.heartbeat_at, c.claimed_at) < now() - $2 * interval '1 millisecond'
+				  AND (c.deadline IS NULL OR c.deadline >= now())
+				  AND EXISTS (SELECT 1 FROM lf)
+				ORDER BY c.id LIMIT $3 FOR UPDATE SKIP LOCKED))
+			RETURNING k.*, format('stale claim: no sign of life since %s', coalesce(k.heartbeat_at, k.claimed_at)) AS msg
+		)`+endClaims(retryOrBury("now() + shardrun_backoff("+budgetAttempt+", $4, $5)", "k.msg"))+`
+		SELECT EXISTS (SELECT 1 FROM lf), `+filedOnce+`,
+		       count(*) FILTER (WHERE t.state = 'ready'), count(*) FILTER (WHERE t.state = 'dead')
+		FROM t`,
+		epoch, threshold.Milliseconds(), limit, b.Base.Milliseconds(), b.Cap.Milliseconds()).Scan(&fenced, nil, &requeued, &dead)
+	if err != nil {
+		return 0, 0, fmt.Errorf("sweeping stale claims: %w", err)
+	}
+	if !fenced {
+		return 0, 0, ErrNotLeader
+	}
+	return requeued, dead, nil
+}
+
+// FailUnhandled fails up to limit ready tasks of kind that have been due
+// (run_after) for longer than dueFor, in each lane's order, recording
+// reason as the attempt's error, and returns how many. It applies under
+// the leadership epoch only (ErrNotLeader otherwise).
+func (s *Store) FailUnhandled(ctx context.Context, epoch int64, kind string, dueFor time.Duration, limit int, reason string) (int64, error) {
+	var fenced bool
+	var n int64
+	err := s.pool.QueryRow(ctx, `/* shardrun.fail_unhandled */
+		WITH RECURSIVE `+leaderFence+`, `+readyLanes+`, due AS (
+			SELECT x.id FROM lane l CROSS JOIN LATERAL (
+				SELECT r.id FROM task_ready r
+				WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind
+				  AND r.run_after < now() - $3 * interval '1 millisecond'
+				ORDER BY r.priority, r.run_after, r.id LIMIT $4) x
+			WHERE l.kind = $2 AND EXISTS (SELECT 1 FROM lf)
+			LIMIT $4
+		)
+		SELECT EXISTS (SELECT 1 FROM lf),
+			CASE WHEN EXISTS (SELECT 1 FROM lf) THEN shardrun_expire(ARRAY(SELECT id FROM due), 'failed', $5::text) ELSE 0 END`,
+		epoch, kind, dueFor.Milliseconds(), limit, reason).Scan(&fenced, &n)
+	if err != nil {
+		return 0, fmt.Errorf("failing ready tasks of unhandled kind %q: %w", kind, err)
+	}
+	if !fenced {
+		return 0, ErrNotLeader
+	}
+	return n, nil
+}
+
+// ---- retention: finished -> deleted ----
+
+// DeleteFinished deletes up to limit tasks in the given final state whose
+// finished_at is older than olderThan (by the database clock), oldest
+// first, and returns how many. It walks task_finished by (state,
+// finished_at) from the oldest row of that state, so rows of other states
+// kept longer are never visited. A dead or failed task that blocks its
+// sequence is kept, whatever its age: the sequence waits on it until an
+// operator retries or cancels it. Rows locked by a concurrent statement
+// (an operator's retry) are skipped for this batch. It applies under the
+// leadership epoch only (ErrNotLeader otherwise).
+func (s *Store) DeleteFinished(ctx context.Context, epoch int64, state string, olderThan time.Duration, limit int) (int64, error) {
+	var fenced bool
+	var n int64
+	err := s.pool.QueryRow(ctx, `/* shardrun.delete_finished */
+		WITH `+leaderFence+`, doomed AS (
+			SELECT id FROM task_finished
+			WHERE state = $2 AND finished_at < now() - $3 * interval '1 millisecond'
+			  AND EXISTS (SELECT 1 FROM lf)
+			ORDER BY finished_at
+			LIMIT $4
+		), locked AS (
+			SELECT t.id FROM tasks t
+			WHERE t.id = ANY (ARRAY(SELECT id FROM doomed)) AND t.state = $2
+			  AND t.finished_at < now() - $3 * interval '1 millisecond'
+			  AND NOT EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = t.sequence_key AND s.head_id = t.id)
+			ORDER BY t.id
+			FOR UPDATE SKIP LOCKED
+		), del AS (
+			DELETE FROM tasks t WHERE t.id = ANY (ARRAY(SELECT id FROM locked))
+			RETURNING t.id
+		), gone AS (
+			DELETE FROM task_finished f WHERE f.state = $2 AND f.id = ANY (ARRAY(SELECT id FROM del))
+		)
+		SELECT EXISTS (SELECT 1 FROM lf), (SELECT count(*) FROM del)`,
+		epoch, state, olderThan.Milliseconds(), limit).Scan(&fenced, &n)
+	if err != nil {
+		return 0, fmt.Errorf("deleting %s tasks finished over %s ago: %w", state, olderThan, err)
+	}
+	if !fenced {
+		return 0, ErrNotLeader
+	}
+	return n, nil
+}
+
+// ---- operators: cancel and retry ----
+
+// CancelTask cancels task id (shardrun_cancel): a task in a lane or
+// waiting in its sequence at once (state cancelled), a dead or failed one
+// that blocks its sequence too (the sequence moves on), a running one by
+// recording the request that its runner's next heartbeat picks up; the
+// task is returned as it is after the move (cancelled, or running with
+// CancelRequestedAt set). Either way the task no longer holds its unique
+// key: a producer may enqueue the key again at once. Cancelling a running
+// task twice is harmless. A finished task gives a *tasks.ConflictError
+// naming its state, a missing one a *tasks.NotFoundError.
+func (s *Store) CancelTask(ctx context.Context, id int64) (tasks.Task, error) {
+	var t tasks.Task
+	var outcome string
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `/* shardrun.cancel */ SELECT outcome FROM shardrun_cancel(ARRAY[$1::bigint], false)`, id).Scan(&outcome); err != nil {
+			return err
+		}
+		if outcome != "cancelled" && outcome != "requested" {
+			return nil
+		}
+		var err error
+		t, err = scanTask(tx.QueryRow(ctx, `/* shardrun.get */ SELECT `+taskColumns+` FROM task_view t WHERE t.id = $1`, id))
+		return err
+	})
+	switch {
+	case err != nil:
+		return tasks.Task{}, fmt.Errorf("cancelling task %d: %w", id, err)
+	case outcome == "missing":
+		return tasks.Task{}, fmt.Errorf("cancelling task %d: %w", id, &tasks.NotFoundError{ID: id})
+	case outcome == "finished":
+		return tasks.Task{}, s.refusal(ctx, id, "cancel", "it is finished (only a dead or failed task that blocks its sequence can be cancelled)")
+	}
+	return t, nil
+}
+
+// RetryTask puts a dead, failed or cancelled task back to ready
+// (shardrun_retry: the attempt budget, its lane or its sequence's turn)
+// and wakes the runners of its shard. A task in another state, or whose
+// unique key another unfinished task holds now, gives a
+// *tasks.ConflictError; a missing one a *tasks.NotFoundError.
+func (s *Store) RetryTask(ctx context.Context, id int64) (tasks.Task, error) {
+	var t tasks.Task
+	var outcome string
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `/* shardrun.retry */ SELECT outcome FROM shardrun_retry(ARRAY[$1::bigint], false)`, id).Scan(&outcome); err != nil {
+			return err
+		}
+		if outcome != "retried" {
+			return nil
+		}
+		var err error
+		t, err = scanTask(tx.QueryRow(ctx, `/* shardrun.get */ SELECT `+taskColumns+` FROM task_view t WHERE t.id = $1`, id))
+		return err
+	})
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "task_unique_keys_pkey":
+		cur, gerr := s.Get(ctx, id)
+		if gerr != nil {
+			return tasks.Task{}, fmt.Errorf("retrying task %d: %w", id, gerr)
+		}
+		holders, herr := uniqueHolders(ctx, s.pool, []string{cur.UniqueKey})
+		if herr != nil {
+			return tasks.Task{}, fmt.Errorf("retrying task %d: %w", id, herr)
+		}
+		return tasks.Task{}, &tasks.ConflictError{ID: id, Op: "retry", State: cur.State,
+			Reason: fmt.Sprintf("its unique key %q is held by unfinished task %d", cur.UniqueKey, holders[cur.UniqueKey])}
+	case err != nil:
+		return tasks.Task{}, fmt.Errorf("retrying task %d: %w", id, err)
+	case outcome == "missing":
+		return tasks.Task{}, fmt.Errorf("retrying task %d: %w", id, &tasks.NotFoundError{ID: id})
+	case outcome != "retried":
+		return tasks.Task{}, s.refusal(ctx, id, "retry", "only dead, failed and cancelled tasks can be retried")
+	}
+	return t, nil
+}
+
+// refusal explains why an operation on task id changed nothing: it does not
+// exist, or its state does not allow the operation.
+func (s *Store) refusal(ctx context.Context, id int64, op, why string) error {
+	t, err := s.Get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("%s task %d: %w", op, id, err)
+	}
+	return &tasks.ConflictError{ID: id, Op: op, State: t.State, Reason: why}
+}
+
+// cancelPass cancels one batch of a bulk cancel (shardrun_cancel, skipping
+// tasks another statement holds: a locked row makes the pass run again).
+// Running tasks already asked to cancel are not asked again, so that a
+// pass run again counts each task once.
+func cancelPass(ctx context.Context, tx pgx.Tx, b *sqlBuilder, _ tasks.Filter, candidates, rest string) (bulkPass, error) {
+	var p bulkPass
+	err := tx.QueryRow(ctx, `/* shardrun.cancel_matching */
+		WITH c AS MATERIALIZED (`+candidates+`),
+		elig AS MATERIALIZED (
+			SELECT t.id FROM (`+byID("SELECT id FROM c", "")+`) t
+			WHERE `+rest+` AND t.cancel_requested_at IS NULL
+		),
+		done AS MATERIALIZED (SELECT * FROM shardrun_cancel(ARRAY(SELECT id FROM elig), true))
+		SELECT (SELECT count(*) FROM c), (SELECT coalesce(max(id), 0) FROM c),
+		       (SELECT count(*) FROM done WHERE outcome = 'locked'),
+		       (SELECT count(*) FROM done WHERE outcome = 'cancelled'),
+		       (SELECT count(*) FROM done WHERE outcome = 'requested')`, b.args...).Scan(
+		&p.candidates, &p.last, &p.locked, &p.res.Cancelled, &p.res.CancelRequested)
+	return p, err
+}
+
+// retryPass retries every candidate without a unique key, and each
+// candidate with one that is the newest matching task of its key (wherever
+// the newer ones fall among the batches) and whose key no unfinished task
+// holds (shardrun_retry, skipping tasks another statement holds).
+func retryPass(ctx context.Context, tx pgx.Tx, b *sqlBuilder, f tasks.Filter, candidates, rest string) (bulkPass, error) {
+	var p bulkPass
+	newer := b.matches(f, "o")
+	err := tx.QueryRow(ctx, `/* shardrun.retry_matching */
+		WITH c AS MATERIALIZED (`+candidates+`),
+		elig AS MATERIALIZED (
+			SELECT t.id, t.unique_key FROM (`+byID("SELECT id FROM c", "")+`) t
+			WHERE `+rest+`
+		),
+		pick AS MATERIALIZED (
+			SELECT id FROM elig WHERE unique_key IS NULL
+			UNION ALL
+			SELECT e.id FROM elig e
+			WHERE e.unique_key IS NOT NULL
+			  AND NOT EXISTS (
+				SELECT 1 FROM tasks n JOIN LATERAL (SELECT * FROM task_view v WHERE v.id = n.id) o ON true
+				WHERE n.unique_key = e.unique_key AND n.id > e.id AND `+newer+`)
+			  AND NOT EXISTS (SELECT 1 FROM task_unique_keys h WHERE h.unique_key = e.unique_key)
+		),
+		done AS MATERIALIZED (SELECT * FROM shardrun_retry(ARRAY(SELECT id FROM pick), true))
+		SELECT (SELECT count(*) FROM c), (SELECT coalesce(max(id), 0) FROM c),
+		       (SELECT count(*) FROM done WHERE outcome = 'locked'),
+		       (SELECT count(*) FROM elig) - (SELECT count(*) FROM pick),
+		       (SELECT count(*) FROM done WHERE outcome = 'retried')`, b.args...).Scan(
+		&p.candidates, &p.last, &p.locked, &p.res.Skipped, &p.res.Retried)
+	return p, err
+}
