@@ -111,7 +111,7 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 	}
 	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Key: req.Key, Payload: req.Payload,
 		Cron: req.Cron, Timezone: req.Timezone}
-	if d.MaxAttempts, err = givenMaxAttempts(req.MaxAttempts); err != nil {
+	if d.MaxAttempts, err = tasks.GivenMaxAttempts(req.MaxAttempts); err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}
@@ -130,7 +130,7 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 		writeJSON(w, http.StatusBadRequest, apiError{Error: "invalid start: only an interval schedule (every) has a start", Field: "start"})
 		return
 	}
-	if d.Start, err = givenTime("start", req.Start, "one interval after the definition"); err != nil {
+	if d.Start, err = tasks.GivenTime("start", req.Start, "one interval after the definition"); err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}

@@ -49,17 +49,24 @@ func (c *Coordinator) taskRoutes(mux *http.ServeMux) {
 
 // idempotencyKey applies the Idempotency-Key header of a single-task POST:
 // it is the task's unique key, and must agree with one given in the body.
+// A header given empty or more than once is refused, as a body field given
+// empty is: it would otherwise read as no key, and the enqueue would not
+// be idempotent.
 func idempotencyKey(r *http.Request, reqs []TaskRequest, batch bool) error {
-	key := r.Header.Get("Idempotency-Key")
+	keys := r.Header.Values("Idempotency-Key")
 	switch {
-	case key == "":
+	case len(keys) == 0:
 		return nil
+	case len(keys) > 1:
+		return errors.New("the Idempotency-Key header is given more than once")
+	case keys[0] == "":
+		return errors.New("the Idempotency-Key header is given empty (leave it out for no unique key)")
 	case batch:
 		return errors.New("the Idempotency-Key header applies to a single task; give each task of a batch its unique_key")
-	case reqs[0].UniqueKey != "" && reqs[0].UniqueKey != key:
-		return fmt.Errorf("the Idempotency-Key header %q and unique_key %q differ", key, reqs[0].UniqueKey)
+	case reqs[0].UniqueKey != nil && *reqs[0].UniqueKey != keys[0]:
+		return fmt.Errorf("the Idempotency-Key header %q and unique_key %q differ", keys[0], *reqs[0].UniqueKey)
 	}
-	reqs[0].UniqueKey = key
+	reqs[0].UniqueKey = &keys[0]
 	return nil
 }
 

@@ -61,7 +61,12 @@ const (
 // end (at year 294,276) long before Go's time.Time does.
 var latestTime = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// NewTask describes a task to enqueue.
+// NewTask describes a task to enqueue. In Go a zero field is "left out"
+// and takes its default (Queue "" is the default queue, Priority 0 the
+// default priority), since Go cannot tell a zero value from a field not
+// set. JSON can: decoded into a NewTask (UnmarshalJSON, through Request),
+// a field given empty, zero or null is refused rather than read as left
+// out, as POST /api/tasks refuses it.
 type NewTask struct {
 	// Kind selects the handler; required.
 	Kind string `json:"kind"`
