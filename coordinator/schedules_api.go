@@ -23,18 +23,59 @@ const (
 	MaxSchedulesListed = tasks.MaxListLimit
 )
 
-// ScheduleRequest is the body of POST /api/schedules.
+// ScheduleRequest is the body of POST /api/schedules. Its optional fields
+// are pointers, nil only when left out: one given empty, zero or null is
+// refused, as in a task's body (tasks.Request).
 type ScheduleRequest struct {
 	Name        string          `json:"name"`
 	Kind        string          `json:"kind"`
-	Key         string          `json:"key,omitempty"`
+	Key         *string         `json:"key,omitempty"`
 	Payload     json.RawMessage `json:"payload,omitempty"`
 	MaxAttempts *int            `json:"max_attempts,omitempty"`
 	// Every is a Go duration ("90s", "5m", "1h"); or Cron with Timezone.
-	Every    string     `json:"every,omitempty"`
+	Every    *string    `json:"every,omitempty"`
 	Start    *time.Time `json:"start,omitempty"`
-	Cron     string     `json:"cron,omitempty"`
-	Timezone string     `json:"timezone,omitempty"`
+	Cron     *string    `json:"cron,omitempty"`
+	Timezone *string    `json:"timezone,omitempty"`
+}
+
+// definition turns the request into a schedule.Definition, refusing a
+// field given with the value that means "not set" there.
+func (req ScheduleRequest) definition() (schedule.Definition, error) {
+	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Payload: req.Payload}
+	var every string
+	var err error
+	for _, f := range []struct {
+		name  string
+		p     *string
+		to    *string
+		unset string
+	}{
+		{"key", req.Key, &d.Key, "a random key for each tick's task"},
+		{"every", req.Every, &every, "a cron schedule"},
+		{"cron", req.Cron, &d.Cron, "an interval schedule"},
+		{"timezone", req.Timezone, &d.Timezone, "UTC"},
+	} {
+		if *f.to, err = tasks.GivenText(f.name, f.p, f.unset); err != nil {
+			return d, err
+		}
+	}
+	if d.MaxAttempts, err = tasks.GivenMaxAttempts(req.MaxAttempts); err != nil {
+		return d, err
+	}
+	if every != "" {
+		if d.Every, err = time.ParseDuration(every); err != nil {
+			return d, &tasks.FieldError{Field: "every", Problem: fmt.Sprintf("%q is not a duration such as 90s, 5m or 1h", every)}
+		}
+		if d.Every == 0 {
+			return d, &tasks.FieldError{Field: "every", Problem: "must be at least 1s"}
+		}
+	}
+	if req.Start != nil && d.Cron != "" {
+		return d, &tasks.FieldError{Field: "start", Problem: "only an interval schedule (every) has a start"}
+	}
+	d.Start, err = tasks.GivenTime("start", req.Start, "one interval after the definition")
+	return d, err
 }
 
 // ScheduleSummary is a schedule in GET /api/cluster (no payload).
@@ -104,33 +145,12 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 		return
 	}
 	var req ScheduleRequest
-	err := jsonbody.Decode(body, &req)
+	if err := jsonbody.Decode(body, &req); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	d, err := req.definition()
 	if err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Key: req.Key, Payload: req.Payload,
-		Cron: req.Cron, Timezone: req.Timezone}
-	if d.MaxAttempts, err = tasks.GivenMaxAttempts(req.MaxAttempts); err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	if req.Every != "" {
-		d.Every, err = time.ParseDuration(req.Every)
-		if err != nil {
-			writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("invalid every: %q is not a duration such as 90s, 5m or 1h", req.Every), Field: "every"})
-			return
-		}
-		if d.Every == 0 {
-			writeJSON(w, http.StatusBadRequest, apiError{Error: "invalid every: must be at least 1s", Field: "every"})
-			return
-		}
-	}
-	if req.Start != nil && req.Cron != "" {
-		writeJSON(w, http.StatusBadRequest, apiError{Error: "invalid start: only an interval schedule (every) has a start", Field: "start"})
-		return
-	}
-	if d.Start, err = tasks.GivenTime("start", req.Start, "one interval after the definition"); err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}
