@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/shardrun/shardrun/internal/httpjson"
@@ -169,20 +170,34 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 		Warnings: c.unhandledWarnings(ctx, sc.Kind)})
 }
 
+// scheduleParams are the parameters of GET /api/schedules.
+var scheduleParams = []string{"limit", "after"}
+
+// parseScheduleQuery reads the page GET /api/schedules asks for, checked
+// as the schedule client checks it (schedule.ListRequest.Check).
+func parseScheduleQuery(q url.Values) (schedule.ListRequest, error) {
+	var req schedule.ListRequest
+	var err error
+	if req.Limit, err = parseLimit(q); err != nil {
+		return req, err
+	}
+	req.After = q.Get("after")
+	return req, req.Check()
+}
+
 // handleListSchedules is GET /api/schedules: one page by name, with limit
 // and after (the cursor) checked like the task listing's.
 func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	var req schedule.ListRequest
-	err := checkParams(q, []string{"limit", "after"})
-	if err == nil {
-		req.Limit, err = parseLimit(q)
-	}
+	q, err := query(r, scheduleParams)
 	if err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}
-	req.After = q.Get("after")
+	req, err := parseScheduleQuery(q)
+	if err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	page, err := c.schedules.List(ctx, req)
@@ -198,12 +213,16 @@ func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request
 
 func (c *Coordinator) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
+	if _, err := query(r, nil); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	ok, err := c.schedules.Delete(ctx, name)
 	switch {
 	case err != nil:
-		c.storeError(w, r, "deleting a schedule", err)
+		c.failed(w, r, "deleting a schedule", err)
 	case !ok:
 		writeJSON(w, http.StatusNotFound, apiError{Error: fmt.Sprintf("no schedule named %q", name)})
 	default:

@@ -201,6 +201,12 @@ func CheckKind(kind string) error {
 	return nil
 }
 
+// CheckKey reports whether s can be a key, a unique key or a sequence key:
+// text PostgreSQL can store, at most MaxKeyLen bytes. field names it in
+// the *FieldError: a listing's cursor that is a sequence key is checked as
+// one before the database sees it.
+func CheckKey(field, s string) error { return checkText(field, s, MaxKeyLen) }
+
 // checkText refuses what PostgreSQL's text refuses (invalid UTF-8, NUL)
 // and text longer than max bytes. Invalid UTF-8 is refused rather than
 // repaired: a key's shard is computed on its bytes, and a producer hashing
