@@ -374,22 +374,9 @@ func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 		c.taskError(w, r, "listing tasks", 0, err)
 		return
 	}
-	f, after, err := parseFilter(q, c.cfg.ShardCount)
+	req, err := parseListQuery(q, c.cfg.ShardCount)
 	if err != nil {
 		c.taskError(w, r, "listing tasks", 0, err)
-		return
-	}
-	req := tasks.ListRequest{Filter: f, After: after}
-	if req.Limit, err = parseLimit(q); err != nil {
-		c.taskError(w, r, "listing tasks", 0, err)
-		return
-	}
-	switch q.Get("order") {
-	case "", "asc":
-	case "desc":
-		req.Desc = true
-	default:
-		c.taskError(w, r, "listing tasks", 0, &tasks.FieldError{Field: "order", Problem: fmt.Sprintf("must be asc or desc, got %q", q.Get("order"))})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -400,6 +387,27 @@ func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, page)
+}
+
+// parseListQuery reads the page GET /api/tasks asks for: the filter and
+// cursor (parseFilter), the limit and the order.
+func parseListQuery(q url.Values, shardCount int) (tasks.ListRequest, error) {
+	f, after, err := parseFilter(q, shardCount)
+	if err != nil {
+		return tasks.ListRequest{}, err
+	}
+	req := tasks.ListRequest{Filter: f, After: after}
+	if req.Limit, err = parseLimit(q); err != nil {
+		return req, err
+	}
+	switch q.Get("order") {
+	case "", "asc":
+	case "desc":
+		req.Desc = true
+	default:
+		return req, &tasks.FieldError{Field: "order", Problem: fmt.Sprintf("must be asc or desc, got %q", q.Get("order"))}
+	}
+	return req, nil
 }
 
 // handleCountTasks is GET /api/tasks/count: how many tasks match the
