@@ -38,13 +38,15 @@ upgrade-test:
 	@$(DEPS) test
 	SHARDRUN_UPGRADE_ROWS=$(UPGRADE_ROWS) $(GO) test -count=1 -timeout 20m -run '^TestUpgradeToTheTaskLayout$$' -v ./store/
 
-## fuzz: every decoder of outside input, briefly (FUZZTIME each; go test -fuzz takes one
+## fuzz: every decoder of outside input (bodies, query strings, flags), briefly (FUZZTIME each; go test -fuzz takes one
 ## package and one target per run). The committed seeds in testdata/fuzz/ also run in `make test`.
 FUZZTIME ?= 5s
 FUZZ_TARGETS := \
 	./internal/jsonbody:FuzzDecode \
 	./coordinator:FuzzEnqueueOne \
 	./coordinator:FuzzEnqueueBatch \
+	./coordinator:FuzzFilterQuery \
+	./coordinator:FuzzListingQuery \
 	./runner:FuzzAdminBody \
 	./runner:FuzzBuiltinPayload \
 	./cmd/runner:FuzzRunnerFlags \

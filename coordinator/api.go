@@ -204,71 +204,11 @@ func (c *Coordinator) handleCluster(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// TaskRequest is one task in POST /api/tasks. Bodies are decoded strictly
-// (internal/jsonbody): exact-case field names, no unknown or duplicate
-// fields, no trailing data, valid UTF-8.
-type TaskRequest struct {
-	Kind        string          `json:"kind"`
-	Key         string          `json:"key,omitempty"`
-	Payload     json.RawMessage `json:"payload,omitempty"`
-	MaxAttempts *int            `json:"max_attempts,omitempty"`
-	RunAfter    *time.Time      `json:"run_after,omitempty"`
-	Deadline    *time.Time      `json:"deadline,omitempty"`
-	UniqueKey   string          `json:"unique_key,omitempty"`
-	Queue       string          `json:"queue,omitempty"`
-	// Priority: 1 (most urgent) to 5; left out, the default 3.
-	Priority         *int   `json:"priority,omitempty"`
-	SequenceKey      string `json:"sequence_key,omitempty"`
-	SequenceContinue bool   `json:"sequence_continue,omitempty"`
-}
-
-// newTask turns the request into the task vocabulary (see givenMaxAttempts
-// and givenTime).
-func (t TaskRequest) newTask() (tasks.NewTask, error) {
-	n := tasks.NewTask{Kind: t.Kind, Key: t.Key, Payload: t.Payload, UniqueKey: t.UniqueKey, Queue: t.Queue,
-		SequenceKey: t.SequenceKey, SequenceContinue: t.SequenceContinue}
-	if t.Priority != nil {
-		if err := tasks.CheckPriority(*t.Priority); err != nil {
-			return n, err
-		}
-		n.Priority = *t.Priority
-	}
-	var err error
-	if n.MaxAttempts, err = givenMaxAttempts(t.MaxAttempts); err != nil {
-		return n, err
-	}
-	if n.RunAfter, err = givenTime("run_after", t.RunAfter, "none"); err != nil {
-		return n, err
-	}
-	n.Deadline, err = givenTime("deadline", t.Deadline, "none")
-	return n, err
-}
-
-// givenMaxAttempts reads an optional max_attempts of a body. A field that
-// is given must mean something: 0, which the Go vocabulary reads as "not
-// set", is refused rather than silently taken as the default.
-func givenMaxAttempts(p *int) (int, error) {
-	if p == nil {
-		return 0, nil
-	}
-	if *p < 1 {
-		return 0, &tasks.FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d (leave it out for the default)", tasks.MaxAttemptsLimit, *p)}
-	}
-	return *p, nil
-}
-
-// givenTime reads an optional time of a body; the zero time
-// 0001-01-01T00:00:00Z, which the Go vocabulary reads as "not set", is
-// refused. unset says what leaving the field out means.
-func givenTime(field string, p *time.Time, unset string) (time.Time, error) {
-	if p == nil {
-		return time.Time{}, nil
-	}
-	if p.IsZero() {
-		return time.Time{}, &tasks.FieldError{Field: field, Problem: "must not be the zero time 0001-01-01T00:00:00Z (leave it out for " + unset + ")"}
-	}
-	return *p, nil
-}
+// TaskRequest is one task in POST /api/tasks (tasks.Request). Bodies are
+// decoded strictly (internal/jsonbody): exact-case field names, no unknown
+// or duplicate fields, no null, no trailing data, valid UTF-8; a field
+// given empty or zero is refused, not read as left out.
+type TaskRequest = tasks.Request
 
 // apiError is every error answer: the message, and what it is about when
 // known — the field of the request (and its index in a batch), the state
@@ -343,7 +283,7 @@ func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
 	}
 	ns := make([]tasks.NewTask, len(reqs))
 	for i, req := range reqs {
-		if ns[i], err = req.newTask(); err != nil {
+		if ns[i], err = req.NewTask(); err != nil {
 			badRequest(w, err, batch, i)
 			return
 		}

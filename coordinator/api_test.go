@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -122,7 +123,7 @@ func fuzzEnqueue(f *testing.F, seeds []string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Kind != req.Kind || (req.Key != "" && got.Key != req.Key) || got.Shard != tasks.ShardOf(got.Key, 16) {
+		if got.Kind != req.Kind || (req.Key != nil && got.Key != *req.Key) || got.Shard != tasks.ShardOf(got.Key, 16) {
 			t.Fatalf("%q stored as kind %q key %q shard %d", body, got.Kind, got.Key, got.Shard)
 		}
 	})
@@ -198,5 +199,65 @@ func TestGenericConflictCarriesTheState(t *testing.T) {
 	var got apiError
 	if err := json.Unmarshal(w.Body.Bytes(), &got); err != nil || w.Code != 409 || got.State != tasks.Ready {
 		t.Fatalf("generic conflict on task %d: %d %s, want 409 with state ready", id, w.Code, w.Body)
+	}
+}
+
+// A field of an enqueue body that is given must be valid: given empty,
+// zero or null it is refused naming the field, alone and in a batch (with
+// the index), never read as left out. Issue 34: "queue": "" answered 201
+// and stored the task in the default queue.
+func TestGivenEmptyFieldsAreRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c, err := New(Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := c.Handler()
+	for _, tc := range []struct{ field, value string }{
+		{"queue", `""`}, {"key", `""`}, {"unique_key", `""`}, {"sequence_key", `""`},
+		{"priority", `0`}, {"max_attempts", `0`},
+		{"run_after", `"0001-01-01T00:00:00Z"`}, {"deadline", `"0001-01-01T00:00:00Z"`},
+		{"kind", `null`}, {"queue", `null`}, {"key", `null`}, {"unique_key", `null`}, {"sequence_key", `null`},
+		{"priority", `null`}, {"max_attempts", `null`}, {"run_after", `null`}, {"deadline", `null`},
+		{"sequence_continue", `null`},
+	} {
+		task := fmt.Sprintf(`{"kind": "noop", "%s": %s}`, tc.field, tc.value)
+		if tc.field == "kind" {
+			task = `{"kind": null}`
+		}
+		w := serveOnce(h, "POST", "/api/tasks", task)
+		got := decode[apiError](t, w.Body.String())
+		if w.Code != 400 || got.Field != tc.field {
+			t.Errorf("%s: %d %s, want 400 naming %s", task, w.Code, w.Body, tc.field)
+		}
+		w = serveOnce(h, "POST", "/api/tasks", `[{"kind": "noop"}, `+task+`]`)
+		got = decode[apiError](t, w.Body.String())
+		if w.Code != 400 || got.Field != tc.field || got.Index == nil || *got.Index != 1 {
+			t.Errorf("a batch with %s: %d %s, want 400 naming %s at index 1", task, w.Code, w.Body, tc.field)
+		}
+	}
+	for _, header := range [][]string{{""}, {"a", "b"}, {"a", ""}} {
+		r := httptest.NewRequest("POST", "/api/tasks", strings.NewReader(`{"kind": "noop"}`))
+		r.Header["Idempotency-Key"] = header
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if got := decode[apiError](t, w.Body.String()); w.Code != 400 || got.Field != "unique_key" {
+			t.Errorf("Idempotency-Key %q: %d %s, want 400 naming unique_key", header, w.Code, w.Body)
+		}
+	}
+	if counts, _ := e.store.CountByState(context.Background()); counts[tasks.Ready] != 0 {
+		t.Fatalf("refused requests enqueued something: %v", counts)
+	}
+	// Given with a value, each is taken; a null payload is a JSON value.
+	w := serveOnce(h, "POST", "/api/tasks", `{"kind": "noop", "queue": "q", "key": "k", "unique_key": "u", "sequence_key": "s",
+		"sequence_continue": true, "priority": 1, "max_attempts": 1, "payload": null}`)
+	if w.Code != 201 {
+		t.Fatalf("a task with every field: %d %s", w.Code, w.Body)
+	}
+	got, err := e.store.Get(context.Background(), decode[struct{ ID int64 }](t, w.Body.String()).ID)
+	if err != nil || got.Queue != "q" || got.Key != "k" || got.UniqueKey != "u" || got.SequenceKey != "s" || got.Priority != 1 ||
+		got.MaxAttempts != 1 || string(got.Payload) != "null" {
+		t.Fatalf("stored %+v %v", got, err)
 	}
 }

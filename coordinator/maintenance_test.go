@@ -185,6 +185,15 @@ func TestSchedulesAPI(t *testing.T) {
 		{"unknown field", "tok", `{"name": "x", "kind": "noop", "every": "1m", "jitter": 1}`, 400, "unknown field"},
 		{"max_attempts 0", "tok", `{"name": "x", "kind": "noop", "every": "1m", "max_attempts": 0}`, 400, `"field":"max_attempts"`},
 		{"zero start", "tok", `{"name": "x", "kind": "noop", "every": "1m", "start": "0001-01-01T00:00:00Z"}`, 400, `"field":"start"`},
+		// Given empty or null is not left out (issue 34).
+		{"empty key", "tok", `{"name": "x", "kind": "noop", "every": "1m", "key": ""}`, 400, `"field":"key"`},
+		{"empty every", "tok", `{"name": "x", "kind": "noop", "every": "", "cron": "* * * * *"}`, 400, `"field":"every"`},
+		{"empty cron", "tok", `{"name": "x", "kind": "noop", "every": "1m", "cron": ""}`, 400, `"field":"cron"`},
+		{"empty timezone", "tok", `{"name": "x", "kind": "noop", "cron": "* * * * *", "timezone": ""}`, 400, `"field":"timezone"`},
+		{"null key", "tok", `{"name": "x", "kind": "noop", "every": "1m", "key": null}`, 400, `"field":"key"`},
+		{"null timezone", "tok", `{"name": "x", "kind": "noop", "cron": "* * * * *", "timezone": null}`, 400, `"field":"timezone"`},
+		{"null start", "tok", `{"name": "x", "kind": "noop", "every": "1m", "start": null}`, 400, `"field":"start"`},
+		{"null max_attempts", "tok", `{"name": "x", "kind": "noop", "every": "1m", "max_attempts": null}`, 400, `"field":"max_attempts"`},
 	} {
 		code, body := testutil.HTTP(t, "POST", base, tc.token, tc.body)
 		if code != tc.code || !strings.Contains(body, tc.want) {

@@ -1,8 +1,10 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/shardrun/shardrun/store"
@@ -27,7 +29,7 @@ type QueuePage struct {
 }
 
 func (c *Coordinator) handleListQueues(w http.ResponseWriter, r *http.Request) {
-	if err := checkParams(r.URL.Query(), nil); err != nil {
+	if _, err := query(r, nil); err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}
@@ -52,7 +54,7 @@ func (c *Coordinator) handlePauseQueue(paused bool) http.HandlerFunc {
 			badRequest(w, err, false, -1)
 			return
 		}
-		if err := checkParams(r.URL.Query(), nil); err != nil {
+		if _, err := query(r, nil); err != nil {
 			badRequest(w, err, false, -1)
 			return
 		}
@@ -78,23 +80,38 @@ type SequencePage struct {
 	Next      string                  `json:"next,omitempty"`
 }
 
-func (c *Coordinator) handleBlockedSequences(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	err := checkParams(q, []string{"limit", "after"})
-	limit := 0
-	if err == nil {
-		limit, err = parseLimit(q)
+// sequenceParams are the parameters of GET /api/sequences/blocked.
+var sequenceParams = []string{"limit", "after"}
+
+// parseSequenceQuery reads the page GET /api/sequences/blocked asks for:
+// the cursor (a sequence key, checked as one before the database sees it)
+// and the limit (the default when left out).
+func parseSequenceQuery(q url.Values) (after string, limit int, err error) {
+	if limit, err = parseLimit(q); err != nil {
+		return "", 0, err
 	}
+	if after = q.Get("after"); after != "" {
+		if err := tasks.CheckKey("after", after); err != nil {
+			return "", 0, err
+		}
+	}
+	return after, cmp.Or(limit, tasks.DefaultListLimit), nil
+}
+
+func (c *Coordinator) handleBlockedSequences(w http.ResponseWriter, r *http.Request) {
+	q, err := query(r, sequenceParams)
 	if err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}
-	if limit == 0 {
-		limit = tasks.DefaultListLimit
+	after, limit, err := parseSequenceQuery(q)
+	if err != nil {
+		badRequest(w, err, false, -1)
+		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	seqs, err := c.cfg.Store.BlockedSequences(ctx, q.Get("after"), limit)
+	seqs, err := c.cfg.Store.BlockedSequences(ctx, after, limit)
 	if err != nil {
 		c.storeError(w, r, "listing blocked sequences", err)
 		return

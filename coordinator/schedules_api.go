@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/shardrun/shardrun/internal/httpjson"
@@ -23,18 +24,59 @@ const (
 	MaxSchedulesListed = tasks.MaxListLimit
 )
 
-// ScheduleRequest is the body of POST /api/schedules.
+// ScheduleRequest is the body of POST /api/schedules. Its optional fields
+// are pointers, nil only when left out: one given empty, zero or null is
+// refused, as in a task's body (tasks.Request).
 type ScheduleRequest struct {
 	Name        string          `json:"name"`
 	Kind        string          `json:"kind"`
-	Key         string          `json:"key,omitempty"`
+	Key         *string         `json:"key,omitempty"`
 	Payload     json.RawMessage `json:"payload,omitempty"`
 	MaxAttempts *int            `json:"max_attempts,omitempty"`
 	// Every is a Go duration ("90s", "5m", "1h"); or Cron with Timezone.
-	Every    string     `json:"every,omitempty"`
+	Every    *string    `json:"every,omitempty"`
 	Start    *time.Time `json:"start,omitempty"`
-	Cron     string     `json:"cron,omitempty"`
-	Timezone string     `json:"timezone,omitempty"`
+	Cron     *string    `json:"cron,omitempty"`
+	Timezone *string    `json:"timezone,omitempty"`
+}
+
+// definition turns the request into a schedule.Definition, refusing a
+// field given with the value that means "not set" there.
+func (req ScheduleRequest) definition() (schedule.Definition, error) {
+	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Payload: req.Payload}
+	var every string
+	var err error
+	for _, f := range []struct {
+		name  string
+		p     *string
+		to    *string
+		unset string
+	}{
+		{"key", req.Key, &d.Key, "a random key for each tick's task"},
+		{"every", req.Every, &every, "a cron schedule"},
+		{"cron", req.Cron, &d.Cron, "an interval schedule"},
+		{"timezone", req.Timezone, &d.Timezone, "UTC"},
+	} {
+		if *f.to, err = tasks.GivenText(f.name, f.p, f.unset); err != nil {
+			return d, err
+		}
+	}
+	if d.MaxAttempts, err = tasks.GivenMaxAttempts(req.MaxAttempts); err != nil {
+		return d, err
+	}
+	if every != "" {
+		if d.Every, err = time.ParseDuration(every); err != nil {
+			return d, &tasks.FieldError{Field: "every", Problem: fmt.Sprintf("%q is not a duration such as 90s, 5m or 1h", every)}
+		}
+		if d.Every == 0 {
+			return d, &tasks.FieldError{Field: "every", Problem: "must be at least 1s"}
+		}
+	}
+	if req.Start != nil && d.Cron != "" {
+		return d, &tasks.FieldError{Field: "start", Problem: "only an interval schedule (every) has a start"}
+	}
+	d.Start, err = tasks.GivenTime("start", req.Start, "one interval after the definition")
+	return d, err
 }
 
 // ScheduleSummary is a schedule in GET /api/cluster (no payload).
@@ -104,33 +146,12 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 		return
 	}
 	var req ScheduleRequest
-	err := jsonbody.Decode(body, &req)
+	if err := jsonbody.Decode(body, &req); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	d, err := req.definition()
 	if err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Key: req.Key, Payload: req.Payload,
-		Cron: req.Cron, Timezone: req.Timezone}
-	if d.MaxAttempts, err = givenMaxAttempts(req.MaxAttempts); err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	if req.Every != "" {
-		d.Every, err = time.ParseDuration(req.Every)
-		if err != nil {
-			writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("invalid every: %q is not a duration such as 90s, 5m or 1h", req.Every), Field: "every"})
-			return
-		}
-		if d.Every == 0 {
-			writeJSON(w, http.StatusBadRequest, apiError{Error: "invalid every: must be at least 1s", Field: "every"})
-			return
-		}
-	}
-	if req.Start != nil && req.Cron != "" {
-		writeJSON(w, http.StatusBadRequest, apiError{Error: "invalid start: only an interval schedule (every) has a start", Field: "start"})
-		return
-	}
-	if d.Start, err = givenTime("start", req.Start, "one interval after the definition"); err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}
@@ -149,20 +170,34 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 		Warnings: c.unhandledWarnings(ctx, sc.Kind)})
 }
 
+// scheduleParams are the parameters of GET /api/schedules.
+var scheduleParams = []string{"limit", "after"}
+
+// parseScheduleQuery reads the page GET /api/schedules asks for, checked
+// as the schedule client checks it (schedule.ListRequest.Check).
+func parseScheduleQuery(q url.Values) (schedule.ListRequest, error) {
+	var req schedule.ListRequest
+	var err error
+	if req.Limit, err = parseLimit(q); err != nil {
+		return req, err
+	}
+	req.After = q.Get("after")
+	return req, req.Check()
+}
+
 // handleListSchedules is GET /api/schedules: one page by name, with limit
 // and after (the cursor) checked like the task listing's.
 func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	var req schedule.ListRequest
-	err := checkParams(q, []string{"limit", "after"})
-	if err == nil {
-		req.Limit, err = parseLimit(q)
-	}
+	q, err := query(r, scheduleParams)
 	if err != nil {
 		badRequest(w, err, false, -1)
 		return
 	}
-	req.After = q.Get("after")
+	req, err := parseScheduleQuery(q)
+	if err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	page, err := c.schedules.List(ctx, req)
@@ -178,12 +213,16 @@ func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request
 
 func (c *Coordinator) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
+	if _, err := query(r, nil); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	ok, err := c.schedules.Delete(ctx, name)
 	switch {
 	case err != nil:
-		c.storeError(w, r, "deleting a schedule", err)
+		c.failed(w, r, "deleting a schedule", err)
 	case !ok:
 		writeJSON(w, http.StatusNotFound, apiError{Error: fmt.Sprintf("no schedule named %q", name)})
 	default:

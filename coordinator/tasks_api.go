@@ -49,17 +49,24 @@ func (c *Coordinator) taskRoutes(mux *http.ServeMux) {
 
 // idempotencyKey applies the Idempotency-Key header of a single-task POST:
 // it is the task's unique key, and must agree with one given in the body.
+// A header given empty or more than once is refused, as a body field given
+// empty is: it would otherwise read as no key, and the enqueue would not
+// be idempotent.
 func idempotencyKey(r *http.Request, reqs []TaskRequest, batch bool) error {
-	key := r.Header.Get("Idempotency-Key")
+	keys := r.Header.Values("Idempotency-Key")
 	switch {
-	case key == "":
+	case len(keys) == 0:
 		return nil
+	case len(keys) > 1:
+		return errors.New("the Idempotency-Key header is given more than once")
+	case keys[0] == "":
+		return errors.New("the Idempotency-Key header is given empty (leave it out for no unique key)")
 	case batch:
 		return errors.New("the Idempotency-Key header applies to a single task; give each task of a batch its unique_key")
-	case reqs[0].UniqueKey != "" && reqs[0].UniqueKey != key:
-		return fmt.Errorf("the Idempotency-Key header %q and unique_key %q differ", key, reqs[0].UniqueKey)
+	case reqs[0].UniqueKey != nil && *reqs[0].UniqueKey != keys[0]:
+		return fmt.Errorf("the Idempotency-Key header %q and unique_key %q differ", keys[0], *reqs[0].UniqueKey)
 	}
-	reqs[0].UniqueKey = key
+	reqs[0].UniqueKey = &keys[0]
 	return nil
 }
 
@@ -204,15 +211,14 @@ var (
 	countParams  = slices.DeleteFunc(slices.Clone(filterParams), func(p string) bool { return p == "after" })
 )
 
-// parseFilter reads the filter and the cursor from q. It refuses
-// parameters not in allowed, given twice or given empty, and values a
-// task's field could not hold (tasks.Filter.Check: text PostgreSQL would
-// refuse, a shard outside the cluster's shardCount), naming the parameter.
-func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, int64, error) {
+// parseFilter reads the filter and the cursor from q, which query read
+// (and checkParams checked against the endpoint's parameters). It refuses
+// values a task's field could not hold (tasks.Filter.Check: text
+// PostgreSQL would refuse, a shard outside the cluster's shardCount),
+// naming the parameter. Every parameter given ends up set in the filter
+// (or the cursor): none parses to the zero value, which means "any".
+func parseFilter(q url.Values, shardCount int) (tasks.Filter, int64, error) {
 	var f tasks.Filter
-	if err := checkParams(q, allowed); err != nil {
-		return f, 0, err
-	}
 	if v := q.Get("state"); v != "" {
 		for _, s := range strings.Split(v, ",") {
 			st := tasks.State(strings.TrimSpace(s))
@@ -249,9 +255,10 @@ func parseFilter(q url.Values, allowed []string, shardCount int) (tasks.Filter, 
 	}
 	var after int64
 	if v := q.Get("after"); v != "" {
+		// 0 is not a task id: it would read as no cursor.
 		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil || n < 0 {
-			return f, 0, &tasks.FieldError{Field: "after", Problem: fmt.Sprintf("must be a cursor (a task id), got %q", v)}
+		if err != nil || n < 1 {
+			return f, 0, &tasks.FieldError{Field: "after", Problem: fmt.Sprintf("must be a cursor (a task id, 1 or more; leave it out to start at the first), got %q", v)}
 		}
 		after = n
 	}
@@ -275,13 +282,67 @@ func parseTimeParam(q url.Values, name string) (time.Time, error) {
 	return t, nil
 }
 
+// query reads r's query string for an endpoint that takes the parameters
+// allowed (none: nil): strictly (parseQuery), and refusing a parameter not
+// in allowed, given twice or given empty (checkParams). Every endpoint
+// that takes a query reads it through here.
+func query(r *http.Request, allowed []string) (url.Values, error) {
+	q, err := parseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, err
+	}
+	return q, checkParams(q, allowed)
+}
+
+// parseQuery parses a raw query string as url.ParseQuery does, but refuses
+// what ParseQuery drops with an error (and r.URL.Query silently): a pair
+// with a malformed %-escape or a ';' (once a separator). Dropping a pair
+// widens a filter: ?state=ready&priority=%G2 would cancel every ready task
+// of any priority. The error names the parameter; a pair without a name
+// (=x) is named by what it says.
+func parseQuery(raw string) (url.Values, error) {
+	q := url.Values{}
+	for pair := range strings.SplitSeq(raw, "&") {
+		if pair == "" {
+			continue // a stray &: no parameter
+		}
+		rawName, rawValue, _ := strings.Cut(pair, "=")
+		name, err := url.QueryUnescape(rawName)
+		if err != nil {
+			return nil, &tasks.FieldError{Field: shortParam(rawName), Problem: "is not a parameter name: " + err.Error()}
+		}
+		switch {
+		case name == "":
+			return nil, &tasks.FieldError{Field: shortParam(pair), Problem: "is a value without a parameter name"}
+		case strings.Contains(pair, ";"):
+			return nil, &tasks.FieldError{Field: shortParam(name), Problem: "holds ';', which is not a separator here (use &, or %3B for the character)"}
+		}
+		value, err := url.QueryUnescape(rawValue)
+		if err != nil {
+			return nil, &tasks.FieldError{Field: shortParam(name), Problem: "has a malformed value: " + err.Error()}
+		}
+		q[name] = append(q[name], value)
+	}
+	return q, nil
+}
+
+// shortParam bounds a parameter name quoted back in an answer.
+func shortParam(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
 // checkParams refuses query parameters not in allowed, given twice or given
 // empty.
 func checkParams(q url.Values, allowed []string) error {
 	for _, name := range slices.Sorted(maps.Keys(q)) {
 		switch {
+		case !slices.Contains(allowed, name) && len(allowed) == 0:
+			return &tasks.FieldError{Field: shortParam(name), Problem: "is not a parameter here (this endpoint takes none)"}
 		case !slices.Contains(allowed, name):
-			return &tasks.FieldError{Field: name, Problem: "is not a parameter here (" + strings.Join(allowed, ", ") + ")"}
+			return &tasks.FieldError{Field: shortParam(name), Problem: "is not a parameter here (" + strings.Join(allowed, ", ") + ")"}
 		case len(q[name]) > 1:
 			return &tasks.FieldError{Field: name, Problem: "is given more than once"}
 		case q[name][0] == "":
@@ -308,23 +369,14 @@ func parseLimit(q url.Values) (int, error) {
 // handleListTasks is GET /api/tasks: one page of task summaries in id
 // order and the cursor of the next page ("next", absent at the end).
 func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	f, after, err := parseFilter(q, listParams, c.cfg.ShardCount)
+	q, err := query(r, listParams)
 	if err != nil {
 		c.taskError(w, r, "listing tasks", 0, err)
 		return
 	}
-	req := tasks.ListRequest{Filter: f, After: after}
-	if req.Limit, err = parseLimit(q); err != nil {
+	req, err := parseListQuery(q, c.cfg.ShardCount)
+	if err != nil {
 		c.taskError(w, r, "listing tasks", 0, err)
-		return
-	}
-	switch q.Get("order") {
-	case "", "asc":
-	case "desc":
-		req.Desc = true
-	default:
-		c.taskError(w, r, "listing tasks", 0, &tasks.FieldError{Field: "order", Problem: fmt.Sprintf("must be asc or desc, got %q", q.Get("order"))})
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -337,6 +389,27 @@ func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, page)
 }
 
+// parseListQuery reads the page GET /api/tasks asks for: the filter and
+// cursor (parseFilter), the limit and the order.
+func parseListQuery(q url.Values, shardCount int) (tasks.ListRequest, error) {
+	f, after, err := parseFilter(q, shardCount)
+	if err != nil {
+		return tasks.ListRequest{}, err
+	}
+	req := tasks.ListRequest{Filter: f, After: after}
+	if req.Limit, err = parseLimit(q); err != nil {
+		return req, err
+	}
+	switch q.Get("order") {
+	case "", "asc":
+	case "desc":
+		req.Desc = true
+	default:
+		return req, &tasks.FieldError{Field: "order", Problem: fmt.Sprintf("must be asc or desc, got %q", q.Get("order"))}
+	}
+	return req, nil
+}
+
 // handleCountTasks is GET /api/tasks/count: how many tasks match the
 // filter (the listing's, without a cursor; none counts every task), up to
 // store.MatchCountCap, so that an operator sees how many tasks a bulk
@@ -345,7 +418,12 @@ func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 // count examined store.MatchCountScan candidates, then given as
 // "examined", without reaching the end).
 func (c *Coordinator) handleCountTasks(w http.ResponseWriter, r *http.Request) {
-	f, _, err := parseFilter(r.URL.Query(), countParams, c.cfg.ShardCount)
+	q, err := query(r, countParams)
+	if err != nil {
+		c.taskError(w, r, "counting tasks", 0, err)
+		return
+	}
+	f, _, err := parseFilter(q, c.cfg.ShardCount)
 	if err != nil {
 		c.taskError(w, r, "counting tasks", 0, err)
 		return
@@ -366,7 +444,12 @@ func (c *Coordinator) handleCountTasks(w http.ResponseWriter, r *http.Request) {
 // sent again with after=next.
 func (c *Coordinator) handleBulk(op string, run func(context.Context, tasks.Filter, int64, time.Duration) (tasks.BulkResult, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		f, after, err := parseFilter(r.URL.Query(), filterParams, c.cfg.ShardCount)
+		q, err := query(r, filterParams)
+		if err != nil {
+			c.taskError(w, r, "bulk "+op, 0, err)
+			return
+		}
+		f, after, err := parseFilter(q, c.cfg.ShardCount)
 		if err != nil {
 			c.taskError(w, r, "bulk "+op, 0, err)
 			return

@@ -256,6 +256,18 @@ func TestQueryParametersAreCheckedLikeBodies(t *testing.T) {
 		{"limit=", "limit"},
 		{"order=", "order"},
 		{"after=", "after"},
+		// A cursor of 0 reads as no cursor (issue 34).
+		{"after=0", "after"},
+		{"after=00", "after"},
+		// A pair url.Values drops (a malformed escape, a ';') would
+		// widen the filter: it is refused, naming the parameter.
+		{"state=ready&priority=%G2", "priority"},
+		{"state=ready&kind=a%", "kind"},
+		{"state=ready&queue=q;priority=2", "queue"},
+		{"state=ready&%zz=1", "%zz"},
+		{"state=ready&=x", "=x"},
+		{"state=ready&state=dead", "state"},
+		{"colour=red", "colour"},
 	} {
 		for _, target := range []string{"GET /api/tasks", "POST /api/tasks/cancel", "POST /api/tasks/retry", "GET /api/tasks/count"} {
 			method, path, _ := strings.Cut(target, " ")
@@ -288,7 +300,9 @@ func TestABulkCancelNeverWidensItsFilter(t *testing.T) {
 			t.Fatalf("enqueue: %d %s", code, body)
 		}
 	}
-	for _, p := range []string{"0", "00", "-0"} {
+	// A priority url.Values drops (a malformed escape, a ';') left the
+	// queue alone in the filter (issue 34).
+	for _, p := range []string{"0", "00", "-0", "%G2", "2;", "2%"} {
 		if code, body := testutil.HTTP(t, "POST", base+"/api/tasks/cancel?queue=q34&priority="+p, "", ""); code != 400 {
 			t.Errorf("cancel with priority=%s: %d %s, want 400", p, code, body)
 		}
@@ -303,5 +317,58 @@ func TestABulkCancelNeverWidensItsFilter(t *testing.T) {
 	code, body = testutil.HTTP(t, "GET", base+"/api/tasks/count?queue=q34&state=ready", "", "")
 	if got := decode[store.MatchCount](t, body); code != 200 || got.Count != 2 {
 		t.Fatalf("ready after the cancel: %d %s, want 2", code, body)
+	}
+}
+
+// Every listing checks every parameter before the database sees it, by
+// the task listing's rule: a cursor or text PostgreSQL would refuse, a
+// parameter unknown, given twice, given empty or malformed is a 400 naming
+// it (issue 34: GET /api/sequences/blocked?after=%00 reached PostgreSQL and
+// answered SQLSTATE 22021 without a field).
+func TestEveryListingChecksItsParameters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	c, err := New(Config{ID: "c", Client: e.admin, Prefix: prefix, ShardCount: 16, Store: e.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := c.Handler()
+	for _, tc := range []struct{ target, query, field string }{
+		{"GET /api/sequences/blocked", "after=%00", "after"},
+		{"GET /api/sequences/blocked", "after=%FF%FE", "after"},
+		{"GET /api/sequences/blocked", "after=a%00b", "after"},
+		{"GET /api/sequences/blocked", "after=" + strings.Repeat("k", tasks.MaxKeyLen+1), "after"},
+		{"GET /api/sequences/blocked", "after=", "after"},
+		{"GET /api/sequences/blocked", "after=a&after=b", "after"},
+		{"GET /api/sequences/blocked", "after=%G0", "after"},
+		{"GET /api/sequences/blocked", "limit=0", "limit"},
+		{"GET /api/sequences/blocked", "limit=1;after=a", "limit"},
+		{"GET /api/sequences/blocked", "colour=red", "colour"},
+		{"GET /api/sequences/blocked", "=x", "=x"},
+		{"GET /api/schedules", "after=%00", "after"},
+		{"GET /api/schedules", "after=%FF%FE", "after"},
+		{"GET /api/schedules", "after=", "after"},
+		{"GET /api/schedules", "after=%G0", "after"},
+		{"GET /api/schedules", "limit=1&limit=1", "limit"},
+		{"GET /api/schedules", "colour=red", "colour"},
+		{"GET /api/queues", "after=x", "after"},
+		{"GET /api/queues", "=x", "=x"},
+		{"POST /api/queues/q/pause", "force=1", "force"},
+		{"DELETE /api/schedules/x", "force=1", "force"},
+		{"DELETE /api/schedules/a%00b", "", "name"},
+		{"DELETE /api/schedules/%FF", "", "name"},
+	} {
+		method, path, _ := strings.Cut(tc.target, " ")
+		w := serveOnce(h, method, path+"?"+tc.query, "")
+		got := decode[apiError](t, w.Body.String())
+		if w.Code != 400 || got.Field != tc.field || strings.Contains(got.Error, "SQLSTATE") {
+			t.Errorf("%s?%s: %d %s, want 400 naming %s", tc.target, tc.query, w.Code, w.Body, tc.field)
+		}
+	}
+	for _, target := range []string{"GET /api/sequences/blocked?after=k&limit=5", "GET /api/schedules?after=x&limit=5", "GET /api/queues"} {
+		method, path, _ := strings.Cut(target, " ")
+		if w := serveOnce(h, method, path, ""); w.Code != 200 {
+			t.Errorf("%s: %d %s", target, w.Code, w.Body)
+		}
 	}
 }

@@ -127,8 +127,10 @@ func (r *Runner) authorized(next http.HandlerFunc) http.HandlerFunc {
 // and published in the runner's etcd key.
 const MaxDetachReason = 1024
 
+// detachRequest is the decoded body of POST /admin/detach; Reason is ""
+// when left out.
 type detachRequest struct {
-	Reason string `json:"reason"`
+	Reason string
 }
 
 // decodeDetach decodes the optional body of POST /admin/detach. Errors are
@@ -138,7 +140,15 @@ func decodeDetach(body []byte) (detachRequest, error) {
 	if jsonbody.IsEmpty(body) {
 		return d, nil
 	}
-	if err := jsonbody.Decode(body, &d); err != nil {
+	// Given, the reason is not empty: "" would read as left out.
+	var given struct {
+		Reason *string `json:"reason"`
+	}
+	if err := jsonbody.Decode(body, &given); err != nil {
+		return d, err
+	}
+	var err error
+	if d.Reason, err = tasks.GivenText("reason", given.Reason, "the default reason"); err != nil {
 		return d, err
 	}
 	switch {

@@ -31,6 +31,8 @@ func TestDecodeDetach(t *testing.T) {
 		`{"reason": "x"}}`, `{"reason": "x"} {}`, `{"REASON": "x"}`, `{"reason": "x", "reason": "y"}`,
 		`{"why": "x"}`, `{"reason": "a\u0000b"}`, `{"reason": "line\nforged line"}`, `{"reason": "\ud800"}`,
 		"{\"reason\": \"\xff\"}", `{"reason": "` + strings.Repeat("x", MaxDetachReason+1) + `"}`, `null`, `"x"`, `[]`,
+		// Given, a reason is not empty or null (issue 34).
+		`{"reason": ""}`, `{"reason": null}`,
 	} {
 		if _, err := decodeDetach([]byte(body)); !clientError(err) {
 			t.Errorf("%q: %v, want a client error", body, err)

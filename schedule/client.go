@@ -1,6 +1,7 @@
 package schedule
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -67,8 +68,8 @@ func NewClient(st Store, prep client.Config) (*Client, error) {
 // the first tick from now on (an interval schedule without a start starts
 // one interval after now). Create gives it the database's time.
 func (c *Client) Prepare(d Definition, now time.Time) (store.Schedule, error) {
-	if !namePattern.MatchString(d.Name) {
-		return store.Schedule{}, &tasks.FieldError{Field: "name", Problem: fmt.Sprintf("must be 1 to 200 letters, digits, '.', '_', '-' or ':', got %q", d.Name)}
+	if err := checkName(d.Name); err != nil {
+		return store.Schedule{}, err
 	}
 	// The task of a tick must be valid now, as it will be at every tick.
 	in, err := c.prep.Prepare(d.task(), now)
@@ -136,17 +137,26 @@ type Page struct {
 	Next      string
 }
 
+// Check validates the request before the database sees it: the limit
+// in range, the cursor a schedule name. The *tasks.FieldError names the
+// field.
+func (req ListRequest) Check() error {
+	switch {
+	case req.Limit < 0 || req.Limit > tasks.MaxListLimit:
+		return &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (0 for the default, %d), got %d", tasks.MaxListLimit, tasks.DefaultListLimit, req.Limit)}
+	case req.After != "" && !namePattern.MatchString(req.After):
+		return &tasks.FieldError{Field: "after", Problem: fmt.Sprintf("must be a schedule name (the next of the previous page), got %q", req.After)}
+	}
+	return nil
+}
+
 // List returns one page of schedules by name; follow Page.Next (as
 // req.After) until it is "".
 func (c *Client) List(ctx context.Context, req ListRequest) (Page, error) {
-	switch {
-	case req.Limit < 0 || req.Limit > tasks.MaxListLimit:
-		return Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (0 for the default, %d), got %d", tasks.MaxListLimit, tasks.DefaultListLimit, req.Limit)}
-	case req.After != "" && !namePattern.MatchString(req.After):
-		return Page{}, &tasks.FieldError{Field: "after", Problem: fmt.Sprintf("must be a schedule name (the next of the previous page), got %q", req.After)}
-	case req.Limit == 0:
-		req.Limit = tasks.DefaultListLimit
+	if err := req.Check(); err != nil {
+		return Page{}, err
 	}
+	req.Limit = cmp.Or(req.Limit, tasks.DefaultListLimit)
 	list, err := c.st.ListSchedules(ctx, req.After, req.Limit+1)
 	if err != nil {
 		return Page{}, err
@@ -160,9 +170,22 @@ func (c *Client) List(ctx context.Context, req ListRequest) (Page, error) {
 }
 
 // Delete deletes the named schedule and reports whether it existed; the
-// tasks it enqueued stay.
+// tasks it enqueued stay. A name no schedule can have is a
+// *tasks.FieldError, before the database sees it (it may be text
+// PostgreSQL refuses).
 func (c *Client) Delete(ctx context.Context, name string) (bool, error) {
+	if err := checkName(name); err != nil {
+		return false, err
+	}
 	return c.st.DeleteSchedule(ctx, name)
+}
+
+// checkName reports whether name can name a schedule.
+func checkName(name string) error {
+	if !namePattern.MatchString(name) {
+		return &tasks.FieldError{Field: "name", Problem: fmt.Sprintf("must be 1 to 200 letters, digits, '.', '_', '-' or ':', got %q", name)}
+	}
+	return nil
 }
 
 // TimerOf returns the timer of a stored schedule.

@@ -67,7 +67,12 @@ func Urgent(p int) bool { return p < DefaultPriority }
 // end (at year 294,276) long before Go's time.Time does.
 var latestTime = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// NewTask describes a task to enqueue.
+// NewTask describes a task to enqueue. In Go a zero field is "left out"
+// and takes its default (Queue "" is the default queue, Priority 0 the
+// default priority), since Go cannot tell a zero value from a field not
+// set. JSON can: decoded into a NewTask (UnmarshalJSON, through Request),
+// a field given empty, zero or null is refused rather than read as left
+// out, as POST /api/tasks refuses it.
 type NewTask struct {
 	// Kind selects the handler; required.
 	Kind string `json:"kind"`
@@ -201,6 +206,12 @@ func CheckKind(kind string) error {
 	}
 	return nil
 }
+
+// CheckKey reports whether s can be a key, a unique key or a sequence key:
+// text PostgreSQL can store, at most MaxKeyLen bytes. field names it in
+// the *FieldError: a listing's cursor that is a sequence key is checked as
+// one before the database sees it.
+func CheckKey(field, s string) error { return checkText(field, s, MaxKeyLen) }
 
 // checkText refuses what PostgreSQL's text refuses (invalid UTF-8, NUL)
 // and text longer than max bytes. Invalid UTF-8 is refused rather than

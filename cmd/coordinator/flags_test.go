@@ -5,6 +5,9 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -61,7 +64,7 @@ func TestEverySettingIsCheckedBeforeConnecting(t *testing.T) {
 }
 
 func TestSecretsFromFiles(t *testing.T) {
-	read := func(name string) ([]byte, error) {
+	read := func(name string, _ int) ([]byte, error) {
 		switch name {
 		case "/run/db":
 			return []byte(dsn + "\n"), nil
@@ -100,7 +103,7 @@ func TestEtcdTLSFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := map[string][]byte{"/certs/ca.crt": ca.PEM, "/certs/c.crt": pair.Cert, "/certs/c.key": pair.Key}
-	read := func(name string) ([]byte, error) {
+	read := func(name string, _ int) ([]byte, error) {
 		if b, ok := files[name]; ok {
 			return b, nil
 		}
@@ -135,7 +138,7 @@ func FuzzCoordinatorFlags(f *testing.F) {
 	} {
 		f.Add(s)
 	}
-	read := func(name string) ([]byte, error) {
+	read := func(name string, _ int) ([]byte, error) {
 		switch name {
 		case "/run/db":
 			return []byte("postgres://u:pw@h/db\n"), nil
@@ -172,4 +175,36 @@ func FuzzCoordinatorFlags(f *testing.F) {
 			t.Fatalf("%q: accepted, then refused: %v", in, err)
 		}
 	})
+}
+
+// Every *-file flag (secrets, keys, certificates) reads its file with a
+// bound: /dev/zero (endless, size 0 to stat) and a sparse 4 GiB file each
+// stop the coordinator with exit status 2 and one line naming the flag.
+// Issue 34: --http-key-file /dev/zero ran it out of memory.
+func TestEveryFileFlagIsReadWithABound(t *testing.T) {
+	var help, errOut bytes.Buffer
+	if code := run([]string{"--help"}, func(string) string { return "" }, &help, &errOut); code != 0 {
+		t.Fatalf("--help: %d %s", code, errOut.String())
+	}
+	flags := regexp.MustCompile(`--([a-z-]+-file)\b`).FindAllStringSubmatch(help.String(), -1)
+	if len(flags) < 9 {
+		t.Fatalf("only %d file flags in --help", len(flags))
+	}
+	sparse := filepath.Join(t.TempDir(), "sparse")
+	if err := os.WriteFile(sparse, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sparse, 4<<30); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range flags {
+		for _, path := range []string{"/dev/zero", sparse} {
+			var out, errOut bytes.Buffer
+			code := run([]string{"--" + m[1], path}, func(string) string { return "" }, &out, &errOut)
+			msg := strings.TrimSpace(errOut.String())
+			if code != 2 || !strings.HasPrefix(msg, "coordinator: --"+m[1]+": "+path+" is larger than") || strings.Contains(msg, "\n") {
+				t.Errorf("--%s %s: exit %d %q; want exit 2 and one line naming the flag", m[1], path, code, msg)
+			}
+		}
+	}
 }

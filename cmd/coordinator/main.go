@@ -53,9 +53,10 @@ type options struct {
 }
 
 // parse reads the flags, their variables and secret files (through
-// readFile), and validates everything before anything connects. Errors are
-// one line naming the flag (exit status 2); cli.ErrHelp after --help.
-func parse(args []string, getenv func(string) string, readFile func(string) ([]byte, error), stdout io.Writer) (options, error) {
+// readFile, which reads at most limit+1 bytes of a file), and validates
+// everything before anything connects. Errors are one line naming the
+// flag (exit status 2); cli.ErrHelp after --help.
+func parse(args []string, getenv func(string) string, readFile func(string, int) ([]byte, error), stdout io.Writer) (options, error) {
 	host, _ := os.Hostname()
 	var o options
 	fs := cli.NewFlagSet("coordinator", "coordinator: the shardrun coordinator — leader election, the sweeper, the cluster API and status page.\n\n"+
@@ -121,7 +122,7 @@ func parse(args []string, getenv func(string) string, readFile func(string) ([]b
 }
 
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	o, err := parse(args, getenv, os.ReadFile, stdout)
+	o, err := parse(args, getenv, cli.ReadFileLimited, stdout)
 	if errors.Is(err, cli.ErrHelp) {
 		return 0
 	}

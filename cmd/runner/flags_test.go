@@ -5,6 +5,9 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -67,8 +70,8 @@ func TestEveryFlagIsBounded(t *testing.T) {
 	}
 }
 
-func files(m map[string]string) func(string) ([]byte, error) {
-	return func(name string) ([]byte, error) {
+func files(m map[string]string) func(string, int) ([]byte, error) {
+	return func(name string, _ int) ([]byte, error) {
 		if v, ok := m[name]; ok {
 			return []byte(v), nil
 		}
@@ -170,4 +173,36 @@ func FuzzRunnerFlags(f *testing.F) {
 			t.Fatalf("%q: accepted out of bounds: %+v", in, s.cfg)
 		}
 	})
+}
+
+// Every *-file flag (secrets, keys, certificates, the admin endpoint's TLS
+// included) reads its file with a bound: /dev/zero (endless, size 0 to
+// stat) and a sparse 4 GiB file each stop the runner with exit status 2
+// and one line naming the flag (issue 34).
+func TestEveryFileFlagIsReadWithABound(t *testing.T) {
+	var help, errOut bytes.Buffer
+	if code := run([]string{"--help"}, func(string) string { return "" }, &help, &errOut); code != 0 {
+		t.Fatalf("--help: %d %s", code, errOut.String())
+	}
+	flags := regexp.MustCompile(`--([a-z-]+-file)\b`).FindAllStringSubmatch(help.String(), -1)
+	if len(flags) < 7 {
+		t.Fatalf("only %d file flags in --help", len(flags))
+	}
+	sparse := filepath.Join(t.TempDir(), "sparse")
+	if err := os.WriteFile(sparse, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sparse, 4<<30); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range flags {
+		for _, path := range []string{"/dev/zero", sparse} {
+			var out, errOut bytes.Buffer
+			code := run([]string{"--" + m[1], path}, func(string) string { return "" }, &out, &errOut)
+			msg := strings.TrimSpace(errOut.String())
+			if code != 2 || !strings.HasPrefix(msg, "runner: --"+m[1]+": "+path+" is larger than") || strings.Contains(msg, "\n") {
+				t.Errorf("--%s %s: exit %d %q; want exit 2 and one line naming the flag", m[1], path, code, msg)
+			}
+		}
+	}
 }

@@ -37,9 +37,10 @@ type settings struct {
 }
 
 // parse reads the flags, their variables and secret files (through
-// readFile), and validates everything before anything connects. Errors are
-// one line naming the flag (exit status 2); cli.ErrHelp after --help.
-func parse(args []string, getenv func(string) string, readFile func(string) ([]byte, error), stdout io.Writer) (settings, error) {
+// readFile, which reads at most limit+1 bytes of a file), and validates
+// everything before anything connects. Errors are one line naming the
+// flag (exit status 2); cli.ErrHelp after --help.
+func parse(args []string, getenv func(string) string, readFile func(string, int) ([]byte, error), stdout io.Writer) (settings, error) {
 	s := settings{cfg: runner.DefaultConfig()}
 	cfg := &s.cfg
 	cfg.Version = version
@@ -120,7 +121,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "runner: %s\n", cli.OneLine(err))
 		return code
 	}
-	s, err := parse(args, getenv, os.ReadFile, stdout)
+	s, err := parse(args, getenv, cli.ReadFileLimited, stdout)
 	if err != nil {
 		if errors.Is(err, cli.ErrHelp) {
 			return 0

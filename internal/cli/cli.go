@@ -31,8 +31,9 @@ const DefaultEtcdAddr = "127.0.0.1:2379"
 // DefaultEtcdEndpoints is the default of --etcd-endpoints.
 const DefaultEtcdEndpoints = "http://" + DefaultEtcdAddr
 
-// MaxSecretFile bounds a secret file: a token or a database URL is short,
-// and a large file is the wrong file.
+// MaxSecretFile bounds a secret file: a token, a database URL or a PEM
+// private key (an RSA 4096 key is about 3.3 KB) is short, and a large
+// file is the wrong file.
 const MaxSecretFile = 64 << 10
 
 // FlagSet is a flag.FlagSet whose flags fall back to environment variables:
@@ -45,8 +46,10 @@ type FlagSet struct {
 	dynamic map[string]bool   // defaults computed at run time, described in the usage instead
 	source  map[string]string // flag name -> where its value came from (--flag or VARIABLE), when given
 	secrets []secret
-	// ReadFile reads secret files; default os.ReadFile (tests replace it).
-	ReadFile func(name string) ([]byte, error)
+	// ReadFile reads a secret or PEM file, at most limit+1 bytes: enough
+	// to tell a file over its limit without reading the rest. Default
+	// ReadFileLimited (tests replace it).
+	ReadFile func(name string, limit int) ([]byte, error)
 }
 
 // secret is a flag whose value may instead come from a file (Secret,
@@ -63,7 +66,22 @@ func NewFlagSet(name, summary string) *FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	return &FlagSet{fs: fs, summary: summary, env: map[string]string{}, dynamic: map[string]bool{},
-		source: map[string]string{}, ReadFile: os.ReadFile}
+		source: map[string]string{}, ReadFile: ReadFileLimited}
+}
+
+// ReadFileLimited reads at most limit+1 bytes of the named file, so that
+// what a flag's file costs is bounded by its limit, whatever the file:
+// os.ReadFile reads to the end, which /dev/zero never reaches (and whose
+// size stat gives as 0), and sizes its buffer by what stat says, which for
+// a sparse file can be gigabytes of nothing. A result longer than limit
+// means the file is over it.
+func ReadFileLimited(name string, limit int) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, int64(limit)+1))
 }
 
 // DynamicDefault marks a flag whose default is computed at run time (such
@@ -104,8 +122,10 @@ func (f *FlagSet) Secret(p *string, name, env, usage string) {
 	f.valueOrFile(p, name, env, usage, secret{limit: MaxSecretFile, secret: true})
 }
 
-// MaxPEMFile bounds a certificate file (--etcd-ca-file and the like): a CA
-// bundle of a few hundred certificates fits.
+// MaxPEMFile bounds a certificate file (--etcd-ca-file and the like): a
+// chain is a few KB, and a whole CA bundle fits several times over (the
+// system's 144 roots are 215 KiB), while what a wrong file (a disk image,
+// /dev/zero) costs stays a megabyte.
 const MaxPEMFile = 1 << 20
 
 // PEM defines a flag holding PEM (a CA or a certificate, not secret) and
@@ -193,12 +213,16 @@ func (f *FlagSet) readSecret(s secret) error {
 	if path == "" {
 		return fmt.Errorf("%s: empty file name", from)
 	}
-	b, err := f.ReadFile(path)
+	kind := "certificate"
+	if s.secret {
+		kind = "secret"
+	}
+	b, err := f.ReadFile(path, s.limit)
 	if err != nil {
-		return fmt.Errorf("%s: reading the secret file: %v", from, err)
+		return fmt.Errorf("%s: reading the %s file: %v", from, kind, err)
 	}
 	if len(b) > s.limit {
-		return fmt.Errorf("%s: %s is larger than %d bytes: not a secret file (--%s)", from, path, s.limit, s.name)
+		return fmt.Errorf("%s: %s is larger than %d bytes: not a %s file (--%s)", from, path, s.limit, kind, s.name)
 	}
 	v := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 	if v == "" {

@@ -2,8 +2,11 @@ package cli
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -12,7 +15,7 @@ func secretSet(files map[string]string) (*FlagSet, *string) {
 	f := NewFlagSet("t", "")
 	var token string
 	f.Secret(&token, "admin-token", "SHARDRUN_ADMIN_TOKEN", "a token")
-	f.ReadFile = func(name string) ([]byte, error) {
+	f.ReadFile = func(name string, _ int) ([]byte, error) {
 		if v, ok := files[name]; ok {
 			return []byte(v), nil
 		}
@@ -124,5 +127,72 @@ func TestGivenZeroIsGiven(t *testing.T) {
 	err := NewFlagSet("t", "").Parse([]string{"--nope"}, nil, io.Discard)
 	if err == nil || errors.Is(err, ErrHelp) {
 		t.Fatal(err)
+	}
+}
+
+// endlessFiles are files os.ReadFile would read to exhaustion: /dev/zero,
+// which never ends and which stat gives as size 0, and a sparse file of
+// 4 GiB (it costs no disk), whose size os.ReadFile would allocate.
+func endlessFiles(t *testing.T) []string {
+	t.Helper()
+	sparse := filepath.Join(t.TempDir(), "sparse")
+	if err := os.WriteFile(sparse, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sparse, 4<<30); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"/dev/zero", sparse}
+}
+
+// Every kind of file flag (a secret, a private key, a certificate) reads
+// its file with a bound, and a file over it is one line naming the flag
+// (issue 34: --http-key-file /dev/zero ran the coordinator out of memory).
+func TestFlagFilesAreReadWithABound(t *testing.T) {
+	for _, path := range endlessFiles(t) {
+		for _, tc := range []struct {
+			flag, env string
+			limit     int
+		}{
+			{"api-token", "SHARDRUN_API_TOKEN", MaxSecretFile},
+			{"etcd-key", "SHARDRUN_ETCD_KEY", MaxSecretFile},
+			{"etcd-ca", "SHARDRUN_ETCD_CA", MaxPEMFile},
+			{"etcd-cert", "SHARDRUN_ETCD_CERT", MaxPEMFile},
+		} {
+			for _, by := range []string{"--" + tc.flag + "-file", tc.env + "_FILE"} {
+				f := NewFlagSet("t", "")
+				var token, ca, cert, key string
+				f.Secret(&token, "api-token", "SHARDRUN_API_TOKEN", "a token")
+				f.EtcdTLSFlags(&ca, &cert, &key)
+				var args []string
+				env := map[string]string{}
+				if strings.HasPrefix(by, "--") {
+					args = []string{by, path}
+				} else {
+					env[by] = path
+				}
+				err := f.Parse(args, func(k string) string { return env[k] }, io.Discard)
+				want := fmt.Sprintf("%s: %s is larger than %d bytes", by, path, tc.limit)
+				if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "(--"+tc.flag+")") || strings.Contains(err.Error(), "\n") {
+					t.Errorf("%s %s: %v, want one line starting %q", by, path, err, want)
+				}
+			}
+		}
+	}
+}
+
+// ReadFileLimited reads limit+1 bytes at most, and a short file whole.
+func TestReadFileLimited(t *testing.T) {
+	for _, path := range endlessFiles(t) {
+		if b, err := ReadFileLimited(path, 10); err != nil || len(b) != 11 {
+			t.Errorf("%s: %d bytes, %v; want 11", path, len(b), err)
+		}
+	}
+	short := filepath.Join(t.TempDir(), "short")
+	if err := os.WriteFile(short, []byte("tok\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := ReadFileLimited(short, 10); err != nil || string(b) != "tok\n" {
+		t.Errorf("a short file: %q %v", b, err)
 	}
 }

@@ -21,7 +21,14 @@
 //   - no string holds \u0000 (PostgreSQL refuses it in text and jsonb);
 //   - numbers have at most MaxNumberLen characters and an exponent within
 //     ±MaxExponent, well inside what PostgreSQL's numeric stores;
-//   - nesting is at most MaxDepth deep.
+//   - nesting is at most MaxDepth deep;
+//   - when decoding, null is refused wherever it would be decoded into a
+//     typed Go value (a struct field, a pointer, a slice element or map
+//     value that is not opaque JSON): encoding/json and v2 decode it to
+//     the zero value, which reads as "left out", so that `"queue": null`
+//     and `"priority": null` would silently take the defaults. A field is
+//     given with a value or left out. Opaque JSON (json.RawMessage,
+//     jsontext.Value, interfaces) keeps null as a value of its own.
 //
 // Errors are *Error values that say where (the path of keys and indices,
 // and the byte offset) and what, without echoing more than a short quote of
@@ -30,6 +37,7 @@ package jsonbody
 
 import (
 	"bytes"
+	stdjson "encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -283,8 +291,11 @@ func Decode(data []byte, v any) error {
 		return &Error{Offset: bytes.IndexByte(data, 'n'), Problem: "must be a JSON " + shape(t) + ", got null"}
 	}
 	err := json.Unmarshal(data, v, json.RejectUnknownMembers(true))
+	if err == nil {
+		return checkNulls(data, rv.Type().Elem())
+	}
 	var se *json.SemanticError
-	if err == nil || !errors.As(err, &se) {
+	if !errors.As(err, &se) {
 		return err
 	}
 	path, parent := typePath(rv.Type().Elem(), se.JSONPointer)
@@ -300,6 +311,68 @@ func Decode(data []byte, v any) error {
 		e.Problem = strings.TrimPrefix(err.Error(), "json: ")
 	}
 	return e
+}
+
+// checkNulls refuses a null below the top level of data that t, the type
+// data was decoded into, would read as a zero value (see the package
+// comment). data has passed Check and decoded into t.
+func checkNulls(data []byte, t reflect.Type) error {
+	dec := jsontext.NewDecoder(bytes.NewReader(data))
+	for {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return nil // the end: data is one valid JSON value
+		}
+		if tok.Kind() != 'n' || dec.StackDepth() == 0 {
+			continue
+		}
+		ptr := dec.StackPointer()
+		field, opaque := typeAt(t, ptr)
+		if opaque {
+			continue
+		}
+		problem := "must not be null"
+		if field {
+			problem = "must not be null (leave the field out instead)"
+		}
+		return &Error{Path: stackPath(dec, ptr), Offset: int(dec.InputOffset()) - len("null"), Problem: problem}
+	}
+}
+
+// Opaque JSON types: null is one of their values.
+var (
+	rawMessageType = reflect.TypeFor[stdjson.RawMessage]()
+	jsonValueType  = reflect.TypeFor[jsontext.Value]()
+)
+
+func isOpaque(t reflect.Type) bool {
+	return t == rawMessageType || t == jsonValueType || t.Kind() == reflect.Interface
+}
+
+// typeAt follows ptr through t and reports whether it ends at a struct
+// field, and whether it ends in opaque JSON (or at a place t does not
+// describe, which Unmarshal then did not decode into a typed value).
+func typeAt(t reflect.Type, ptr jsontext.Pointer) (field, opaque bool) {
+	for tok := range ptr.Tokens() {
+		t = indirect(t)
+		if isOpaque(t) {
+			return false, true
+		}
+		field = false
+		switch t.Kind() {
+		case reflect.Slice, reflect.Array, reflect.Map:
+			t = t.Elem()
+		case reflect.Struct:
+			f, ok := structFields(t)[tok]
+			if !ok {
+				return false, true
+			}
+			t, field = f, true
+		default:
+			return false, true
+		}
+	}
+	return field, isOpaque(indirect(t))
 }
 
 // typePath turns ptr into a Path by walking the Go type it points into (a

@@ -105,6 +105,50 @@ func TestDecodeRejectsAmbiguity(t *testing.T) {
 	}
 }
 
+// A null given for a typed field is refused, not read as the field left
+// out (issue 34: "priority": null took the default priority); opaque JSON
+// keeps null as a value.
+func TestNullIsNotALeftOutField(t *testing.T) {
+	for _, tc := range []struct{ body, path, want string }{
+		{`{"kind": null}`, "kind", "must not be null (leave the field out instead)"},
+		{`{"count": null}`, "count", "must not be null (leave the field out instead)"},
+		{`{"at": null}`, "at", "must not be null (leave the field out instead)"},
+		{`{"inner": null}`, "inner", "must not be null (leave the field out instead)"},
+		{`{"inner": {"name": null}}`, "inner.name", "must not be null (leave the field out instead)"},
+		{`{"tags": {"a": null}}`, "tags.a", "must not be null"},
+		{`{"NoTag": null}`, "NoTag", "must not be null (leave the field out instead)"},
+	} {
+		var r request
+		err := Decode([]byte(tc.body), &r)
+		var je *Error
+		if !errors.As(err, &je) || je.PathString() != tc.path || je.Problem != tc.want {
+			t.Errorf("%s: %v, want %q at %q", tc.body, err, tc.want, tc.path)
+		}
+	}
+	var batch []request
+	err := Decode([]byte(`[{"kind": "a"}, {"kind": "b", "count": null}]`), &batch)
+	var je *Error
+	if !errors.As(err, &je) || je.Field() != "count" {
+		t.Errorf("null in a batch: %v, want an *Error naming count", err)
+	} else if i, ok := je.Index(); !ok || i != 1 {
+		t.Errorf("null in a batch: index %d %v, want 1", i, ok)
+	}
+	if err := Decode([]byte(`[{"kind": "a"}, null]`), &batch); err == nil || !strings.Contains(err.Error(), "[1]: must not be null") {
+		t.Errorf("a null element: %v", err)
+	}
+	var r request
+	if err := Decode([]byte(`{"kind": "a", "payload": null}`), &r); err != nil || string(r.Payload) != "null" {
+		t.Errorf("a null payload (opaque JSON): %v %q", err, r.Payload)
+	}
+	if err := Decode([]byte(`{"kind": "a", "payload": {"x": [null, {"y": null}]}}`), &r); err != nil {
+		t.Errorf("nulls inside a payload: %v", err)
+	}
+	var anything map[string]any
+	if err := Decode([]byte(`{"a": null}`), &anything); err != nil {
+		t.Errorf("null into an interface: %v", err)
+	}
+}
+
 func TestErrorNamesIndexAndField(t *testing.T) {
 	var batch []request
 	err := Decode([]byte(`[{"kind": "a"}, {"kind": "b", "count": "x"}]`), &batch)
