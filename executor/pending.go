@@ -32,9 +32,11 @@ type pending struct {
 	// first are the pending shards that got urgent tasks: the next claim
 	// visits them before the rotation.
 	first map[int]bool
-	// next is the shard the next claim starts from.
-	next     int
-	lastPoll time.Time
+	// next is the shard the next claim starts from, nextUrgent the shard
+	// the next claim of urgent tasks starts from: both rotate, so that no
+	// shard's backlog starves the others.
+	next, nextUrgent int
+	lastPoll         time.Time
 }
 
 func newPending(now time.Time) *pending {
@@ -58,9 +60,9 @@ func (p *pending) notify(all bool, shards, urgent []int) {
 
 // order returns the held terms that may have due tasks, from the
 // rotation's position, and, of those, the ones that got urgent tasks
-// (first, in shard order), which the claim loop sends a claim of urgent
-// tasks only before the rotation's claim. terms are the held terms,
-// ordered by shard.
+// (first, from the urgent rotation's position), which the claim loop sends
+// a claim of urgent tasks only before the rotation's claim. terms are the
+// held terms, ordered by shard.
 func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Duration) (first, order []tasks.ShardEpoch) {
 	p.mu.Lock()
 	all, woken, urgent := p.all, p.woken, p.urgent
@@ -90,19 +92,23 @@ func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Durat
 			delete(p.first, s)
 		}
 	}
-	order = make([]tasks.ShardEpoch, 0, len(p.shards))
-	for _, t := range terms {
-		if p.first[t.Shard] {
-			first = append(first, t)
-		}
+	return rotate(terms, p.nextUrgent, p.first), rotate(terms, p.next, p.shards)
+}
+
+// rotate returns the terms whose shard is in set, starting from the first
+// shard at or after from and wrapping around. terms are ordered by shard.
+func rotate(terms []tasks.ShardEpoch, from int, set map[int]bool) []tasks.ShardEpoch {
+	if len(set) == 0 {
+		return nil
 	}
-	start, _ := slices.BinarySearchFunc(terms, p.next, func(t tasks.ShardEpoch, s int) int { return t.Shard - s })
+	out := make([]tasks.ShardEpoch, 0, len(set))
+	start, _ := slices.BinarySearchFunc(terms, from, func(t tasks.ShardEpoch, s int) int { return t.Shard - s })
 	for i := range terms {
-		if t := terms[(start+i)%len(terms)]; p.shards[t.Shard] {
-			order = append(order, t)
+		if t := terms[(start+i)%len(terms)]; set[t.Shard] {
+			out = append(out, t)
 		}
 	}
-	return first, order
+	return out
 }
 
 // visited reads what a claim over order took (got, with limit): the index
@@ -129,12 +135,17 @@ func visited(order []tasks.ShardEpoch, got []tasks.Task, limit int) (last int, d
 }
 
 // urgentClaimed records what a claim of urgent tasks over first took: the
-// shards it drained have no urgent tasks left.
+// shards it drained have no urgent tasks left, and the next claim of
+// urgent tasks starts after the last shard it visited.
 func (p *pending) urgentClaimed(first []tasks.ShardEpoch, got []tasks.Task, limit int) {
-	_, drained := visited(first, got, limit)
+	if len(first) == 0 {
+		return
+	}
+	last, drained := visited(first, got, limit)
 	for _, t := range drained {
 		delete(p.first, t.Shard)
 	}
+	p.nextUrgent = first[last].Shard + 1
 }
 
 // claimed records what a claim over order took: the claim visits the

@@ -50,10 +50,11 @@ func TestPendingShardsOrder(t *testing.T) {
 		t.Fatalf("after notifications urgent %v, rotation %v; want [1 4] and [3 4 1]", shards(first), shards(order))
 	}
 	// The urgent claim filled its limit from shard 1: shard 1 may have
-	// more urgent tasks, shard 4 was not reached; both stay urgent.
+	// more urgent tasks, shard 4 was not reached; both stay urgent, and
+	// the next urgent claim starts after shard 1.
 	p.urgentClaimed(first, []tasks.Task{{Shard: 1}, {Shard: 1}}, 2)
-	if first, _ = p.order(held, now, time.Second); !slices.Equal(shards(first), []int{1, 4}) {
-		t.Fatalf("after a full urgent claim from shard 1: urgent %v, want [1 4]", shards(first))
+	if first, _ = p.order(held, now, time.Second); !slices.Equal(shards(first), []int{4, 1}) {
+		t.Fatalf("after a full urgent claim from shard 1: urgent %v, want [4 1]", shards(first))
 	}
 	// A short urgent claim drained both of urgent tasks; the rotation
 	// still visits them.
@@ -67,5 +68,30 @@ func TestPendingShardsOrder(t *testing.T) {
 	held = append(held[1:], tasks.ShardEpoch{Shard: 9, Epoch: 1})
 	if _, got := p.order(held, now.Add(time.Second), time.Second); len(got) != 4 || !slices.Contains(shards(got), 9) || slices.Contains(shards(got), 1) {
 		t.Fatalf("after the poll %v, want 2, 3, 4 and 9", shards(got))
+	}
+}
+
+// Urgent claims rotate between shards as the rotation's claims do: a
+// shard with a backlog of urgent tasks must not take every urgent claim
+// while another shard's urgent tasks wait (issue 32, defect 10: the
+// lowest-numbered shard with urgent work starved the others).
+func TestUrgentClaimsRotate(t *testing.T) {
+	now := time.Unix(0, 0)
+	p := newPending(now)
+	held := []tasks.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 5, Epoch: 1}, {Shard: 7, Epoch: 1}}
+	p.notify(false, nil, []int{0, 5, 7})
+	var served []int
+	for range 6 {
+		first, _ := p.order(held, now, time.Hour)
+		if len(first) == 0 {
+			t.Fatal("no urgent shard left")
+		}
+		// Each urgent claim fills its limit (1) from the first shard it
+		// visits: every shard has a backlog of urgent tasks.
+		served = append(served, first[0].Shard)
+		p.urgentClaimed(first, []tasks.Task{{Shard: first[0].Shard}}, 1)
+	}
+	if !slices.Equal(served, []int{0, 5, 7, 0, 5, 7}) {
+		t.Fatalf("urgent claims served shards %v, want each in turn: [0 5 7 0 5 7]", served)
 	}
 }

@@ -323,7 +323,7 @@ func insertOrdered(ctx context.Context, q querier, ins []Insert) (tasks.BatchEnq
 						queue, priority, sequence_key, sequence_blocks, trace_context, drawn, n)
 			), k AS (
 				INSERT INTO task_unique_keys (unique_key, id)
-				SELECT unique_key, id FROM u WHERE unique_key IS NOT NULL ORDER BY n
+				SELECT unique_key, id FROM u WHERE unique_key IS NOT NULL ORDER BY unique_key, n
 				ON CONFLICT (unique_key) DO NOTHING
 				RETURNING id
 			), ins AS (

@@ -488,3 +488,54 @@ func TestResumingAQueueWakesItsRunners(t *testing.T) {
 		t.Fatalf("notification %q after the resume, want the queue's shards", n.Payload)
 	}
 }
+
+// Suspected and confirmed: a queue's pause was no barrier for a claim
+// already under way, which went on to take the queue's tasks after the
+// pause had returned.
+func TestAPauseIsABarrierForClaimsUnderWay(t *testing.T) {
+	t.Parallel()
+	s, dsn := setupDSN(t)
+	ctx := context.Background()
+	raise(t, s, "a", 15, 1)
+	in := insert("k", 15, 3)
+	in.Queue = "barrier"
+	enqueue(t, s, in)
+	// The claim waits for the fence row, after it read its queue as open.
+	release := holdRow(t, dsn, `SELECT 1 FROM shard_fences WHERE shard = 15 FOR UPDATE`)
+	var got []tasks.Task
+	claimed := async(func() error {
+		var err error
+		got, err = s.Claim(ctx, "a", []tasks.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10)
+		return err
+	})
+	awaitWaiting(t, s, 1)
+	paused := async(func() error {
+		_, err := s.SetQueuePaused(ctx, "barrier", true)
+		return err
+	})
+	if err, done := awaitDoneOrWaiting(t, s, paused, 2); done {
+		// The pause returned while the claim was under way: the claim
+		// must take nothing.
+		if err != nil {
+			t.Fatal(err)
+		}
+		release()
+		if err := result(t, claimed); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 0 {
+			t.Fatalf("a claim under way when the pause returned took %d tasks of the paused queue", len(got))
+		}
+		return
+	}
+	release()
+	if err := result(t, claimed); err != nil {
+		t.Fatal(err)
+	}
+	if err := result(t, paused); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.Claim(ctx, "a", []tasks.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10); err != nil || len(again) != 0 {
+		t.Fatalf("claimed %+v after the pause (%v)", again, err)
+	}
+}

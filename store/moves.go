@@ -34,20 +34,28 @@ package store
 //	unhandled rule                                                           lanes, waiting, finished and keys
 //	cancel            lane | waiting -> finished;       shardrun_cancel      records, sequences, lanes, waiting,
 //	                  claim: a request                                       finished and keys
-//	retry             finished -> lane | waiting        shardrun_retry       records, sequences, finished, keys, lanes
+//	retry             finished -> lane | waiting        shardrun_retry       records, finished, keys, sequences, lanes
 //	retention         finished -> (deleted)             DeleteFinished       leader fence (share), records, finished
 //	promotion         waiting -> lane                   shardrun_settle      sequences, waiting, lanes
 //
 // The one lock order: shard fences, then claims, then records, then
-// sequences, then lanes and waiting lines, then finished entries and
-// unique keys; within a table, in key order (claims and records by id,
-// sequences by key, fences by shard). Every statement takes what it
-// locks in that order, explicitly (ORDER BY … FOR UPDATE), never in the
-// order a plan happens to read rows. A row a statement inserts is no lock
-// another waits for (nobody else can see it), so the claim's new claim rows
-// and a producer's new records and keys follow no order. Two statements
-// that lock in one order cannot deadlock (TestLayoutUnderStress runs them
-// all at once and fails on a deadlock).
+// sequences, then lanes and waiting lines, then finished entries and the
+// unique keys an unfinished task held; within a table, in key order (claims
+// and records by id, sequences and unique keys by key, fences by shard).
+// Every statement takes what it locks in that order, explicitly (ORDER BY
+// … FOR UPDATE), never in the order a plan happens to read rows. A row a
+// statement inserts is no lock another waits for (nobody else can see it),
+// so the claim's new claim rows and new lane entries follow no order — but
+// a new unique key is: a second insert of the key waits for the first
+// one's transaction. So whoever takes a new unique key takes it before
+// any sequence: a producer takes its keys at the insert and its sequences
+// at the commit, a retry its keys before shardrun_file settles its
+// sequences. Two statements that lock in one order cannot deadlock
+// (TestLayoutUnderStress runs them all at once and fails on a deadlock).
+// Within a producer's own transaction the order of its inserts is the
+// producer's: two transactions that insert the same unique keys in
+// opposite orders can deadlock, as with any unique index (a batch takes
+// its keys in key order).
 //
 // Operators' and the leader's moves of tasks no runner holds lock the
 // records first and then look (shardrun_lock_tasks): a look before the
@@ -122,10 +130,12 @@ func claimQuery(n int) string {
 		lanes = `SELECT x.tid FROM (` + strings.Join(parts, " UNION ALL ") + `) x ORDER BY x.priority, x.run_after, x.id LIMIT $5`
 	}
 	q := `/* shardrun.claim */
-		WITH cand AS (
+		WITH open AS (
+			SELECT 1 FROM queues q WHERE q.name = $6 AND q.paused_at IS NULL FOR KEY SHARE
+		), cand AS (
 			SELECT c.tid, s.shard FROM unnest($2::int[]) AS s(shard)
 			CROSS JOIN LATERAL (` + lanes + `) c
-			WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = $6 AND q.paused_at IS NOT NULL)
+			WHERE EXISTS (SELECT 1 FROM open)
 			LIMIT $5
 		), fence AS (
 			SELECT f.shard FROM shard_fences f
@@ -183,7 +193,11 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.seque
 // A claim reads only the lanes (shard, queue, kind) of the shards it visits
 // and the kinds it handles: other runners' tasks and kinds nobody handles
 // are never read, however many there are. It locks the fence rows of the
-// shards it takes from FOR SHARE, so a new owner's fence raise waits for it.
+// shards it takes from FOR SHARE, so a new owner's fence raise waits for it,
+// and its queue's row FOR KEY SHARE, so that a pause (SetQueuePaused, which
+// locks the row FOR UPDATE) is a barrier: it waits for the claims under way,
+// and a claim that locks the row after it sees the queue paused (the lock
+// reads the row's newest version) and takes nothing.
 func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.LeastUrgent)
 }

@@ -33,19 +33,28 @@ const QueueCountCap = 100_000
 
 // SetQueuePaused pauses (paused) or resumes the queue name, cluster-wide:
 // no runner claims a paused queue's tasks (the claim statement checks it),
-// running ones finish. A queue no task was enqueued in yet can be paused
+// running ones finish. A pause is a barrier: once it returns, no claim
+// under way can still take a task of the queue. A queue no task was enqueued in yet can be paused
 // ahead. It returns the queue as it is now.
 func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (time.Time, error) {
 	var at *time.Time
-	// A resumed queue's tasks may wait on any shard: every runner looks.
-	err := s.pool.QueryRow(ctx, `/* shardrun.set_queue_paused */
-		WITH q AS (
-			INSERT INTO queues AS q (name, paused_at) VALUES ($1, CASE WHEN $2 THEN now() END)
-			ON CONFLICT (name) DO UPDATE SET paused_at = CASE WHEN $2 THEN coalesce(q.paused_at, now()) END
-			RETURNING paused_at
-		)
-		SELECT paused_at, (SELECT count(*) FROM (SELECT shardrun_notify(NULL, NULL) WHERE NOT $2) n) FROM q`,
-		name, paused).Scan(&at, nil)
+	// The row is locked FOR UPDATE first: claims lock it FOR KEY SHARE, so
+	// a pause waits for the claims under way and every later claim sees it
+	// (see Claim). A resumed queue's tasks may wait on any shard: every
+	// runner looks.
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `/* shardrun.lock_queue */ SELECT 1 FROM queues WHERE name = $1 FOR UPDATE`, name); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `/* shardrun.set_queue_paused */
+			WITH q AS (
+				INSERT INTO queues AS q (name, paused_at) VALUES ($1, CASE WHEN $2 THEN now() END)
+				ON CONFLICT (name) DO UPDATE SET paused_at = CASE WHEN $2 THEN coalesce(q.paused_at, now()) END
+				RETURNING paused_at
+			)
+			SELECT paused_at, (SELECT count(*) FROM (SELECT shardrun_notify(NULL, NULL) WHERE NOT $2) n) FROM q`,
+			name, paused).Scan(&at, nil)
+	})
 	if err != nil {
 		return time.Time{}, fmt.Errorf("setting queue %s paused=%v: %w", name, paused, err)
 	}

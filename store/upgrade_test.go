@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -262,4 +263,72 @@ func stateCounts(t *testing.T, s *store.Store, sql string) map[tasks.State]int64
 		t.Fatal(err)
 	}
 	return counts
+}
+
+// TestUpgradeRepairsSequences migrates a database of the previous layout
+// (migration 9) whose sequences the defects of that layout left in every
+// shape — waiting in no place, a head retention deleted, a cancelled head,
+// a blocked head — and checks that each comes out as the new layout keeps
+// it: the tasks behind a gone or finished head move on, a blocked one
+// stays blocked, the waiting ones wait in task_waiting in their order (the
+// test database's invariants are checked when the test ends).
+func TestUpgradeRepairsSequences(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := store.Open(ctx, pgtest.NewDatabase(t), store.Options{MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.MigrateTo(ctx, 9); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := s.Pool().Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%v\n%s", err, sql)
+		}
+	}
+	// Four sequences of three tasks each, inserted through the previous
+	// layout's trigger: each head in its lane, the rest in no place.
+	exec(`INSERT INTO tasks (kind, shard, key, sequence_key, sequence_blocks)
+		SELECT 'k', 1, 'k', s, true FROM unnest(ARRAY['ok', 'gone', 'cancelled', 'blocked']) s, generate_series(1, 3) g
+		ORDER BY s, g`)
+	head := func(key string) int64 {
+		var id int64
+		if err := s.Pool().QueryRow(ctx, `SELECT head_id FROM task_sequences WHERE key = $1`, key).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	// "gone": retention deleted its head. "cancelled": its head was
+	// cancelled and the sequence never moved. "blocked": its head died.
+	gone, cancelled, blocked := head("gone"), head("cancelled"), head("blocked")
+	exec(`DELETE FROM task_ready WHERE id = ANY ($1)`, []int64{gone, cancelled, blocked})
+	exec(`DELETE FROM tasks WHERE id = $1`, gone)
+	exec(`UPDATE tasks SET state = 'cancelled', finished_at = now() WHERE id = $1`, cancelled)
+	exec(`UPDATE tasks SET state = 'dead', finished_at = now() WHERE id = $1`, blocked)
+	exec(`INSERT INTO task_finished (state, id, finished_at, queue) SELECT state, id, finished_at, queue FROM tasks WHERE id = ANY ($1)`,
+		[]int64{cancelled, blocked})
+	exec(`UPDATE task_sequences SET blocked_at = now() WHERE key = 'blocked'`)
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	raise(t, s, "a", 1, 1)
+	got, err := s.Claim(ctx, "a", []tasks.ShardEpoch{{Shard: 1, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, task := range got {
+		keys = append(keys, task.SequenceKey)
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"cancelled", "gone", "ok"}) {
+		t.Fatalf("after the upgrade the claimable heads are of %v, want one each of cancelled, gone and ok (blocked stays blocked)", keys)
+	}
+	var waiting int
+	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM task_waiting`).Scan(&waiting); err != nil || waiting != 1+1+2+2 {
+		t.Fatalf("%d tasks wait in task_waiting (%v), want 6", waiting, err)
+	}
 }

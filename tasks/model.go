@@ -25,7 +25,12 @@ import (
 //	running --interrupted (runner lost the shard)--> ready (same attempt)
 //	ready   --cancel (operator)-->              cancelled
 //	running --cancel (operator, then runner)--> cancelled
+//	dead|failed blocking its sequence --cancel (operator)--> cancelled
 //	dead|failed|cancelled --retry (operator)--> ready (attempt+1, fresh budget)
+//
+// Each move is one statement of the store (store/moves.go lists them, with
+// the tables each touches and the order it locks them in), conditional on
+// the state it expects.
 //
 // Completed is final. A move back to ready after a handler failed or its
 // claim went stale increments attempt. Two moves back to ready spend no
@@ -83,24 +88,6 @@ func (s State) Cancellable() bool { return s == Ready || s == Running }
 func (s State) Valid() bool {
 	for _, x := range States {
 		if s == x {
-			return true
-		}
-	}
-	return false
-}
-
-var legalMoves = map[State][]State{
-	Ready:     {Running, Failed, Cancelled},
-	Running:   {Completed, Ready, Dead, Failed, Cancelled},
-	Failed:    {Ready},
-	Dead:      {Ready},
-	Cancelled: {Ready},
-}
-
-// CanMove reports whether from -> to is one of the legal moves above.
-func CanMove(from, to State) bool {
-	for _, s := range legalMoves[from] {
-		if s == to {
 			return true
 		}
 	}

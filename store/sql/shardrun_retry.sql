@@ -1,5 +1,5 @@
 -- An operator's retry of tasks ids (moves.go: retry): each dead, failed
--- or cancelled one, after the locks (shardrun_lock_tasks), is ready again
+-- or cancelled one, once its record is locked, is ready again
 -- with its next attempt number (attempts only ever grow, so that a late
 -- write of an earlier attempt can never match the new one) and as many
 -- further attempts as it was enqueued with (attempt_budget records
@@ -21,7 +21,14 @@ DECLARE
     shards  integer[];
     urgent  boolean[];
 BEGIN
-    locked := shardrun_lock_tasks(ids, skip_locked);
+    -- The records only: a retry takes the tasks' unique keys before their
+    -- sequences (shardrun_file settles them), the order a producer takes
+    -- them in (a key at its insert, the sequence at its commit).
+    IF skip_locked THEN
+        locked := ARRAY(SELECT id FROM tasks WHERE id = ANY (ids) ORDER BY id FOR UPDATE SKIP LOCKED);
+    ELSE
+        locked := ARRAY(SELECT id FROM tasks WHERE id = ANY (ids) ORDER BY id FOR UPDATE);
+    END IF;
     DELETE FROM task_finished f USING tasks t
     WHERE t.id = ANY (locked) AND t.state IN ('failed', 'dead', 'cancelled') AND f.state = t.state AND f.id = t.id;
     WITH r AS (
