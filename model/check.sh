@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Model-checks ownership.pml with spin: every property that must hold, and
-# every weakened protocol that must produce a counterexample. Prints states
-# explored, depth and time per check; exits non-zero on any surprise.
-# MEMLIM (megabytes, default 8192) caps what one search may use.
+# Model-checks ownership.pml and sequences.pml with spin: every property
+# that must hold, and every weakened protocol that must produce a
+# counterexample. Prints states explored, depth and time per check; exits
+# non-zero on any surprise. MEMLIM (megabytes, default 8192) caps what one
+# search may use. ./check.sh: both models; ./check.sh bounds: the
+# ownership bounds; ./check.sh sequences: the sequence model alone.
 set -euo pipefail
 cd "$(dirname "$0")"
 command -v spin >/dev/null || { echo "spin is not installed: apt-get install spin"; exit 1; }
@@ -12,22 +14,28 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Interrupted (Ctrl-C, a CI timeout): still remove the work dir, via EXIT.
 trap 'exit 130' INT TERM
-cp ownership.pml "$work/"
+cp ownership.pml sequences.pml "$work/"
 failed=0
-printf '%-44s %-8s %-6s %12s %6s %8s  %s\n' check expect result states depth seconds parameters
+printf '%-46s %-17s %-17s %12s %6s %8s  %s\n' check expect result states depth seconds parameters
 
-# run NAME EXPECT(holds|fails) "SPIN -D FLAGS" "CC FLAGS" "PAN FLAGS"
+# The model the checks that follow are of.
+pml=ownership.pml
+
+# run NAME EXPECT "SPIN -D FLAGS" "CC FLAGS" "PAN FLAGS", on $pml. EXPECT is
+# holds, fails (any counterexample), or fails:PROPERTY (a counterexample
+# of that assertion, or "acceptance" for an LTL property: another one is
+# a surprise, reported as fails:WHAT).
 run() {
 	local name=$1 expect=$2 defs=$3 cflags=$4 panflags=$5
 	(
 		cd "$work"
 		rm -f pan pan.* ./*.trail
-		spin -a $defs ownership.pml >/dev/null
+		spin -a $defs $pml >/dev/null
 		gcc -O2 -w -DMEMLIM="${MEMLIM:-8192}" $cflags -o pan pan.c
 		./pan -m10000000 $panflags > "$name.out" 2>&1 || true
 	)
 	local out="$work/$name.out"
-	local errors states depth secs result
+	local errors states depth secs result what
 	errors=$(sed -n 's/.*errors: \([0-9]*\).*/\1/p' "$out" | tail -1)
 	states=$(sed -n 's/^ *\([0-9.e+]*\) states, stored.*/\1/p' "$out" | tail -1)
 	depth=$(sed -n 's/.*depth reached \([0-9]*\).*/\1/p' "$out" | tail -1)
@@ -42,23 +50,41 @@ run() {
 		result=holds
 	else
 		result=fails
+		if [[ $expect == fails:* ]]; then
+			# What failed: an assertion (named by its variable), an
+			# acceptance cycle, or an invalid end state (a deadlock).
+			what=$(sed -n 's/^pan:1: assertion violated \([A-Za-z]*\).*/\1/p' "$out" | head -1)
+			grep -q "^pan:1: acceptance cycle" "$out" && what=acceptance
+			grep -q "^pan:1: invalid end state" "$out" && what=invalid_end_state
+			result=fails:${what:-?}
+		fi
 	fi
-	printf '%-44s %-8s %-6s %12s %6s %8s  %s\n' "$name" "$expect" "$result" "${states:-?}" "${depth:-?}" "${secs:-?}" "$defs"
+	printf '%-46s %-17s %-17s %12s %6s %8s  %s\n' "$name" "$expect" "$result" "${states:-?}" "${depth:-?}" "${secs:-?}" "$defs"
 	if [ "$result" != "$expect" ]; then
 		failed=1
 		echo "---- $name: expected $expect, got $result"
 		tail -30 "$out"
 	fi
-	if [ "$result" = fails ] && [ "$expect" = fails ]; then
+	if [[ $result == fails* ]] && [ "$result" = "$expect" ]; then
 		# Keep the (shortest, breadth-first) counterexample as evidence.
 		local at trace="traces/${name//[^A-Za-z0-9_.+-]/_}.txt"
 		at=$(sed -n 's/.*(at depth \([0-9]*\)).*/\1/p' "$out" | head -1)
 		mkdir -p traces
-		{
-			echo "# $name: $(grep -m1 -E 'assertion violated|acceptance cycle' "$out")"
-			echo "# spin -t -p $defs ownership.pml, statements of the shortest counterexample"
-			(cd "$work" && spin -t -p -g $defs ownership.pml 2>/dev/null) | grep -E '^ *[0-9]+:' | sed 's/ownership.pml:[0-9]* //'
-		} > "$trace"
+		if [ "$pml" = sequences.pml ]; then
+			# The model narrates its steps (printf): the transactions,
+			# their locks and the layout after each commit.
+			{
+				echo "# $name: $(grep -m1 -E 'assertion violated|acceptance cycle|invalid end state' "$out")"
+				echo "# spin -T -t $defs $pml: the steps of the shortest counterexample"
+				(cd "$work" && spin -T -t $defs $pml 2>/dev/null) | sed -n '/^start$/,/^spin: trail ends/p'
+			} > "$trace"
+		else
+			{
+				echo "# $name: $(grep -m1 -E 'assertion violated|acceptance cycle' "$out")"
+				echo "# spin -t -p $defs $pml, statements of the shortest counterexample"
+				(cd "$work" && spin -t -p -g $defs $pml 2>/dev/null) | grep -E '^ *[0-9]+:' | sed "s/$pml:[0-9]* //"
+			} > "$trace"
+		fi
 		echo "    counterexample: ${at:-?} steps, trace in model/$trace"
 	fi
 }
@@ -68,7 +94,7 @@ run() {
 holds="-DNOCLAIM -DSAFETY -DCOLLAPSE -DBFS"
 fails="$holds"
 
-if [ "${1:-}" != bounds ]; then
+if [ "${1:-}" = "" ]; then
 # The protocol as built, with a slow clock: safety properties in every state.
 run NoDoubleExecution+NoStaleWrite+OutcomeOnce holds "-DTTL=4 -DMARGIN=2 -DLAG=1" "$holds" "-E"
 # A pause as long as the margin: still safe.
@@ -95,7 +121,37 @@ run weakened:deadline_from_receipt             fails "-DTTL=5 -DMARGIN=1 -DRECEI
 run weakened:raise_and_requeue_apart          fails "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DSPLIT_RAISE=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
 run weakened:claim_without_fence_lock          fails "-DTTL=4 -DMARGIN=2 -DCLAIM_NOLOCK=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
 run weakened:claim_without_lease_clock         fails "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DIDLE_PAUSE=1 -DCLAIM_NO_CLOCK=1" "$fails" "-E"
-else
+fi
+
+if [ "${1:-}" = "" ] || [ "${1:-}" = sequences ]; then
+# The sequence protocol (sequences.pml). No -E: a state where every actor
+# waits is an invalid end state, besides NoDeadlock's assertion.
+pml=sequences.pml
+# As built, every safety property in every state: two failed attempts in
+# all (one retried, one for good), two operator actions, retention.
+run sequences:safety                               holds "-DFAILS=1 -DFINALS=1 -DOPS=2" "$holds" ""
+# More failures, one operator action.
+run sequences:safety_more_failures                 holds "-DFAILS=2 -DFINALS=2 -DOPS=1" "$holds" ""
+# Progress: retried failures, nothing for good, no operator; weak fairness.
+run sequences:Progress                             holds "-DFAILS=2 -DFINALS=0 -DOPS=0" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+
+# Weakened protocols (before the fix of issue 32, and before c7a8b42):
+# each must fail, on the property named.
+# The cancel looks before its locks: a waiting task promoted meanwhile is
+# cancelled in its lane ...
+run sequences:weakened:cancel_looks_first          fails:Layout "-DCANCEL_LOOK_FIRST=1 -DFAILS=0" "$fails" ""
+# ... or claimed meanwhile, cancelled while it runs, and the next task of
+# its sequence becomes claimable beside it ...
+run sequences:weakened:cancel_looks_first_claimed  fails:OneRunnable "-DCANCEL_LOOK_FIRST=1 -DFAILS=0 -DOPS=1 -DNO_LAYOUT_CHECK" "$fails" ""
+# ... or a running head requeued meanwhile gets a request, in its lane.
+run sequences:weakened:cancel_looks_first_requeue  fails:Layout "-DCANCEL_LOOK_FIRST=1" "$fails" ""
+run sequences:weakened:retention_deletes_heads     fails:Headed "-DRETENTION_DELETES_HEADS=1 -DNO_LAYOUT_CHECK" "$fails" ""
+run sequences:weakened:settle_in_task_id_order     fails:NoDeadlock "-DSETTLE_BY_ID=1" "$fails" ""
+run sequences:weakened:retry_sequence_before_key   fails:NoDeadlock "-DRETRY_SEQUENCE_FIRST=1" "$fails" ""
+run sequences:weakened:promote_in_id_order         fails:InOrder "-DPROMOTE_BY_ID=1" "$fails" ""
+fi
+
+if [ "${1:-}" = bounds ]; then
 # The bound, at its edges (slower: make model-bounds): holds while
 # LAG + PAUSE <= MARGIN, fails beyond.
 run bound:lag1+pause1=margin2                  holds "-DTTL=4 -DMARGIN=2 -DLAG=1 -DPAUSE=1" "$holds" "-E"
