@@ -303,3 +303,20 @@ func bulk(ctx context.Context, f tasks.Filter,
 		after = r.Next
 	}
 }
+
+// Warnings says which of classes no attached runner can run, given the
+// classes the attached runners can run (runnable): such tasks stay ready
+// until a runner that serves the queue with a handler of the kind attaches.
+// One warning per class, in the order given.
+func Warnings(runnable map[tasks.Class]bool, classes []tasks.Class) []string {
+	var warnings []string
+	seen := map[tasks.Class]bool{}
+	for _, c := range classes {
+		if runnable[c] || seen[c] {
+			continue
+		}
+		seen[c] = true
+		warnings = append(warnings, fmt.Sprintf("no attached runner serves queue %q with a handler of kind %q: its tasks stay ready until one does", c.Queue, c.Kind))
+	}
+	return warnings
+}

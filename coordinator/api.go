@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/internal/httpjson"
 	"github.com/shardrun/shardrun/internal/jsonbody"
@@ -108,9 +110,11 @@ type ClusterView struct {
 	Runners     []RunnerView `json:"runners"`
 	// Gone lists runners this coordinator saw that left or were lost in the
 	// last ten minutes, most recent first.
-	Gone   []RunnerView          `json:"gone"`
-	Owners []string              `json:"owners"`
-	Epochs []int64               `json:"epochs"`
+	Gone []RunnerView `json:"gone"`
+	// Groups are the capability groups: the runners that serve the same
+	// queues and handle the same kinds, each with its own shards, owners
+	// and epochs (docs/architecture.md, "Mixed fleets").
+	Groups []shard.Group         `json:"groups"`
 	Tasks  map[tasks.State]int64 `json:"tasks"`
 	// TasksEstimated lists the states with at least store.CountCap tasks:
 	// their count is from the last full count, which runs about once a
@@ -124,10 +128,11 @@ type ClusterView struct {
 	Rates map[tasks.State]float64 `json:"rates"`
 	// RateWindow is the window of Rates, in seconds.
 	RateWindow float64 `json:"rate_window_seconds"`
-	// Unhandled are the ready tasks of kinds no attached runner handles,
-	// by kind; they wait until a runner that handles them attaches (or
-	// --unhandled-after fails them).
-	Unhandled []store.KindCount `json:"unhandled"`
+	// Unrunnable are the ready tasks no attached runner can run — of a
+	// queue none serves, or a kind none of those serving the queue
+	// handles — by queue and kind; they wait until such a runner attaches
+	// (or --unhandled-after fails them).
+	Unrunnable []store.ClassCount `json:"unrunnable"`
 	// Schedules with their next run, by name (at most MaxSchedulesListed).
 	Schedules []ScheduleSummary `json:"schedules"`
 	// Queues with their ready and running tasks, pause and completion rate
@@ -153,7 +158,7 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	if err != nil {
 		return ClusterView{}, err
 	}
-	unhandled, err := c.unhandled.Unhandled(ctx)
+	unrunnable, err := c.unhandled.Unrunnable(ctx)
 	if err != nil {
 		return ClusterView{}, err
 	}
@@ -163,20 +168,28 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	}
 	scheds := page.Schedules
 	now := c.clock.Now()
-	v := ClusterView{Unhandled: unhandled, Schedules: make([]ScheduleSummary, len(scheds)),
+	v := ClusterView{Unrunnable: unrunnable, Schedules: make([]ScheduleSummary, len(scheds)),
 		Prefix: c.cfg.Prefix, ShardCount: c.cfg.ShardCount, Revision: cl.Revision,
-		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Owners: cl.Owners, Epochs: cl.Epochs, Tasks: tc.counts,
+		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Groups: cl.Groups, Tasks: tc.counts,
 		TasksEstimated: tc.estimated, Attention: tc.attention, Queues: tc.queues,
 		Runners: []RunnerView{}, Rates: rates, RateWindow: rateWindow.Seconds()}
+	if v.Groups == nil {
+		v.Groups = []shard.Group{}
+	}
 	for i, sc := range scheds {
 		v.Schedules[i] = summarize(sc)
 	}
-	owned := map[string]int{}
-	for _, o := range cl.Owners {
-		owned[o]++
+	owned, assigned := map[string]int{}, map[string]int{}
+	for _, g := range cl.Groups {
+		for _, o := range g.Owners {
+			owned[o]++
+		}
+		for id, shards := range g.Assigned {
+			assigned[id] += len(shards)
+		}
 	}
 	for _, r := range cl.Runners {
-		rv := RunnerView{RunnerInfo: r, Assigned: len(cl.Assigned[r.ID]), Owned: owned[r.ID], Health: HealthOK, LastSeen: now.UTC()}
+		rv := RunnerView{RunnerInfo: r, Assigned: assigned[r.ID], Owned: owned[r.ID], Health: HealthOK, LastSeen: now.UTC()}
 		leaseHealth(ctx, c.cfg.Client, &rv, cl.Leases[r.ID])
 		v.Runners = append(v.Runners, rv)
 	}
@@ -363,59 +376,50 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// warnUnhandled adds "warnings" to an enqueue answer when no attached
-// runner handles one of the kinds just enqueued (unhandledWarnings).
-func (c *Coordinator) warnUnhandled(ctx context.Context, resp map[string]any, ns []tasks.NewTask) {
-	kinds := make([]string, len(ns))
+// warnUnrunnable adds "warnings" to an enqueue answer when no attached
+// runner can run some of the tasks just enqueued (unrunnableWarnings).
+func (c *Coordinator) warnUnrunnable(ctx context.Context, resp map[string]any, ns []tasks.NewTask) {
+	classes := make([]tasks.Class, len(ns))
 	for i, n := range ns {
-		kinds[i] = n.Kind
+		classes[i] = tasks.Class{Queue: cmp.Or(n.Queue, tasks.DefaultQueue), Kind: n.Kind}
 	}
-	if warnings := c.unhandledWarnings(ctx, kinds...); len(warnings) > 0 {
+	if warnings := c.unrunnableWarnings(ctx, classes...); len(warnings) > 0 {
 		resp["warnings"] = warnings
 	}
 }
 
-// unhandledWarnings says which of kinds no attached runner handles: such
-// tasks stay ready until a runner that handles them attaches. It is
-// advice, so an etcd error says nothing.
-func (c *Coordinator) unhandledWarnings(ctx context.Context, kinds ...string) []string {
-	handled, err := c.handledKinds(ctx)
+// unrunnableWarnings says which of classes no attached runner can run (none
+// serves the queue with a handler of the kind): such tasks stay ready until
+// a runner that can run them attaches. It is advice, so an etcd error says
+// nothing.
+func (c *Coordinator) unrunnableWarnings(ctx context.Context, classes ...tasks.Class) []string {
+	runnable, err := c.runnableClasses(ctx)
 	if err != nil {
 		return nil
 	}
-	var warnings []string
-	seen := map[string]bool{}
-	for _, kind := range kinds {
-		if handled[kind] || seen[kind] {
-			continue
-		}
-		seen[kind] = true
-		warnings = append(warnings, fmt.Sprintf("no attached runner handles kind %q: its tasks stay ready until one does", kind))
-	}
-	return warnings
+	return client.Warnings(runnable, classes)
 }
 
-// handledKinds returns the kinds the attached runners publish, read from
-// etcd at most once a second so that enqueue bursts cost one read.
-func (c *Coordinator) handledKinds(ctx context.Context) (map[string]bool, error) {
-	c.kindsMu.Lock()
-	defer c.kindsMu.Unlock()
-	if c.kinds != nil && c.clock.Now().Sub(c.kindsAt) < time.Second {
-		return c.kinds, nil
+// runnableClasses returns the classes (queue, kind) the attached runners
+// can run, from the queues and kinds they publish, read from etcd at most
+// once a second so that enqueue bursts cost one read.
+func (c *Coordinator) runnableClasses(ctx context.Context) (map[tasks.Class]bool, error) {
+	c.runnableMu.Lock()
+	defer c.runnableMu.Unlock()
+	if c.runnable != nil && c.clock.Now().Sub(c.runnableAt) < time.Second {
+		return c.runnable, nil
 	}
 	resp, err := c.cfg.Client.Get(ctx, c.cfg.Prefix+"runners/", clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("reading the runners' kinds: %w", err)
+		return nil, fmt.Errorf("reading what the runners run: %w", err)
 	}
-	kinds := map[string]bool{}
+	var runners []shard.RunnerInfo
 	for _, kv := range resp.Kvs {
 		var info shard.RunnerInfo
-		if json.Unmarshal(kv.Value, &info) == nil && info.State == shard.StateAttached {
-			for _, k := range info.Kinds {
-				kinds[k] = true
-			}
+		if json.Unmarshal(kv.Value, &info) == nil {
+			runners = append(runners, info)
 		}
 	}
-	c.kinds, c.kindsAt = kinds, c.clock.Now()
-	return kinds, nil
+	c.runnable, c.runnableAt = shard.Runnable(runners), c.clock.Now()
+	return c.runnable, nil
 }

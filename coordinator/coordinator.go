@@ -57,16 +57,18 @@ type Coordinator struct {
 
 	counter   *counter
 	elector   *elector
-	unhandled *unhandledWatch
+	unhandled *unrunnableWatch
 	loop      *leader.Loop
 	schedules *schedule.Client
 	// scheduler is the leader's schedule service: a schedule created on
 	// this coordinator wakes it.
 	scheduler *schedule.Scheduler
 
-	kindsMu sync.Mutex
-	kinds   map[string]bool
-	kindsAt time.Time
+	// runnable caches the classes (queue, kind) the attached runners can
+	// run, read from etcd at most once a second (runnableClasses).
+	runnableMu sync.Mutex
+	runnable   map[tasks.Class]bool
+	runnableAt time.Time
 
 	// bulkBudget is how long one bulk cancel or retry request works
 	// before it answers done false (defaultBulkBudget); the browser test
@@ -118,9 +120,10 @@ func New(cfg Config) (*Coordinator, error) {
 		store: cfg.Store, clock: cfg.Clock, log: cfg.Logger, lead: c.loop.Run,
 		isLeader: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
 			Help: "1 while this coordinator is the leader and sweeps."})}
-	c.unhandled = &unhandledWatch{store: cfg.Store, kinds: c.handledKinds, clock: c.clock, log: c.log.Named("unhandled"),
-		gauge: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_unhandled_tasks",
-			Help: "Ready tasks of kinds no attached runner handles, by kind (refreshed every few seconds)."}, []string{"kind"})}
+	c.unhandled = &unrunnableWatch{store: cfg.Store, runnable: c.runnableClasses, clock: c.clock, log: c.log.Named("unrunnable"),
+		gauge: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_unrunnable_tasks",
+			Help: "Ready tasks no attached runner can run (serves their queue and handles their kind), by queue and kind (refreshed every few seconds)."},
+			[]string{"queue", "kind"})}
 	return c, nil
 }
 
@@ -146,7 +149,7 @@ func (c *Coordinator) leaderServices(prep client.Config) ([]leader.Service, erro
 		services = append(services, ret)
 	}
 	if c.cfg.Unhandled.After > 0 {
-		rp, err := maintenance.NewReaper(c.cfg.Store, c.handledKinds, c.cfg.Unhandled, c.reg)
+		rp, err := maintenance.NewReaper(c.cfg.Store, c.runnableClasses, c.cfg.Unhandled, c.reg)
 		if err != nil {
 			return nil, err
 		}

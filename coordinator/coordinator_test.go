@@ -240,7 +240,7 @@ func TestTasksAPI(t *testing.T) {
 		Warnings  []string
 	}
 	_ = json.Unmarshal([]byte(body), &created)
-	if len(created.Warnings) != 1 || !strings.Contains(created.Warnings[0], `no attached runner handles kind "noop"`) {
+	if len(created.Warnings) != 1 || !strings.Contains(created.Warnings[0], `no attached runner serves queue "default" with a handler of kind "noop"`) {
 		t.Fatalf("enqueueing a kind no runner handles must warn: %s", body)
 	}
 	if created.Shard != int64(tasks.ShardOf("user-42", 16)) {
@@ -386,7 +386,7 @@ func TestClusterShowsRunnerHealth(t *testing.T) {
 		t.Errorf("completion rate %v, want one task over the window", v.Rates)
 	}
 	code, body := testutil.HTTP(t, "POST", "http://"+c.Addr()+"/api/tasks", "", `{"kind": "noop"}`)
-	if code != 201 || !strings.Contains(body, `no attached runner handles kind \"noop\"`) {
+	if code != 201 || !strings.Contains(body, `no attached runner serves queue \"default\" with a handler of kind \"noop\"`) {
 		t.Errorf("a kind only a detached runner handles must draw a warning: %d %s", code, body)
 	}
 }

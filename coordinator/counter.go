@@ -226,54 +226,56 @@ func refresh(ctx context.Context, clk clock.Clock, once func(qctx context.Contex
 	}
 }
 
-// unhandledWatch is the loop that keeps the shardrun_unhandled_tasks{kind}
-// gauge current on every coordinator, and the cache the cluster view reads
-// the unhandled kinds from: ready tasks whose kind no attached runner
-// handles (runners publish their kinds in their runners/ key).
-type unhandledWatch struct {
-	store *store.Store
-	kinds func(ctx context.Context) (map[string]bool, error)
-	clock clock.Clock
-	log   hclog.Logger
-	gauge *prometheus.GaugeVec
+// unrunnableWatch is the loop that keeps the
+// shardrun_unrunnable_tasks{queue,kind} gauge current on every coordinator,
+// and the cache the cluster view reads the unrunnable work from: ready
+// tasks of a queue no attached runner serves, or of a kind none of the
+// runners serving the queue handles (runners publish their queues and
+// kinds in their runners/ key).
+type unrunnableWatch struct {
+	store    *store.Store
+	runnable func(ctx context.Context) (map[tasks.Class]bool, error)
+	clock    clock.Clock
+	log      hclog.Logger
+	gauge    *prometheus.GaugeVec
 
 	mu   sync.Mutex
-	last []store.KindCount
+	last []store.ClassCount
 	at   time.Time
 }
 
-// Unhandled returns the ready tasks of unhandled kinds, at most
+// Unrunnable returns the ready tasks no attached runner can run, at most
 // countsMaxAge old.
-func (u *unhandledWatch) Unhandled(ctx context.Context) ([]store.KindCount, error) {
+func (u *unrunnableWatch) Unrunnable(ctx context.Context) ([]store.ClassCount, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.last != nil && u.clock.Now().Sub(u.at) < countsMaxAge {
 		return u.last, nil
 	}
-	handled, err := u.kinds(ctx)
+	runnable, err := u.runnable(ctx)
 	if err != nil {
 		return nil, err
 	}
-	got, err := u.store.ReadyKindsExcept(ctx, slices.Sorted(maps.Keys(handled)))
+	got, err := u.store.ReadyUnrunnable(ctx, slices.Collect(maps.Keys(runnable)))
 	if err != nil {
 		return nil, err
 	}
 	if got == nil {
-		got = []store.KindCount{}
+		got = []store.ClassCount{}
 	}
 	u.last, u.at = got, u.clock.Now()
 	u.gauge.Reset()
-	for _, kc := range got {
-		u.gauge.WithLabelValues(kc.Kind).Set(float64(kc.Ready))
+	for _, cc := range got {
+		u.gauge.WithLabelValues(cc.Queue, cc.Kind).Set(float64(cc.Ready))
 	}
 	return got, nil
 }
 
 // Run refreshes every countsRefresh until ctx ends.
-func (u *unhandledWatch) Run(ctx context.Context) {
+func (u *unrunnableWatch) Run(ctx context.Context) {
 	refresh(ctx, u.clock, func(qctx context.Context) {
-		if _, err := u.Unhandled(qctx); err != nil && ctx.Err() == nil {
-			u.log.Warn("counting ready tasks of unhandled kinds failed", "error", err)
+		if _, err := u.Unrunnable(qctx); err != nil && ctx.Err() == nil {
+			u.log.Warn("counting ready tasks no attached runner can run failed", "error", err)
 		}
 	})
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/shardrun/shardrun/schedule"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 // A schedule ticking every second across a leader kill: no tick is
@@ -257,11 +258,11 @@ func TestUnhandledKindsVisibleAndFailed(t *testing.T) {
 		c.Unhandled = maintenance.ReaperConfig{After: 2 * time.Second, Interval: 100 * time.Millisecond}
 	})
 	ctx := context.Background()
-	// A runner handling noop and sleep is attached; one handling report
-	// is detached.
+	// A runner serving the default queue with noop and sleep is attached;
+	// one handling report is detached; nobody serves the queue "mail".
 	for id, r := range map[string]shard.RunnerInfo{
-		"r1": {ID: "r1", State: shard.StateAttached, Kinds: []string{"noop", "sleep"}},
-		"r2": {ID: "r2", State: shard.StateDetached, Kinds: []string{"report"}},
+		"r1": {ID: "r1", State: shard.StateAttached, Queues: []string{"default"}, Kinds: []string{"noop", "sleep"}},
+		"r2": {ID: "r2", State: shard.StateDetached, Queues: []string{"default"}, Kinds: []string{"report"}},
 	} {
 		lease, err := e.admin.Grant(ctx, 60)
 		if err != nil {
@@ -272,40 +273,46 @@ func TestUnhandledKindsVisibleAndFailed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.store.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key, run_after)
-		SELECT (ARRAY['noop', 'report', 'mystery'])[g % 3 + 1], g % 16, g::text, now() - interval '1 hour'
-		FROM generate_series(1, 30) g`); err != nil {
+	if _, err := e.store.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key, run_after, queue)
+		SELECT (ARRAY['noop', 'report', 'mystery', 'noop'])[g % 4 + 1], g % 16, g::text, now() - interval '1 hour',
+		       CASE WHEN g % 4 = 3 THEN 'mail' ELSE 'default' END
+		FROM generate_series(1, 40) g`); err != nil {
 		t.Fatal(err)
 	}
 	var v ClusterView
-	testutil.Until(t, 10*time.Second, "the cluster view lists the unhandled kinds", func() (bool, string) {
+	testutil.Until(t, 10*time.Second, "the cluster view lists the unrunnable work", func() (bool, string) {
 		var err error
 		v, err = c.Cluster(ctx)
-		return err == nil && len(v.Unhandled) == 2, fmt.Sprintf("%+v %v", v.Unhandled, err)
+		return err == nil && len(v.Unrunnable) == 3, fmt.Sprintf("%+v %v", v.Unrunnable, err)
 	})
-	if v.Unhandled[0].Kind != "mystery" || v.Unhandled[0].Ready != 10 || v.Unhandled[1].Kind != "report" || v.Unhandled[1].Ready != 10 {
-		t.Fatalf("unhandled %+v, want mystery 10 and report 10", v.Unhandled)
+	if v.Unrunnable[0].Class != (tasks.Class{Queue: "default", Kind: "mystery"}) || v.Unrunnable[0].Ready != 10 ||
+		v.Unrunnable[1].Class != (tasks.Class{Queue: "default", Kind: "report"}) || v.Unrunnable[1].Ready != 10 ||
+		v.Unrunnable[2].Class != (tasks.Class{Queue: "mail", Kind: "noop"}) || v.Unrunnable[2].Ready != 10 {
+		t.Fatalf("unrunnable %+v, want default/mystery 10, default/report 10 and mail/noop 10", v.Unrunnable)
 	}
 	_, body := testutil.HTTP(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
-	for _, want := range []string{`shardrun_unhandled_tasks{kind="mystery"} 10`, `shardrun_unhandled_tasks{kind="report"} 10`,
+	for _, want := range []string{`shardrun_unrunnable_tasks{kind="mystery",queue="default"} 10`,
+		`shardrun_unrunnable_tasks{kind="report",queue="default"} 10`, `shardrun_unrunnable_tasks{kind="noop",queue="mail"} 10`,
 		`shardrun_retention_deleted_total{state="completed"} 0`, "shardrun_schedule_ticks_skipped_total 0"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
-	if strings.Contains(body, `shardrun_unhandled_tasks{kind="noop"}`) {
-		t.Error("a handled kind is listed as unhandled")
+	if strings.Contains(body, `shardrun_unrunnable_tasks{kind="noop",queue="default"}`) {
+		t.Error("work an attached runner can run is listed as unrunnable")
 	}
-	// After 2s unhandled, the leader fails them with a clear error.
+	// The enqueue answer warns of it.
+	code, resp := testutil.HTTP(t, "POST", "http://"+c.Addr()+"/api/tasks", "", `[{"kind": "noop", "queue": "mail"}, {"kind": "noop"}]`)
+	if code != 201 || !strings.Contains(resp, `no attached runner serves queue \"mail\" with a handler of kind \"noop\"`) ||
+		strings.Contains(resp, `queue \"default\"`) {
+		t.Fatalf("enqueue of unrunnable work: %d %s", code, resp)
+	}
+	// After 2s unrunnable, the leader fails them with a clear error.
 	if _, ok := sig.passes["coord"].Wait(15*time.Second, func(ev leader.Event) bool {
 		r, ok := ev.Detail.(maintenance.ReaperResult)
-		return ok && r.Failed["mystery"] == 10
+		return ok && r.Failed[tasks.Class{Queue: "default", Kind: "mystery"}] == 10
 	}); !ok {
 		t.Fatalf("--unhandled-after did not fail the mystery tasks: %+v", sig.of("coord", "unhandled"))
-	}
-	counts, _ := e.store.CountByState(ctx)
-	if counts["failed"] != 20 || counts["ready"] != 10 {
-		t.Fatalf("counts %v, want the 20 unhandled failed and the 10 noop ready", counts)
 	}
 }
 

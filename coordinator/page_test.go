@@ -93,8 +93,10 @@ func TestStatusPageInABrowser(t *testing.T) {
 			return false
 		}
 		owners := map[string]int{}
-		for _, o := range v.Owners {
-			owners[o]++
+		for _, g := range v.Groups {
+			for _, o := range g.Owners {
+				owners[o]++
+			}
 		}
 		return owners["runner-1"] == 32 && owners["runner-2"] == 32
 	})
@@ -118,7 +120,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 	}
 	testutil.WaitFor(t, 10*time.Second, "the dead and failed tasks listed for attention, and the mystery kind unhandled", func() bool {
 		v, err := c.Cluster(context.Background())
-		return err == nil && len(v.Attention.Dead) == 1 && len(v.Attention.Failed) == 1 && len(v.Unhandled) == 1
+		return err == nil && len(v.Attention.Dead) == 1 && len(v.Attention.Failed) == 1 && len(v.Unrunnable) == 1
 	})
 
 	url := "http://" + c.Addr() + "/"
@@ -145,7 +147,8 @@ func TestStatusPageInABrowser(t *testing.T) {
 		fmt.Sprintf(`<tr data-task="%d"><td><a href="#task/%d">#%d</a></td><td>ghost</td>`, dead, dead, dead),
 		fmt.Sprintf(`<a href="#task/%d">#%d</a>`, failed, failed),
 		`<tr data-schedule="nightly-report" data-next-run="`, "0 3 * * * (Europe/Berlin)",
-		`<tr data-unhandled-kind="mystery" data-ready="7">`, "no attached runner handles kind mystery",
+		`<tr data-queue="default" data-kind="mystery" data-ready="7">`,
+		"no attached runner serves queue default with a handler of kind mystery",
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered page lacks %s", want)

@@ -167,7 +167,7 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 	}
 	c.scheduler.Notify()
 	writeJSON(w, http.StatusCreated, ScheduleCreated{ScheduleView: viewOf(sc),
-		Warnings: c.unhandledWarnings(ctx, sc.Kind)})
+		Warnings: c.unrunnableWarnings(ctx, tasks.Class{Queue: tasks.DefaultQueue, Kind: sc.Kind})})
 }
 
 // scheduleParams are the parameters of GET /api/schedules.

@@ -29,39 +29,62 @@ function colour(id) { return `hsl(${(hues.get(id) ?? 0).toFixed(0)} 62% 56%)`; }
 function text(el, s) { el.textContent = s; return el; }
 function node(tag, cls) { const e = document.createElement(tag); if (cls) e.className = cls; return e; }
 
-let cells = [];
-function ensureGrid(n) {
-  const grid = $("grid");
-  if (cells.length === n) return;
-  grid.replaceChildren();
-  cells = [];
+// One grid of shards per capability group (the runners that serve the same
+// queues and handle the same kinds own the group's shards), each cell
+// coloured by its owner.
+let grids = new Map();
+function ensureGrids(groups, n) {
+  const box = $("groups");
+  const names = groups.map((g) => g.group).join(",");
+  if (box.dataset.groups === names && [...grids.values()].every((cs) => cs.length === n)) return;
+  box.replaceChildren();
+  box.dataset.groups = names;
+  grids = new Map();
   // A square-ish grid that fills the card's width whatever the shard count.
   const cols = Math.ceil(Math.sqrt(n));
-  grid.style.gridTemplateColumns = `repeat(${cols}, minmax(0, 1fr))`;
-  for (let s = 0; s < n; s++) {
-    const c = node("div", "shard");
-    c.dataset.shard = s;
-    grid.appendChild(c);
-    cells.push(c);
+  for (const g of groups) {
+    const wrap = node("div", "group");
+    wrap.dataset.group = g.group;
+    wrap.append(text(node("h3"), `${g.group} · queues ${g.queues.join(", ")} · kinds ${g.kinds.join(", ")} · ${g.members.length} attached`));
+    const grid = node("div", "grid");
+    grid.setAttribute("role", "img");
+    grid.setAttribute("aria-label", `shards of group ${g.group} coloured by owner`);
+    grid.style.gridTemplateColumns = `repeat(${cols}, minmax(0, 1fr))`;
+    const cs = [];
+    for (let s = 0; s < n; s++) {
+      const c = node("div", "shard");
+      c.dataset.shard = s;
+      grid.appendChild(c);
+      cs.push(c);
+    }
+    wrap.append(grid);
+    box.append(wrap);
+    grids.set(g.group, cs);
   }
 }
 
 function render(v) {
-  ensureGrid(v.shard_count);
-  assignColours(v.runners.map((r) => r.id).concat(v.gone.map((r) => r.id), v.owners.filter((o) => o)));
+  const groups = v.groups || [];
+  ensureGrids(groups, v.shard_count);
+  const owners = groups.flatMap((g) => g.owners.filter((o) => o));
+  assignColours(v.runners.map((r) => r.id).concat(v.gone.map((r) => r.id), owners));
   const byId = new Map(v.runners.map((r) => [r.id, r]));
   let free = 0;
-  v.owners.forEach((owner, s) => {
-    const c = cells[s];
-    c.dataset.owner = owner;
-    c.dataset.epoch = v.epochs[s];
-    const r = byId.get(owner);
-    c.className = "shard";
-    if (!owner) { c.classList.add("free"); c.style.backgroundColor = ""; free++; return; }
-    c.style.backgroundColor = colour(owner);
-    if (!r || r.state !== "attached") c.classList.add("detached");
-  });
-  text($("shardsummary"), `· ${v.shard_count} shards · ${v.shard_count - free} owned`);
+  for (const g of groups) {
+    const cs = grids.get(g.group);
+    g.owners.forEach((owner, s) => {
+      const c = cs[s];
+      c.dataset.owner = owner;
+      c.dataset.epoch = g.epochs[s];
+      const r = byId.get(owner);
+      c.className = "shard";
+      if (!owner) { c.classList.add("free"); c.style.backgroundColor = ""; free++; return; }
+      c.style.backgroundColor = colour(owner);
+      if (!r || r.state !== "attached") c.classList.add("detached");
+    });
+  }
+  const units = v.shard_count * groups.length;
+  text($("shardsummary"), `· ${v.shard_count} shards · ${groups.length} group${groups.length === 1 ? "" : "s"} · ${units - free} of ${units} owned`);
   text($("meta"), `${v.prefix} · leader ${v.leader || "none"} · served by ${v.coordinator} · revision ${v.revision}`);
 
   const counts = $("counts");
@@ -161,13 +184,15 @@ function render(v) {
     const tr = node("tr"); const td = text(node("td"), "no runners"); td.colSpan = 5; tr.append(td); $("runners").append(tr);
   }
 
-  const unhandled = v.unhandled || [];
-  $("unhandledcard").style.display = unhandled.length ? "block" : "none";
-  $("unhandled").replaceChildren(...unhandled.map((u) => {
+  const unrunnable = v.unrunnable || [];
+  $("unrunnablecard").style.display = unrunnable.length ? "block" : "none";
+  $("unrunnable").replaceChildren(...unrunnable.map((u) => {
     const tr = node("tr");
-    tr.dataset.unhandledKind = u.kind;
+    tr.dataset.queue = u.queue;
+    tr.dataset.kind = u.kind;
     tr.dataset.ready = u.ready;
-    tr.append(text(node("td"), u.kind), text(node("td", "num mismatch"), u.ready.toLocaleString()), text(node("td"), since(u.oldest_run_after)));
+    tr.append(text(node("td"), u.queue), text(node("td"), u.kind), text(node("td", "num mismatch"), u.ready.toLocaleString()),
+      text(node("td"), since(u.oldest_run_after)));
     return tr;
   }));
 
@@ -198,7 +223,7 @@ function render(v) {
   const faults = [];
   v.runners.filter((r) => r.health === "unresponsive").forEach((r) => faults.push(`${r.id} is unresponsive: etcd has had no keep-alive from it for over half its lease; its shards move when the lease runs out`));
   v.gone.filter((r) => r.health === "lost").forEach((r) => faults.push(`${r.id} was lost ${since(r.last_seen)} (its lease expired without a drain); its shards moved to the others`));
-  unhandled.forEach((u) => faults.push(`${u.ready.toLocaleString()} ready ${u.kind} tasks wait: no attached runner handles kind ${u.kind}`));
+  unrunnable.forEach((u) => faults.push(`${u.ready.toLocaleString()} ready ${u.kind} tasks of queue ${u.queue} wait: no attached runner serves queue ${u.queue} with a handler of kind ${u.kind}`));
   queues.filter((q) => q.paused_at).forEach((q) => faults.push(`queue ${q.name} is paused (since ${since(q.paused_at)}): ${q.ready.toLocaleString()} ready tasks wait`));
   (a.blocked_sequences || []).forEach((b) => faults.push(`sequence ${b.sequence_key} is blocked by ${b.blocked_by.state} task #${b.blocked_by.id}: retry or cancel it`));
   const fb = $("faults");
@@ -226,11 +251,13 @@ async function tick() {
   }
 }
 
-$("grid").addEventListener("mousemove", (e) => {
+$("groups").addEventListener("mousemove", (e) => {
   const c = e.target.closest(".shard"), tip = $("tip");
   if (!c) { tip.style.display = "none"; return; }
-  tip.textContent = `shard ${c.dataset.shard} · ${c.dataset.owner || "no owner"}` + (c.dataset.owner ? ` · epoch ${c.dataset.epoch}` : "");
+  const g = c.closest(".group");
+  tip.textContent = `${g ? g.dataset.group + " · " : ""}shard ${c.dataset.shard} · ${c.dataset.owner || "no owner"}` +
+    (c.dataset.owner ? ` · epoch ${c.dataset.epoch}` : "");
   tip.style.left = (e.clientX + 12) + "px"; tip.style.top = (e.clientY + 12) + "px"; tip.style.display = "block";
 });
-$("grid").addEventListener("mouseleave", () => { $("tip").style.display = "none"; });
+$("groups").addEventListener("mouseleave", () => { $("tip").style.display = "none"; });
 tick();

@@ -87,7 +87,7 @@ func (c *Coordinator) enqueue(ctx context.Context, w http.ResponseWriter, r *htt
 			return
 		}
 		resp := map[string]any{"id": e.ID, "shard": e.Shard, "key": e.Key}
-		c.warnUnhandled(ctx, resp, ns)
+		c.warnUnrunnable(ctx, resp, ns)
 		writeJSON(w, http.StatusCreated, resp)
 		return
 	}
@@ -100,7 +100,7 @@ func (c *Coordinator) enqueue(ctx context.Context, w http.ResponseWriter, r *htt
 	if res.Tasks != nil {
 		resp["duplicates"], resp["tasks"] = res.Duplicates, res.Tasks
 	}
-	c.warnUnhandled(ctx, resp, ns)
+	c.warnUnrunnable(ctx, resp, ns)
 	code := http.StatusCreated
 	if res.Inserted == 0 {
 		code = http.StatusOK

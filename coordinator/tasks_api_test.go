@@ -71,7 +71,7 @@ func TestTaskOperationsAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err := e.store.RaiseFences(ctx, "r", []tasks.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}); err != nil {
+	if _, _, _, err := e.store.RaiseFences(ctx, "r", "", []tasks.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := e.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}, tasks.DefaultQueue, []string{"other"}, 1); err != nil || len(got) != 1 {

@@ -394,7 +394,7 @@ func TestTasksViewInABrowser(t *testing.T) {
 	}
 
 	// The cluster view links its tasks that need attention to the tasks view.
-	b.do("the cluster view", chromedp.Click(chromedp.ID("nav-cluster")), chromedp.WaitVisible(chromedp.ID("grid")))
+	b.do("the cluster view", chromedp.Click(chromedp.ID("nav-cluster")), chromedp.WaitVisible(chromedp.CSS("#groups .grid")))
 	if err := chromedp.Cancel(bctx); err != nil {
 		t.Errorf("closing the browser: %v", err)
 	}

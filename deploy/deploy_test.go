@@ -31,6 +31,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/shard"
 )
 
 // The deploy test runs docker-compose.yml on a Docker engine through the
@@ -453,7 +454,7 @@ func (d *deployment) up(t *testing.T) {
 	// The client and the watch outlive this step: the test's cleanups
 	// stop the watch first (registered last), then close the client.
 	d.etcd = etcdClient(d.t, d.etcdEndpoints(t)...)
-	d.view = &etcdView{prefix: d.prefix, owners: map[int]string{}, runners: map[string]string{}}
+	d.view = &etcdView{prefix: d.prefix, owners: map[int]string{}, runners: map[string]string{}, units: shard.NewHistory(d.prefix, d.shards)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -1110,11 +1111,13 @@ func (d *deployment) downAndCheck(t *testing.T) {
 
 // --- the etcd view ---------------------------------------------------------------
 
-// etcdView follows the cluster's runners/ and shards/ keys with a watch
+// etcdView follows the cluster's runners/ and owners/ keys with a watch
 // from revision 1 through the published etcd ports: the current owners and
-// runner states, and every event with the time it arrived.
+// runner states, and every change of hands (shard.History: the runners of
+// the deployment are of one capability group) with the time it arrived.
 type etcdView struct {
 	prefix       string
+	units        *shard.History
 	mu           sync.Mutex
 	rev          int64
 	lastAt       time.Time
@@ -1168,22 +1171,16 @@ func (v *etcdView) apply(events []*clientv3.Event, at time.Time) {
 	for _, ev := range events {
 		rel := strings.TrimPrefix(string(ev.Kv.Key), v.prefix)
 		put := ev.Type == clientv3.EventTypePut
-		if s, ok := strings.CutPrefix(rel, "shards/"); ok {
-			shard, err := strconv.Atoi(s)
-			if err != nil {
-				continue
-			}
-			e := shardEvent{shard: shard, put: put, rev: ev.Kv.ModRevision, created: ev.Kv.CreateRevision, at: at}
-			if put {
-				e.owner = string(ev.Kv.Value)
-				v.owners[shard] = e.owner
-			} else {
-				if ev.PrevKv != nil {
-					e.owner = string(ev.PrevKv.Value)
+		if units := v.units.Apply(ev); len(units) > 0 {
+			for _, u := range units {
+				e := shardEvent{shard: u.Shard, put: u.Acquired, owner: u.Runner, rev: u.Rev, created: u.Epoch, at: at}
+				if u.Acquired {
+					v.owners[u.Shard] = u.Runner
+				} else if v.owners[u.Shard] == u.Runner {
+					delete(v.owners, u.Shard)
 				}
-				delete(v.owners, shard)
+				v.shardEvents = append(v.shardEvents, e)
 			}
-			v.shardEvents = append(v.shardEvents, e)
 		} else if id, ok := strings.CutPrefix(rel, "runners/"); ok {
 			state := "gone"
 			if put {
@@ -1297,8 +1294,8 @@ func (v *etcdView) detachesBetween(from, to time.Time) int {
 	return len(ids)
 }
 
-// history checks that each shard key alternated create and delete (never
-// created while held), and returns the runner holding each shard/epoch and
+// history checks that no shard was acquired while another runner held
+// it, and returns the runner holding each shard/epoch and
 // the number of acquisitions.
 func (v *etcdView) history() (owners map[string]string, acquisitions int, problems []string) {
 	v.mu.Lock()
@@ -1307,17 +1304,17 @@ func (v *etcdView) history() (owners map[string]string, acquisitions int, proble
 	events := slices.Clone(v.shardEvents)
 	sort.SliceStable(events, func(i, j int) bool { return events[i].rev < events[j].rev })
 	owners = map[string]string{}
-	held := map[int]bool{}
+	held := map[int]string{}
 	for _, e := range events {
 		if e.put {
-			if held[e.shard] || e.created != e.rev {
-				problems = append(problems, fmt.Sprintf("shard %d: %s wrote its key at revision %d while it was held (created %d)", e.shard, e.owner, e.rev, e.created))
+			if held[e.shard] != "" {
+				problems = append(problems, fmt.Sprintf("shard %d: %s acquired it at revision %d while %s held it", e.shard, e.owner, e.rev, held[e.shard]))
 			}
-			held[e.shard] = true
+			held[e.shard] = e.owner
 			owners[fmt.Sprintf("%d/%d", e.shard, e.created)] = e.owner
 			acquisitions++
-		} else {
-			held[e.shard] = false
+		} else if held[e.shard] == e.owner {
+			held[e.shard] = ""
 		}
 	}
 	return owners, acquisitions, problems

@@ -279,7 +279,7 @@ func (c *claimer) fence(ctx context.Context) error {
 	}
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
-	raised, requeued, dead, err := c.store.RaiseFences(cctx, c.owner, fresh)
+	raised, requeued, dead, err := c.store.RaiseFences(cctx, c.owner, c.own.Group(), fresh)
 	if err != nil {
 		return fmt.Errorf("raising fences: %w", err)
 	}

@@ -40,10 +40,10 @@ import (
 
 // Store is what the executor needs from the database (store.Store).
 type Store interface {
-	// RaiseFences raises the fences of terms and requeues, in the same
-	// transaction, what earlier owners left running on them; it returns
-	// the terms whose fence now holds their epoch.
-	RaiseFences(ctx context.Context, owner string, terms []tasks.ShardEpoch) (raised []tasks.ShardEpoch, requeued, dead int64, err error)
+	// RaiseFences raises the fences of terms (shards of group) and
+	// requeues, in the same transaction, what earlier owners left running
+	// on them; it returns the terms whose fence now holds their epoch.
+	RaiseFences(ctx context.Context, owner, group string, terms []tasks.ShardEpoch) (raised []tasks.ShardEpoch, requeued, dead int64, err error)
 	// Claim claims up to limit tasks of queue and of kinds, visiting the
 	// shards of terms in the order given.
 	Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
@@ -67,6 +67,9 @@ type Store interface {
 // Ownership is what the executor needs from shard ownership (shard.Manager).
 // A term is one ownership of one shard at one epoch.
 type Ownership interface {
+	// Group is the capability group whose shards the terms are: every term
+	// is a unit (group, shard), fenced on its own.
+	Group() string
 	// Unfenced lists the terms whose fence is not yet raised in the
 	// database: nothing may be claimed from them until Fenced.
 	Unfenced() []tasks.ShardEpoch

@@ -96,7 +96,7 @@ func (s *fakeStore) enter(op string) error {
 	return nil
 }
 
-func (s *fakeStore) RaiseFences(_ context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, int64, int64, error) {
+func (s *fakeStore) RaiseFences(_ context.Context, owner, _ string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, int64, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("raise"); err != nil {
@@ -405,6 +405,8 @@ func (o *fakeOwnership) Hold() Hold {
 }
 
 func (o *fakeOwnership) Changes() <-chan struct{} { return o.changes }
+
+func (o *fakeOwnership) Group() string { return "" }
 
 type fakeHold struct {
 	o    *fakeOwnership

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,6 +35,7 @@ import (
 	"github.com/shardrun/shardrun/internal/pgtmp"
 	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -107,14 +109,34 @@ type cluster struct {
 	procs    map[string]*proc
 	events   []etcdEvent
 	enqueued map[int64]tasks.State // expected terminal state per task
+	// caps[name] is what each runner ever started serves: the queues it
+	// claims from and the kinds it handles.
+	caps     map[string]capabilities
 	watchEnd func()
 }
 
+// capabilities are a runner's --queues and --kinds.
+type capabilities struct{ queues, kinds []string }
+
+// builtinKinds are the runner binary's handlers, what it handles without
+// --kinds.
+var builtinKinds = []string{"fail", "noop", "sleep"}
+
+// can reports whether a runner with these capabilities may run a task of
+// kind in queue.
+func (cp capabilities) can(queue, kind string) bool {
+	return slices.Contains(cp.queues, queue) && slices.Contains(cp.kinds, kind)
+}
+
+// etcdEvent is one change of hands of a unit (a shard of a capability
+// group), as etcd's history of the owner keys shows it (shard.History).
 type etcdEvent struct {
-	at      time.Time
-	put     bool
-	key     string
-	value   string
+	at    time.Time
+	put   bool // acquired; released when false
+	group string
+	shard int
+	value string // the runner
+	// created is the epoch of the term (the revision that started it).
 	created int64
 	rev     int64
 }
@@ -146,7 +168,7 @@ func newClusterOn(t *testing.T, endpoints []string, cli *clientv3.Client) *clust
 	runnerBin, coordBin := binaries(t)
 	st, dsn := pgtest.NewStore(t, store.Options{MaxConns: 4})
 	c := &cluster{t: t, start: time.Now(), endpoints: endpoints, cli: cli, dsn: dsn, store: st, runner: runnerBin, coord: coordBin,
-		procs: map[string]*proc{}, enqueued: map[int64]tasks.State{}}
+		procs: map[string]*proc{}, enqueued: map[int64]tasks.State{}, caps: map[string]capabilities{}}
 	c.watch()
 	t.Cleanup(func() {
 		for _, p := range c.all() {
@@ -174,14 +196,17 @@ func (c *cluster) watch() {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := c.cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(1))
 	done := make(chan struct{})
+	history := shard.NewHistory(prefix, shards)
 	go func() {
 		defer close(done)
 		for resp := range ch {
 			now := time.Now()
 			c.mu.Lock()
 			for _, ev := range resp.Events {
-				c.events = append(c.events, etcdEvent{at: now, put: ev.Type == clientv3.EventTypePut, key: string(ev.Kv.Key),
-					value: string(ev.Kv.Value), created: ev.Kv.CreateRevision, rev: ev.Kv.ModRevision})
+				for _, u := range history.Apply(ev) {
+					c.events = append(c.events, etcdEvent{at: now, put: u.Acquired, group: u.Group, shard: u.Shard,
+						value: u.Runner, created: u.Epoch, rev: u.Rev})
+				}
 			}
 			c.mu.Unlock()
 		}
@@ -227,10 +252,20 @@ func (c *cluster) launch(name, kind, bin, addr string, proxy *faultproxy.Proxy, 
 	return p
 }
 
-// startRunner starts a runner process; withProxy puts a fault proxy
-// between it and etcd.
+// startRunner starts a runner process of the default queue that handles
+// every built-in kind; withProxy puts a fault proxy between it and etcd.
 func (c *cluster) startRunner(name string, withProxy bool) *proc {
 	c.t.Helper()
+	return c.startRunnerServing(name, withProxy, []string{tasks.DefaultQueue}, builtinKinds)
+}
+
+// startRunnerServing starts a runner that claims from queues and handles
+// kinds.
+func (c *cluster) startRunnerServing(name string, withProxy bool, queues, kinds []string) *proc {
+	c.t.Helper()
+	c.mu.Lock()
+	c.caps[name] = capabilities{queues: queues, kinds: kinds}
+	c.mu.Unlock()
 	endpoint := strings.Join(c.endpoints, ",")
 	var proxy *faultproxy.Proxy
 	if withProxy {
@@ -245,7 +280,8 @@ func (c *cluster) startRunner(name string, withProxy bool) *proc {
 			"--database-url", c.dsn, "--runner-id", name, "--admin-addr", addr, "--admin-token", adminToken,
 			"--lease-ttl", leaseTTL.String(), "--recovery-window", recoveryWindow.String(), "--heartbeat-interval", "1s",
 			"--poll-interval", "500ms", "--handoff-timeout", "2s", "--retry-base", "100ms", "--retry-cap", "500ms",
-			"--log-format", "json", "--log-level", "info"}
+			"--log-format", "json", "--log-level", "info",
+			"--queues", strings.Join(queues, ","), "--kinds", strings.Join(kinds, ",")}
 	})
 }
 
@@ -332,17 +368,21 @@ func (c *cluster) pgServer() *pgtmp.Server {
 	return srv
 }
 
-// owners reads the shard keys now.
+// owners reads who owns each shard now, in every capability group (the
+// runners of a scenario are of one group unless it says otherwise).
 func (c *cluster) owners() map[int]string {
 	c.t.Helper()
-	resp, err := c.cli.Get(context.Background(), prefix+"shards/", clientv3.WithPrefix())
+	cl, err := shard.ReadCluster(context.Background(), c.cli, prefix, shards)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	out := map[int]string{}
-	for _, kv := range resp.Kvs {
-		s, _ := strconv.Atoi(strings.TrimPrefix(string(kv.Key), prefix+"shards/"))
-		out[s] = string(kv.Value)
+	for _, g := range cl.Groups {
+		for s, o := range g.Owners {
+			if o != "" {
+				out[s] = o
+			}
+		}
 	}
 	return out
 }
@@ -500,27 +540,17 @@ func (p *proc) firstEventAfter(msg string, t time.Time) time.Time {
 	return time.Time{}
 }
 
-// firstAcquisitionAfter is the first etcd PUT of one of shards by someone
-// other than not, after t.
+// firstAcquisitionAfter is the first acquisition of one of shards by
+// someone other than not, after t.
 func (c *cluster) firstAcquisitionAfter(t time.Time, shardSet map[int]bool, not string) (etcdEvent, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, e := range c.events {
-		s, ok := shardKey(e.key)
-		if ok && e.put && e.at.After(t) && shardSet[s] && e.value != not {
+		if e.put && e.at.After(t) && shardSet[e.shard] && e.value != not {
 			return e, true
 		}
 	}
 	return etcdEvent{}, false
-}
-
-func shardKey(key string) (int, bool) {
-	rest, ok := strings.CutPrefix(key, prefix+"shards/")
-	if !ok {
-		return 0, false
-	}
-	s, err := strconv.Atoi(rest)
-	return s, err == nil
 }
 
 func httpCode(t *testing.T, method, url, token string) int {

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -24,7 +25,9 @@ type summary struct {
 // exit cleanly), and checks the invariants:
 //
 //  1. every enqueued task reached its expected terminal state (noop and
-//     sleep completed, fail beyond its attempts dead), none ready or running;
+//     sleep completed, fail beyond its attempts dead), none ready or running,
+//     and every completed task ran on a runner that serves its queue and
+//     handles its kind;
 //  2. no recorded outcome came from a stale epoch: every completed task was
 //     claimed by the runner that held its shard's key at exactly that epoch,
 //     as etcd's history shows;
@@ -57,24 +60,22 @@ func (c *cluster) finish(drain time.Duration) summary {
 func (c *cluster) checkOutcomes() {
 	c.t.Helper()
 	ctx := context.Background()
-	rows, err := c.store.Pool().Query(ctx, `SELECT id, kind, shard, state, coalesce(claimed_by, ''), coalesce(claim_epoch, 0), attempt FROM task_view`)
+	rows, err := c.store.Pool().Query(ctx, `SELECT id, kind, queue, shard, state, coalesce(claimed_by, ''), coalesce(claim_epoch, 0), attempt FROM task_view`)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	defer rows.Close()
 	owner := c.ownersByEpoch()
 	c.mu.Lock()
-	expected := make(map[int64]tasks.State, len(c.enqueued))
-	for id, st := range c.enqueued {
-		expected[id] = st
-	}
+	expected := maps.Clone(c.enqueued)
+	caps := maps.Clone(c.caps)
 	c.mu.Unlock()
 	seen := 0
 	for rows.Next() {
 		var id, epoch int64
-		var kind, state, claimedBy string
+		var kind, queue, state, claimedBy string
 		var shard, attempt int
-		if err := rows.Scan(&id, &kind, &shard, &state, &claimedBy, &epoch, &attempt); err != nil {
+		if err := rows.Scan(&id, &kind, &queue, &shard, &state, &claimedBy, &epoch, &attempt); err != nil {
 			c.t.Fatal(err)
 		}
 		want, ok := expected[id]
@@ -91,6 +92,10 @@ func (c *cluster) checkOutcomes() {
 				c.t.Errorf("task %d completed by %s at epoch %d of shard %d, but etcd shows %q holding that epoch",
 					id, claimedBy, epoch, shard, got)
 			}
+			if cp, ok := caps[claimedBy]; !ok || !cp.can(queue, kind) {
+				c.t.Errorf("task %d (%s in queue %s) completed by %s, which serves %v and handles %v",
+					id, kind, queue, claimedBy, cp.queues, cp.kinds)
+			}
 		}
 	}
 	if seen != len(expected) {
@@ -98,43 +103,43 @@ func (c *cluster) checkOutcomes() {
 	}
 }
 
-// ownersByEpoch maps "shard/epoch" to the runner whose key had that
-// CreateRevision, from the recorded etcd history.
+// ownersByEpoch maps "shard/epoch" to the runner whose owner key started
+// that term, from the recorded etcd history (an epoch is a revision: it
+// names one unit, whatever its group).
 func (c *cluster) ownersByEpoch() map[string]string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := map[string]string{}
 	for _, e := range c.events {
-		if s, ok := shardKey(e.key); ok && e.put {
-			out[fmt.Sprintf("%d/%d", s, e.created)] = e.value
+		if e.put {
+			out[fmt.Sprintf("%d/%d", e.shard, e.created)] = e.value
 		}
 	}
 	return out
 }
 
-// checkEtcdHistory verifies that each shard key alternates create/delete
-// and returns the number of acquisitions.
+// checkEtcdHistory verifies that each unit (a shard of a group) is
+// acquired only while no runner holds it, with an epoch that grows, and
+// returns the number of acquisitions.
 func (c *cluster) checkEtcdHistory() int {
 	c.t.Helper()
 	c.mu.Lock()
 	events := append([]etcdEvent(nil), c.events...)
 	c.mu.Unlock()
 	sort.SliceStable(events, func(i, j int) bool { return events[i].rev < events[j].rev })
-	held := map[int]bool{}
+	held := map[string]string{}
+	last := map[string]int64{}
 	acquisitions := 0
 	for _, e := range events {
-		s, ok := shardKey(e.key)
-		if !ok {
-			continue
-		}
+		unit := fmt.Sprintf("%s/%d", e.group, e.shard)
 		if e.put {
-			if held[s] || e.created != e.rev {
-				c.t.Errorf("shard %d: %s wrote its key at revision %d while it was held (created %d)", s, e.value, e.rev, e.created)
+			if held[unit] != "" || e.created <= last[unit] {
+				c.t.Errorf("unit %s: %s acquired it at epoch %d while %q held it (last epoch %d)", unit, e.value, e.created, held[unit], last[unit])
 			}
-			held[s] = true
+			held[unit], last[unit] = e.value, e.created
 			acquisitions++
-		} else {
-			held[s] = false
+		} else if held[unit] == e.value {
+			held[unit] = ""
 		}
 	}
 	return acquisitions

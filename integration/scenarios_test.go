@@ -139,7 +139,7 @@ func TestBlackholedEtcdLinkDetachesBeforeTakeover(t *testing.T) {
 	gap := first.at.Sub(detached)
 	if gap <= 0 {
 		t.Fatalf("runner-2 detached at %s, not before %s acquired shard %s at %s", detached.Format(time.StampMicro),
-			first.value, first.key, first.at.Format(time.StampMicro))
+			first.value, fmt.Sprintf("%s/%d", first.group, first.shard), first.at.Format(time.StampMicro))
 	}
 	healed := time.Now()
 	victim.proxy.Pass()

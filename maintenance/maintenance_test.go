@@ -15,6 +15,7 @@ import (
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
@@ -189,22 +190,23 @@ func TestConfigErrorsNameTheFlag(t *testing.T) {
 	}
 }
 
-// kindsOf is the runners' published kinds, changed by the test.
+// kindsOf is what the runners run (in the default queue), changed by the
+// test.
 type kindsOf struct {
 	mu sync.Mutex
-	m  map[string]bool
+	m  map[tasks.Class]bool
 }
 
 func (k *kindsOf) set(kinds ...string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.m = map[string]bool{}
+	k.m = map[tasks.Class]bool{}
 	for _, x := range kinds {
-		k.m[x] = true
+		k.m[tasks.Class{Queue: tasks.DefaultQueue, Kind: x}] = true
 	}
 }
 
-func (k *kindsOf) get(context.Context) (map[string]bool, error) {
+func (k *kindsOf) get(context.Context) (map[tasks.Class]bool, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.m, nil
@@ -226,13 +228,13 @@ func TestReaperFailsKindsUnhandledForLongEnough(t *testing.T) {
 	ctx := context.Background()
 	// First seen unhandled now: nothing fails yet.
 	p := once[ReaperResult](r, fc, true)
-	if res := p.res; p.err != nil || len(res.Unhandled) != 1 || res.Unhandled[0].Kind != "orphan" || res.Unhandled[0].Ready != 13 || len(res.Failed) != 0 {
+	if res := p.res; p.err != nil || len(res.Unrunnable) != 1 || res.Unrunnable[0].Kind != "orphan" || res.Unrunnable[0].Ready != 13 || len(res.Failed) != 0 {
 		t.Fatalf("first pass: %+v", p)
 	}
 	// A runner handling it attaches for a moment: the clock starts over.
 	fc.Advance(50 * time.Minute)
 	kinds.set("noop", "orphan")
-	if p := once[ReaperResult](r, fc, false); len(p.res.Unhandled) != 0 || len(p.res.Failed) != 0 {
+	if p := once[ReaperResult](r, fc, false); len(p.res.Unrunnable) != 0 || len(p.res.Failed) != 0 {
 		t.Fatalf("while handled: %+v", p)
 	}
 	kinds.set("noop")
@@ -243,7 +245,7 @@ func TestReaperFailsKindsUnhandledForLongEnough(t *testing.T) {
 	fc.Advance(time.Hour)
 	p = drive(t, fc, func() pass[ReaperResult] { return once[ReaperResult](r, fc, false) })
 	// The statements: the read of the ready kinds and three batches.
-	if res := p.res; p.err != nil || res.Failed["orphan"] != 12 || p.statements != 4 {
+	if res := p.res; p.err != nil || res.Failed[tasks.Class{Queue: tasks.DefaultQueue, Kind: "orphan"}] != 12 || p.statements != 4 {
 		t.Fatalf("after an hour unhandled: %+v; want the 12 due for over an hour failed in 3 batches", p)
 	}
 	if count(t, st, "failed") != 12 || count(t, st, "ready") != 9 {
@@ -253,7 +255,7 @@ func TestReaperFailsKindsUnhandledForLongEnough(t *testing.T) {
 	if err := st.Pool().QueryRow(ctx, `SELECT errors->0->>'error' FROM task_view WHERE state = 'failed' LIMIT 1`).Scan(&msg); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(msg, `no attached runner handles kind "orphan"`) || !strings.Contains(msg, "--unhandled-after 1h0m0s") {
+	if !strings.Contains(msg, `no attached runner serves queue "default" with a handler of kind "orphan"`) || !strings.Contains(msg, "--unhandled-after 1h0m0s") {
 		t.Fatalf("error of a failed task: %q", msg)
 	}
 }

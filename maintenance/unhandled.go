@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,12 +15,13 @@ import (
 
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 // UnhandledStore is what the Reaper needs from the database (store.Store).
 type UnhandledStore interface {
-	ReadyKindsExcept(ctx context.Context, handled []string) ([]store.KindCount, error)
-	FailUnhandled(ctx context.Context, epoch int64, kind string, dueFor time.Duration, limit int, reason string) (int64, error)
+	ReadyUnrunnable(ctx context.Context, runnable []tasks.Class) ([]store.ClassCount, error)
+	FailUnrunnable(ctx context.Context, epoch int64, c tasks.Class, dueFor time.Duration, limit int, reason string) (int64, error)
 }
 
 // Defaults of ReaperConfig.
@@ -30,9 +32,10 @@ const (
 
 // ReaperConfig is the Reaper's settings.
 type ReaperConfig struct {
-	// After is --unhandled-after: a ready task of a kind that no attached
-	// runner has handled for this long, due for at least this long, is
-	// failed. Required (the coordinator runs no Reaper without it).
+	// After is --unhandled-after: a ready task of a queue and kind that no
+	// attached runner has served and handled for this long, due for at
+	// least this long, is failed. Required (the coordinator runs no Reaper
+	// without it).
 	After time.Duration
 	// Interval between passes. Default 30s, at most After/2.
 	Interval time.Duration
@@ -63,57 +66,59 @@ func (c ReaperConfig) Validate() error {
 
 // ReaperResult is what one pass did (the Detail of its leader.Result).
 type ReaperResult struct {
-	// Unhandled are the ready tasks of kinds no attached runner handles,
-	// as the pass found them (before failing any).
-	Unhandled []store.KindCount
-	// Failed by kind.
-	Failed map[string]int64
+	// Unrunnable are the ready tasks no attached runner can run, by queue
+	// and kind, as the pass found them (before failing any).
+	Unrunnable []store.ClassCount
+	// Failed by queue and kind.
+	Failed map[tasks.Class]int64
 }
 
-// Reaper fails ready tasks of kinds nobody handles (a leader.Service). A
-// kind counts as unhandled from the first pass of the term that found it
-// so, until a pass finds an attached runner handling it or no ready task
-// of it: a rolling restart of every runner that handles a kind does not
-// fail its tasks, unless it outlasts After.
+// Reaper fails ready tasks that no attached runner can run (a
+// leader.Service): of a queue no attached runner serves, or a kind none of
+// the runners serving the queue handles. A class counts as unrunnable from
+// the first pass of the term that found it so, until a pass finds an
+// attached runner that can run it or no ready task of it: a rolling
+// restart of every runner that can run a class does not fail its tasks,
+// unless it outlasts After.
 type Reaper struct {
 	cfg   ReaperConfig
 	store UnhandledStore
-	// kinds returns the kinds the attached runners handle (from etcd).
-	kinds  func(ctx context.Context) (map[string]bool, error)
-	failed prometheus.Counter
-	term   leader.Term
-	since  map[string]time.Time
+	// runnable returns the classes the attached runners can run (from etcd).
+	runnable func(ctx context.Context) (map[tasks.Class]bool, error)
+	failed   prometheus.Counter
+	term     leader.Term
+	since    map[tasks.Class]time.Time
 }
 
 // NewReaper fills the defaults of cfg, validates it, and registers the
-// reaper's metrics with reg (nil: not registered). kinds returns the kinds
-// the attached runners handle.
-func NewReaper(st UnhandledStore, kinds func(ctx context.Context) (map[string]bool, error), cfg ReaperConfig, reg prometheus.Registerer) (*Reaper, error) {
+// reaper's metrics with reg (nil: not registered). runnable returns the
+// classes the attached runners can run.
+func NewReaper(st UnhandledStore, runnable func(ctx context.Context) (map[tasks.Class]bool, error), cfg ReaperConfig, reg prometheus.Registerer) (*Reaper, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if st == nil || kinds == nil {
-		return nil, errors.New("reaper: a store and the runners' kinds are required")
+	if st == nil || runnable == nil {
+		return nil, errors.New("reaper: a store and the runners' capabilities are required")
 	}
-	return &Reaper{cfg: cfg, store: st, kinds: kinds, failed: promauto.With(reg).NewCounter(prometheus.CounterOpts{
-		Name: "shardrun_unhandled_failed_total",
-		Help: "Ready tasks failed because no attached runner handled their kind for --unhandled-after."})}, nil
+	return &Reaper{cfg: cfg, store: st, runnable: runnable, failed: promauto.With(reg).NewCounter(prometheus.CounterOpts{
+		Name: "shardrun_unrunnable_failed_total",
+		Help: "Ready tasks failed because no attached runner could run them (served their queue and handled their kind) for --unhandled-after."})}, nil
 }
 
 // Name is "unhandled" (shardrun_unhandled_errors_total).
 func (r *Reaper) Name() string { return "unhandled" }
 
-// Begin starts a term: kinds count as unhandled from this term's passes.
-func (r *Reaper) Begin(t leader.Term) { r.term, r.since = t, map[string]time.Time{} }
+// Begin starts a term: classes count as unrunnable from this term's passes.
+func (r *Reaper) Begin(t leader.Term) { r.term, r.since = t, map[tasks.Class]time.Time{} }
 
-// Pass fails the ready tasks of the kinds unhandled for long enough.
+// Pass fails the ready tasks of the classes unrunnable for long enough.
 func (r *Reaper) Pass(ctx context.Context, p *leader.Pass) leader.Result {
-	res := ReaperResult{Failed: map[string]int64{}}
+	res := ReaperResult{Failed: map[tasks.Class]int64{}}
 	err := r.reap(ctx, p, &res)
-	for kind, n := range res.Failed {
+	for c, n := range res.Failed {
 		r.failed.Add(float64(n))
-		r.term.Log.Warn("failed ready tasks of a kind no attached runner handles", "kind", kind, "failed", n,
+		r.term.Log.Warn("failed ready tasks no attached runner can run", "queue", c.Queue, "kind", c.Kind, "failed", n,
 			"unhandled_after", r.cfg.After)
 	}
 	return leader.Result{Next: r.cfg.Interval, Detail: res, Err: err}
@@ -122,42 +127,51 @@ func (r *Reaper) Pass(ctx context.Context, p *leader.Pass) leader.Result {
 func (r *Reaper) reap(ctx context.Context, p *leader.Pass, res *ReaperResult) error {
 	qctx, cancel := context.WithTimeout(ctx, batching.Timeout)
 	defer cancel()
-	handled, err := r.kinds(qctx)
+	runnable, err := r.runnable(qctx)
 	if err != nil {
-		// Without the runners' kinds nothing can be judged unhandled.
-		return fmt.Errorf("reading the kinds the runners handle: %w", err)
+		// Without the runners' capabilities nothing can be judged unrunnable.
+		return fmt.Errorf("reading what the runners can run: %w", err)
 	}
-	res.Unhandled, err = r.store.ReadyKindsExcept(qctx, slices.Sorted(maps.Keys(handled)))
+	res.Unrunnable, err = r.store.ReadyUnrunnable(qctx, sortedClasses(runnable))
 	p.Statements++
 	if err != nil {
-		return fmt.Errorf("reading the kinds of ready tasks: %w", err)
+		return fmt.Errorf("reading the classes of ready tasks: %w", err)
 	}
 	now := r.term.Clock.Now()
-	seen := map[string]bool{}
-	for _, kc := range res.Unhandled {
-		seen[kc.Kind] = true
-		if _, ok := r.since[kc.Kind]; !ok {
-			r.since[kc.Kind] = now
+	seen := map[tasks.Class]bool{}
+	for _, cc := range res.Unrunnable {
+		seen[cc.Class] = true
+		if _, ok := r.since[cc.Class]; !ok {
+			r.since[cc.Class] = now
 		}
 	}
-	maps.DeleteFunc(r.since, func(kind string, _ time.Time) bool { return !seen[kind] })
+	maps.DeleteFunc(r.since, func(c tasks.Class, _ time.Time) bool { return !seen[c] })
 	batch := batching
 	batch.Size = r.cfg.BatchSize
-	for _, kc := range res.Unhandled {
-		if now.Sub(r.since[kc.Kind]) < r.cfg.After {
+	for _, cc := range res.Unrunnable {
+		if now.Sub(r.since[cc.Class]) < r.cfg.After {
 			continue
 		}
-		reason := fmt.Sprintf("no attached runner handles kind %q: none did for %s (--unhandled-after %s)",
-			kc.Kind, now.Sub(r.since[kc.Kind]).Round(time.Second), r.cfg.After)
+		reason := fmt.Sprintf("no attached runner serves queue %q with a handler of kind %q: none did for %s (--unhandled-after %s)",
+			cc.Queue, cc.Kind, now.Sub(r.since[cc.Class]).Round(time.Second), r.cfg.After)
 		n, err := p.Batches(ctx, batch, func(ctx context.Context, limit int) (int64, error) {
-			return r.store.FailUnhandled(ctx, r.term.Epoch, kc.Kind, r.cfg.After, limit, reason)
+			return r.store.FailUnrunnable(ctx, r.term.Epoch, cc.Class, r.cfg.After, limit, reason)
 		}, nil)
 		if n > 0 {
-			res.Failed[kc.Kind] = n
+			res.Failed[cc.Class] = n
 		}
 		if err != nil || ctx.Err() != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// sortedClasses lists the classes of set in queue and kind order.
+func sortedClasses(set map[tasks.Class]bool) []tasks.Class {
+	out := slices.Collect(maps.Keys(set))
+	slices.SortFunc(out, func(a, b tasks.Class) int {
+		return cmp.Or(strings.Compare(a.Queue, b.Queue), strings.Compare(a.Kind, b.Kind))
+	})
+	return out
 }

@@ -64,7 +64,12 @@ type Config struct {
 	// Queues are the queues claimed from, each with the most of its tasks
 	// that may run at once (0: up to MaxWorkers) (--queues). Default: the
 	// default queue.
-	Queues         map[string]int
+	Queues map[string]int
+	// Kinds are the kinds of the registered handlers this runner handles
+	// (--kinds); empty: all of them. Runners that serve the same queues
+	// and handle the same kinds form a capability group, which owns its
+	// own shards; a kind only some runners handle runs on those.
+	Kinds          []string
 	HandoffTimeout time.Duration
 	RetryBase      time.Duration
 	RetryCap       time.Duration
@@ -154,16 +159,25 @@ func (c Config) retryPolicy() tasks.RetryPolicy {
 	return tasks.RetryPolicy{MaxAttempts: tasks.DefaultMaxAttempts, Base: c.RetryBase, Cap: c.RetryCap}
 }
 
+// queues are the queues served, each with its limit (the default queue
+// alone when none is configured; a limit of 0 is --max-workers).
+func (c Config) queues() map[string]int {
+	if len(c.Queues) == 0 {
+		return map[string]int{tasks.DefaultQueue: c.MaxWorkers}
+	}
+	queues := make(map[string]int, len(c.Queues))
+	for name, limit := range c.Queues {
+		queues[name] = cmp.Or(limit, c.MaxWorkers)
+	}
+	return queues
+}
+
 // executorConfig is the executor's part (Run adds the store, the ownership
 // and the handlers). Handlers get the handoff timeout to notice their
 // cancellation before they are reported stuck, and five seconds more at
 // shutdown.
 func (c Config) executorConfig() executor.Config {
-	queues := make(map[string]int, len(c.Queues))
-	for name, limit := range c.Queues {
-		queues[name] = cmp.Or(limit, c.MaxWorkers)
-	}
-	return executor.Config{RunnerID: c.RunnerID, Retry: c.retryPolicy(), MaxWorkers: c.MaxWorkers, Queues: queues,
+	return executor.Config{RunnerID: c.RunnerID, Retry: c.retryPolicy(), MaxWorkers: c.MaxWorkers, Queues: c.queues(),
 		HeartbeatInterval: c.HeartbeatInterval, PollInterval: c.PollInterval,
 		ShutdownTimeout: c.HandoffTimeout + 5*time.Second, StuckAfter: c.HandoffTimeout, TracerProvider: c.TracerProvider}
 }

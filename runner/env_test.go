@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -168,18 +168,20 @@ func (e *env) task(id int64) tasks.Task {
 	return t
 }
 
-// etcdOwners reads the shard keys of the test cluster.
+// etcdOwners reads the owners of the test cluster's shards (every group's).
 func (e *env) etcdOwners() map[int]string {
 	e.t.Helper()
-	resp, err := e.admin.Get(context.Background(), "/shardrun/test/shards/", clientv3.WithPrefix())
+	cl, err := shard.ReadCluster(context.Background(), e.admin, "/shardrun/test/", testShards)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	owners := map[int]string{}
-	for _, kv := range resp.Kvs {
-		var s int
-		fmt.Sscanf(strings.TrimPrefix(string(kv.Key), "/shardrun/test/shards/"), "%d", &s)
-		owners[s] = string(kv.Value)
+	for _, g := range cl.Groups {
+		for s, o := range g.Owners {
+			if o != "" {
+				owners[s] = o
+			}
+		}
 	}
 	return owners
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -86,6 +88,13 @@ func (r *Runner) Run(ctx context.Context) error {
 	if len(r.handlers.Kinds()) == 0 {
 		return errors.New("no task handlers registered")
 	}
+	if len(cfg.Kinds) > 0 {
+		only, err := r.handlers.Only(cfg.Kinds)
+		if err != nil {
+			return fmt.Errorf("--kinds: %w", err)
+		}
+		r.handlers = only
+	}
 	ln, err := cfg.adminServer().Listen()
 	if err != nil {
 		return err
@@ -115,6 +124,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	r.machine = detach.New(dc)
 	sc := cfg.shardConfig()
 	sc.Client, sc.Detach, sc.AdminAddr, sc.Kinds = etcd, r.machine, advertised(r.adminAddr), r.handlers.Kinds()
+	sc.Queues = slices.Sorted(maps.Keys(cfg.queues()))
 	sc.Logger, sc.Metrics = r.log.Named("shard"), shard.NewMetrics(r.reg)
 	r.mgr, err = shard.New(sc)
 	if err != nil {

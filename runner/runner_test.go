@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
@@ -98,8 +100,8 @@ func TestShardLossCancelsHandlerAndFencesItsCompletion(t *testing.T) {
 	a := e.start("a", withHandler("stubborn", stubborn))
 	ids := e.enqueue("stubborn", `{}`, 1)
 	task := <-started
-	// Take the shard away: delete the key (as an expired lease would).
-	if _, err := e.admin.Delete(context.Background(), "/shardrun/test/shards/"+itoa(task.Shard)); err != nil {
+	// Take the shards away: delete the owner keys (as an expired lease would).
+	if _, err := e.admin.Delete(context.Background(), "/shardrun/test/owners/", clientv3.WithPrefix()); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -448,8 +450,6 @@ func metric(t testing.TB, r *testRunner, name string, labels ...string) float64 
 	}
 	return sum
 }
-
-func itoa(i int) string { return strings.TrimSpace(jsonString(i)) }
 
 func jsonString(v any) string {
 	b, _ := json.Marshal(v)

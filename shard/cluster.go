@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,16 +44,30 @@ type Cluster struct {
 	// Leases[id] is the lease runners/<id> is attached to, for asking etcd
 	// how long the runner's lease has left.
 	Leases map[string]int64
-	// Owners[s] is the runner holding shard s's key ("" when free) and
-	// Epochs[s] the key's CreateRevision.
-	Owners []string
-	Epochs []int64
-	// Assigned[id] lists the shards the assignment gives each attached
-	// runner, computed as every runner computes it.
-	Assigned map[string][]int
+	// Groups are the capability groups with a member or an owner key,
+	// sorted by name.
+	Groups []Group
 }
 
-// ReadCluster reads runners/ and shards/ under prefix in one request.
+// Group is one capability group's part of a Cluster: the runners that
+// serve the same queues and handle the same kinds, and the group's shards.
+type Group struct {
+	// Name is GroupOf(Queues, Kinds).
+	Name   string   `json:"group"`
+	Queues []string `json:"queues"`
+	Kinds  []string `json:"kinds"`
+	// Members are the group's attached runners, sorted.
+	Members []string `json:"members"`
+	// Owners[s] is the runner holding the group's shard s ("" when free)
+	// and Epochs[s] the epoch of its term.
+	Owners []string `json:"owners"`
+	Epochs []int64  `json:"epochs"`
+	// Assigned[id] lists the shards the assignment gives each member,
+	// computed as every member computes it.
+	Assigned map[string][]int `json:"-"`
+}
+
+// ReadCluster reads runners/ and owners/ under prefix in one request.
 func ReadCluster(ctx context.Context, client *clientv3.Client, prefix string, shardCount int) (Cluster, error) {
 	resp, err := client.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
@@ -61,20 +76,46 @@ func ReadCluster(ctx context.Context, client *clientv3.Client, prefix string, sh
 	k := keys{prefix}
 	v := newView(shardCount)
 	v.load(k, resp.Kvs, resp.Header.Revision)
-	c := Cluster{Revision: resp.Header.Revision, Owners: v.owners(), Epochs: make([]int64, shardCount),
-		Assigned: map[string][]int{}, Leases: map[string]int64{}}
-	for s, e := range v.shards {
-		c.Epochs[s] = e.createRev
+	c := Cluster{Revision: resp.Header.Revision, Leases: map[string]int64{}}
+	groups := map[string]*Group{}
+	group := func(name string) *Group {
+		if g := groups[name]; g != nil {
+			return g
+		}
+		g := &Group{Name: name, Assigned: map[string][]int{}}
+		groups[name] = g
+		return g
 	}
 	for id, e := range v.runners {
 		c.Runners = append(c.Runners, e.info)
 		c.Leases[id] = e.lease
+		if e.info.Group == "" {
+			continue
+		}
+		g := group(e.info.Group)
+		if g.Queues == nil {
+			g.Queues, g.Kinds = e.info.Queues, e.info.Kinds
+		}
+		if e.info.State == StateAttached {
+			g.Members = append(g.Members, id)
+		}
+	}
+	for name := range v.owners {
+		if len(v.owners[name]) > 0 {
+			group(name)
+		}
 	}
 	slices.SortFunc(c.Runners, func(a, b RunnerInfo) int { return strings.Compare(a.ID, b.ID) })
-	for s, id := range Assign(v.attached(), c.Owners) {
-		if id != "" {
-			c.Assigned[id] = append(c.Assigned[id], s)
+	for _, name := range slices.Sorted(maps.Keys(groups)) {
+		g := groups[name]
+		slices.Sort(g.Members)
+		g.Owners, g.Epochs = v.holders(name)
+		for s, id := range Assign(g.Members, g.Owners) {
+			if id != "" {
+				g.Assigned[id] = append(g.Assigned[id], s)
+			}
 		}
+		c.Groups = append(c.Groups, *g)
 	}
 	return c, nil
 }

@@ -35,11 +35,6 @@ const (
 	DefaultLeaseTTL         = 10 * time.Second
 	DefaultFailureThreshold = 2
 	DefaultHandoffTimeout   = 10 * time.Second
-	// DefaultAcquireBatch is the largest batch a stock etcd accepts: each
-	// shard is a nested one-operation Txn, and etcd checks nested Txns
-	// against max-txn-ops (128) minus the outer Txn's operation count, so
-	// N nested Txns need 1 <= 128 - N.
-	DefaultAcquireBatch = 127
 	// DefaultJoinSettle: see Config.JoinSettle.
 	DefaultJoinSettle = 250 * time.Millisecond
 	// cancelGrace is how long a released shard waits, after cancelling its
@@ -84,10 +79,13 @@ type Config struct {
 	Prefix string
 	// RunnerID names this runner; required, unique in the cluster.
 	RunnerID string
-	// AdminAddr, Version and Kinds (the task kinds it handles) are
-	// published in the runner's key.
+	// AdminAddr and Version are published in the runner's key, and so are
+	// Queues (those it serves) and Kinds (the task kinds it handles): the
+	// runners that serve the same queues and handle the same kinds form a
+	// group (GroupOf), which owns the shards of the work it can run.
 	AdminAddr string
 	Version   string
+	Queues    []string
 	Kinds     []string
 	// ShardCount is written once to meta/shard-count; a runner configured
 	// with another count refuses to start.
@@ -108,9 +106,6 @@ type Config struct {
 	// HandoffTimeout bounds how long a shard being released waits for its
 	// in-flight work before cancelling it. Default 10s.
 	HandoffTimeout time.Duration
-	// AcquireBatch shard keys per Txn, at most the server's --max-txn-ops
-	// minus one. Default 127; halved automatically when etcd says too many.
-	AcquireBatch int
 	// JoinSettle: when a runner joins, members wait until no other runner
 	// has joined for this long before moving shards, so that many runners
 	// starting together rebalance once instead of once per join. Leaves and
@@ -164,7 +159,6 @@ func (c *Config) fill() {
 	c.KeepAliveInterval = cmp.Or(c.KeepAliveInterval, c.LeaseTTL/8)
 	c.FailureThreshold = cmp.Or(c.FailureThreshold, DefaultFailureThreshold)
 	c.HandoffTimeout = cmp.Or(c.HandoffTimeout, DefaultHandoffTimeout)
-	c.AcquireBatch = cmp.Or(c.AcquireBatch, DefaultAcquireBatch)
 	c.JoinSettle = cmp.Or(c.JoinSettle, DefaultJoinSettle)
 	c.Clock = cmp.Or(c.Clock, clock.Real())
 	c.Logger = cmp.Or(c.Logger, hclog.NewNullLogger())
@@ -175,7 +169,7 @@ func (c *Config) fill() {
 // checks the settings as they are, before anything connects: a zero where
 // New would put a default is an error (a flag given as 0 must not silently
 // become the default), except for the fields no flag sets (KeepAliveInterval,
-// AcquireBatch, JoinSettle), which are checked with their defaults. It does
+// JoinSettle), which are checked with their defaults. It does
 // not need Client and Detach, so that a binary validates its flags before it
 // connects; New requires them.
 func (c *Config) Validate() error {
@@ -203,8 +197,6 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--keepalive-failures: must be 1 to %d (the streak counts periods of lease-ttl/3 without a successful keep-alive, so a streak beyond 3 already outlasts the lease), got %d", MaxFailureThreshold, c.FailureThreshold)
 	case c.HandoffTimeout <= 0 || c.HandoffTimeout > MaxHandoffTimeout:
 		return fmt.Errorf("--handoff-timeout: must be positive and at most %s, got %s", MaxHandoffTimeout, c.HandoffTimeout)
-	case f.AcquireBatch < 1:
-		return fmt.Errorf("shard: acquire batch must be at least 1, got %d", f.AcquireBatch)
 	}
 	return nil
 }
@@ -250,8 +242,8 @@ func short(s string) string {
 // keys names the cluster's etcd keys.
 type keys struct{ prefix string }
 
-func (k keys) meta() string            { return k.prefix + "meta/shard-count" }
-func (k keys) runners() string         { return k.prefix + "runners/" }
-func (k keys) runner(id string) string { return k.prefix + "runners/" + id }
-func (k keys) shards() string          { return k.prefix + "shards/" }
-func (k keys) shard(s int) string      { return fmt.Sprintf("%sshards/%d", k.prefix, s) }
+func (k keys) meta() string                  { return k.prefix + "meta/shard-count" }
+func (k keys) runners() string               { return k.prefix + "runners/" }
+func (k keys) runner(id string) string       { return k.prefix + "runners/" + id }
+func (k keys) group(group string) string     { return k.prefix + "owners/" + group + "/" }
+func (k keys) owner(group, id string) string { return k.prefix + "owners/" + group + "/" + id }

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -37,6 +38,9 @@ type cluster struct {
 
 	mu      sync.Mutex
 	members map[string]*member
+	// groups[id] is the group of every member ever started, kept after
+	// it leaves for the checks of its history.
+	groups map[string]string
 }
 
 type member struct {
@@ -54,7 +58,7 @@ func newCluster(t testing.TB, shards int) *cluster {
 	t.Helper()
 	srv, admin := testutil.Etcd(t)
 	c := &cluster{t: t, etcd: srv, admin: admin, shards: shards, log: eventLog{testsignal.New[Event]()}, ttl: 2 * time.Second,
-		members: map[string]*member{}}
+		members: map[string]*member{}, groups: map[string]string{}}
 	t.Cleanup(func() {
 		c.mu.Lock()
 		ms := make([]*member, 0, len(c.members))
@@ -72,6 +76,12 @@ func newCluster(t testing.TB, shards int) *cluster {
 type memberOpt func(*Config)
 
 func withHandoff(d time.Duration) memberOpt { return func(c *Config) { c.HandoffTimeout = d } }
+
+// serving makes a member serve queues and handle kinds, which puts it in
+// their group.
+func serving(queues, kinds []string) memberOpt {
+	return func(c *Config) { c.Queues, c.Kinds = queues, kinds }
+}
 
 // add starts a member; throughProxy puts a fault proxy between it and etcd.
 func (c *cluster) add(id string, throughProxy bool, opts ...memberOpt) *member {
@@ -120,6 +130,7 @@ func (c *cluster) start(id string, throughProxy bool, opts ...memberOpt) (*membe
 	go func() { m.done <- mgr.Run(ctx) }()
 	c.mu.Lock()
 	c.members[id] = m
+	c.groups[id] = mgr.Group()
 	c.mu.Unlock()
 	return m, nil
 }
@@ -173,29 +184,49 @@ func (c *cluster) live() []*member {
 	return out
 }
 
-// etcdOwners reads shards/ directly.
+// testGroup is the group of the test members, which serve no queue and
+// handle no kind unless a test says so.
+var testGroup = GroupOf(nil, nil)
+
+// etcdOwners reads the owner keys of the test group directly.
 func (c *cluster) etcdOwners() []string {
 	c.t.Helper()
-	resp, err := c.admin.Get(context.Background(), testPrefix+"shards/", clientv3.WithPrefix())
+	return c.groupOwners(testGroup)
+}
+
+// groupOwners reads the owner keys of group directly: the owner of each
+// of its shards ("" when free).
+func (c *cluster) groupOwners(group string) []string {
+	c.t.Helper()
+	resp, err := c.admin.Get(context.Background(), testPrefix+"owners/", clientv3.WithPrefix())
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	owners := make([]string, c.shards)
-	k := keys{testPrefix}
-	for _, kv := range resp.Kvs {
-		if s, ok := k.parseShard(kv.Key, c.shards); ok {
-			owners[s] = string(kv.Value)
-		}
-	}
+	v := newView(c.shards)
+	v.load(keys{testPrefix}, resp.Kvs, resp.Header.Revision)
+	owners, _ := v.holders(group)
 	return owners
 }
 
-// converged reports whether every shard is owned in etcd and by the member
-// the assignment gives it, every member is attached, owns what it is
-// assigned, and is balanced.
+// converged reports whether, in every group with a live member, every
+// shard is owned in etcd and by the member the assignment gives it, every
+// member is attached, owns what it is assigned, and is balanced within its
+// group.
 func (c *cluster) converged() (bool, string) {
-	ms := c.live()
-	owners := c.etcdOwners()
+	byGroup := map[string][]*member{}
+	for _, m := range c.live() {
+		byGroup[m.mgr.Group()] = append(byGroup[m.mgr.Group()], m)
+	}
+	for group, ms := range byGroup {
+		if ok, why := c.groupConverged(group, ms); !ok {
+			return false, group + ": " + why
+		}
+	}
+	return true, ""
+}
+
+func (c *cluster) groupConverged(group string, ms []*member) (bool, string) {
+	owners := c.groupOwners(group)
 	counts := map[string]int{}
 	for s, o := range owners {
 		if o == "" {
@@ -245,9 +276,18 @@ type interval struct {
 	sent       time.Time
 }
 
-func (l eventLog) intervals() map[int][]interval {
-	events := l.Events()
-	out := map[int][]interval{}
+// unit is a shard of a group, what one member at a time may own.
+type unit struct {
+	group string
+	shard int
+}
+
+func (c *cluster) intervals() map[unit][]interval {
+	events := c.log.Events()
+	c.mu.Lock()
+	groups := maps.Clone(c.groups)
+	c.mu.Unlock()
+	out := map[unit][]interval{}
 	open := map[string]map[int]*interval{}
 	closeAll := func(runner string, at time.Time, shard int) {
 		for s, iv := range open[runner] {
@@ -255,7 +295,8 @@ func (l eventLog) intervals() map[int][]interval {
 				continue
 			}
 			iv.end = at
-			out[s] = append(out[s], *iv)
+			u := unit{groups[runner], s}
+			out[u] = append(out[u], *iv)
 			delete(open[runner], s)
 		}
 	}
@@ -279,28 +320,28 @@ func (l eventLog) intervals() map[int][]interval {
 	return out
 }
 
-// checkNoDoubleOwnership fails if two members could work on one shard at the
-// same time.
+// checkNoDoubleOwnership fails if two members could work on one shard of
+// a group at the same time.
 func (c *cluster) checkNoDoubleOwnership() {
 	c.t.Helper()
-	for s, ivs := range c.log.intervals() {
+	for s, ivs := range c.intervals() {
 		sort.Slice(ivs, func(i, j int) bool { return ivs[i].start.Before(ivs[j].start) })
 		for i := 1; i < len(ivs); i++ {
 			prev, cur := ivs[i-1], ivs[i]
 			if prev.runner != cur.runner && cur.start.Before(prev.end) {
-				c.t.Errorf("shard %d: %s (epoch %d) acquired at %s while %s (epoch %d) could still work on it until %s",
+				c.t.Errorf("shard %v: %s (epoch %d) acquired at %s while %s (epoch %d) could still work on it until %s",
 					s, cur.runner, cur.epoch, cur.start.Format("15:04:05.000"), prev.runner, prev.epoch, prev.end.Format("15:04:05.000"))
 			}
 			if cur.epoch <= prev.epoch {
-				c.t.Errorf("shard %d: epoch did not grow: %d after %d", s, cur.epoch, prev.epoch)
+				c.t.Errorf("shard %v: epoch did not grow: %d after %d", s, cur.epoch, prev.epoch)
 			}
 		}
 	}
 }
 
-// etcdWatcher records every put and delete of shard keys, to check that the
-// keys alternate put/delete (never two owners) and that every put matches
-// an acquisition a member observed.
+// etcdWatcher records every write of the owner keys, to check that no two
+// keys of a group ever name one shard at once (never two owners) and that every shard
+// a key starts to name matches an acquisition a member observed.
 type etcdWatcher struct {
 	mu     sync.Mutex
 	events []*clientv3.Event
@@ -311,11 +352,11 @@ type etcdWatcher struct {
 func (c *cluster) watchShards() *etcdWatcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &etcdWatcher{cancel: cancel, done: make(chan struct{})}
-	resp, err := c.admin.Get(ctx, testPrefix+"shards/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := c.admin.Get(ctx, testPrefix+"owners/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	ch := c.admin.Watch(ctx, testPrefix+"shards/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	ch := c.admin.Watch(ctx, testPrefix+"owners/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	go func() {
 		defer close(w.done)
 		for r := range ch {
@@ -338,19 +379,33 @@ func (w *etcdWatcher) check(c *cluster) int {
 		}
 	}
 	k := keys{testPrefix}
-	held := map[int]bool{}
+	current := map[string]map[int]int64{} // owner key -> its terms
 	for _, e := range w.events {
-		s, _ := k.parseShard(e.Kv.Key, c.shards)
+		group, id, ok := k.parseOwner(e.Kv.Key)
+		if !ok {
+			continue
+		}
+		before := current[string(e.Kv.Key)]
+		var after map[int]int64
 		if e.Type == clientv3.EventTypePut {
-			if e.Kv.Version != 1 || held[s] {
-				c.t.Errorf("shard %d put while held (version %d)", s, e.Kv.Version)
+			var err error
+			if after, err = decodeTerms(e.Kv.Value, e.Kv.ModRevision, c.shards); err != nil {
+				c.t.Errorf("owner key %s: %v", e.Kv.Key, err)
 			}
-			held[s] = true
-			if id := fmt.Sprintf("%d/%d/%s", s, e.Kv.CreateRevision, e.Kv.Value); !acquired[id] {
-				c.t.Errorf("etcd shows %s acquire shard %d at epoch %d, but no member observed it", e.Kv.Value, s, e.Kv.CreateRevision)
+		}
+		current[string(e.Kv.Key)] = after
+		for s, epoch := range after {
+			if before[s] == epoch {
+				continue
 			}
-		} else {
-			held[s] = false
+			if sid := fmt.Sprintf("%d/%d/%s", s, epoch, id); !acquired[sid] {
+				c.t.Errorf("etcd shows %s acquire shard %d at epoch %d, but no member observed it", id, s, epoch)
+			}
+			for other, terms := range current {
+				if other != string(e.Kv.Key) && strings.HasPrefix(other, k.group(group)) && terms[s] != 0 {
+					c.t.Errorf("shard %d named by %s (epoch %d) while %s still names it (epoch %d)", s, e.Kv.Key, epoch, other, terms[s])
+				}
+			}
 		}
 	}
 	return len(w.events)

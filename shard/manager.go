@@ -31,9 +31,14 @@ type RunnerInfo struct {
 	Version   string    `json:"version,omitempty"`
 	StartedAt time.Time `json:"started_at"`
 	State     string    `json:"state"`
-	// Kinds are the task kinds the runner has handlers for, so that the
-	// coordinator can tell producers when no attached runner handles one.
-	Kinds []string `json:"kinds,omitempty"`
+	// Queues are the queues the runner serves, Kinds the task kinds it has
+	// handlers for: it can run a task of one of its kinds in one of its
+	// queues. Group is the group of runners that serve and handle the same
+	// (GroupOf), whose shards it shares; the coordinator shows producers
+	// the work no attached runner can run.
+	Queues []string `json:"queues,omitempty"`
+	Kinds  []string `json:"kinds,omitempty"`
+	Group  string   `json:"group,omitempty"`
 }
 
 // ErrShardCountMismatch is returned by Start when the cluster was created
@@ -64,9 +69,17 @@ type Manager struct {
 	draining atomic.Bool
 	orphaned atomic.Bool
 
+	// group is the runner's capability group (GroupOf its queues and
+	// kinds): it owns shards of this group only.
+	group string
+
 	// Owned by the Run loop.
-	view          view
-	rev           int64 // revision of the snapshot Start read
+	view view
+	rev  int64 // revision of the snapshot Start read
+	// groupRev is the revision up to which the view of the group's owner
+	// keys is known complete: an acquisition applies only if none of them
+	// changed after it.
+	groupRev      int64
 	published     string
 	publishedGen  int
 	lastClaimable []tasks.ShardEpoch
@@ -112,6 +125,7 @@ func New(cfg Config) (*Manager, error) {
 		// to add load to an etcd that is electing a leader.
 		storageRetry: clock.Backoff{Min: 200 * time.Millisecond, Max: 2 * time.Second},
 		ledger:       newLedger(cfg.RunnerID, cfg.Clock, cfg.Logger, cfg.Metrics),
+		group:        GroupOf(cfg.Queues, cfg.Kinds),
 	}
 	m.keeper = &keeper{client: cfg.Client, cfg: cfg, machine: cfg.Detach, clock: cfg.Clock, log: cfg.Logger,
 		metrics: cfg.Metrics, newLease: m.ledger.kick.Notify}
@@ -141,10 +155,11 @@ func (m *Manager) Start(ctx context.Context) error {
 		return fmt.Errorf("reading cluster state from etcd: %w", err)
 	}
 	m.view.load(m.keys, snap.Kvs, snap.Header.Revision)
-	m.rev = snap.Header.Revision
+	m.rev, m.groupRev = snap.Header.Revision, snap.Header.Revision
 	lease, _ := m.keeper.lease()
 	m.log.Info("joined cluster", "runner", m.cfg.RunnerID, "lease", fmt.Sprintf("%x", int64(lease)),
-		"ttl", m.cfg.LeaseTTL, "shards", m.cfg.ShardCount, "members", len(m.view.attached()))
+		"ttl", m.cfg.LeaseTTL, "shards", m.cfg.ShardCount, "group", m.group, "group_members", len(m.view.attached(m.group)),
+		"members", len(m.view.attached("")))
 	return nil
 }
 
@@ -191,7 +206,7 @@ func (m *Manager) register(ctx context.Context) error {
 
 func (m *Manager) runnerValue(state string) string {
 	b, _ := json.Marshal(RunnerInfo{ID: m.cfg.RunnerID, AdminAddr: m.cfg.AdminAddr, Version: m.cfg.Version,
-		StartedAt: m.started.UTC(), State: state, Kinds: m.cfg.Kinds})
+		StartedAt: m.started.UTC(), State: state, Queues: sortedSet(m.cfg.Queues), Kinds: sortedSet(m.cfg.Kinds), Group: m.group})
 	return string(b)
 }
 
@@ -238,11 +253,11 @@ func (m *Manager) Run(ctx context.Context) error {
 		timer.Reset(m.nextWake(drainBy))
 		select {
 		case u := <-updates:
-			m.view.apply(m.keys, u)
+			m.apply(u)
 			for more := true; more; {
 				select {
 				case u := <-updates:
-					m.view.apply(m.keys, u)
+					m.apply(u)
 				default:
 					more = false
 				}
@@ -266,13 +281,27 @@ func (m *Manager) Orphan() {
 	m.ledger.kick.Notify()
 }
 
-// dropVanished ends the terms whose key the view shows deleted or
-// re-created by someone else (the lease was revoked, or an operator deleted
+// apply takes a batch of watch events (or a snapshot) into the view: the
+// watch reports every change up to u.rev.
+func (m *Manager) apply(u watchUpdate) {
+	m.view.apply(m.keys, u)
+	m.groupRev = max(m.groupRev, u.rev)
+}
+
+// sortedSet is list sorted, without repeats.
+func sortedSet(list []string) []string {
+	out := slices.Clone(list)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// dropVanished ends the terms that the runner's owner key, as the view
+// shows it, no longer names (the lease was revoked, or an operator deleted
 // the key): the runner no longer owns them, whatever its keep-alives say.
 func (m *Manager) dropVanished() {
+	mine := m.view.owners[m.group][m.cfg.RunnerID]
 	gone := m.ledger.loseVanished(m.clock.Now(), func(s int, epoch int64) bool {
-		e := m.view.shards[s]
-		return e.owner == m.cfg.RunnerID && e.createRev == epoch
+		return mine.terms[s] == epoch
 	})
 	for _, t := range gone {
 		m.log.Warn("shard key vanished while owned; work cancelled", "shard", t.shard, "epoch", t.epoch)
@@ -352,6 +381,10 @@ func (m *Manager) mayWork() bool {
 	return !m.machine.IsDetached() && m.keeper.trusted(m.clock.Now())
 }
 
+// Group is the runner's capability group: the fences and claims of its
+// shards are the group's (executor).
+func (m *Manager) Group() string { return m.group }
+
 // Unfenced lists the terms whose fence is not raised yet (executor).
 func (m *Manager) Unfenced() []tasks.ShardEpoch {
 	if m.machine.IsDetached() {
@@ -386,6 +419,8 @@ func (m *Manager) Changes() <-chan struct{} { return m.ledger.changes.C() }
 // Status is a snapshot of membership and ownership for /status.
 type Status struct {
 	RunnerID string
+	// Group is the runner's capability group (GroupOf).
+	Group string
 	// State is attached, detached or draining.
 	State         string
 	LeaseID       int64
@@ -402,7 +437,7 @@ func (m *Manager) Status() Status {
 	now := m.clock.Now()
 	lease, _ := m.keeper.lease()
 	deadline, _ := m.keeper.deadline()
-	st := Status{RunnerID: m.cfg.RunnerID, LeaseID: int64(lease), LeaseDeadline: deadline, LeaseTimeLeft: deadline.Sub(now)}
+	st := Status{RunnerID: m.cfg.RunnerID, Group: m.group, LeaseID: int64(lease), LeaseDeadline: deadline, LeaseTimeLeft: deadline.Sub(now)}
 	switch {
 	case m.draining.Load():
 		st.State = StateDraining

@@ -2,12 +2,11 @@ package shard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -46,7 +45,8 @@ func (m *Manager) reconcile(ctx context.Context) {
 	m.claimableChanged()
 }
 
-// target publishes the runner's state and computes the assignment.
+// target publishes the runner's state and computes the assignment of its
+// group's shards among the group's attached members.
 func (m *Manager) target(ctx context.Context) plan {
 	p := plan{now: m.clock.Now()}
 	detached := m.machine.IsDetached()
@@ -62,12 +62,13 @@ func (m *Manager) target(ctx context.Context) plan {
 	// exclude it at once; an attached one announces itself before acquiring.
 	published := m.publish(ctx, desired)
 	me := m.cfg.RunnerID
-	members := slices.DeleteFunc(m.view.attached(), func(id string) bool { return id == me })
+	members := slices.DeleteFunc(m.view.attached(m.group), func(id string) bool { return id == me })
 	if desired == StateAttached && published {
 		members = append(members, me)
 	}
 	p.settling = m.settle(p.now, members)
-	p.target = Assign(members, m.view.owners())
+	owners, _ := m.view.holders(m.group)
+	p.target = Assign(members, owners)
 	for s, owner := range p.target {
 		if owner == me {
 			p.mine = append(p.mine, s)
@@ -80,9 +81,10 @@ func (m *Manager) target(ctx context.Context) plan {
 }
 
 // releaseStep starts releasing the terms assigned elsewhere, cancels the
-// work of those whose handoff timed out, and deletes the keys of terms
-// whose work stopped (or whose cancel grace passed), and of stray keys of
-// this lease that the runner does not track.
+// work of those whose handoff timed out, and drops from the runner's owner
+// key the terms whose work stopped (or whose cancel grace passed), and the
+// shards the key names that the runner does not track (a put whose answer
+// was lost, adopted by acquireStep if it was an acquisition).
 func (m *Manager) releaseStep(ctx context.Context, p plan) {
 	me := m.cfg.RunnerID
 	ready := m.ledger.releaseStep(p.now, m.cfg.HandoffTimeout, func(s int) string {
@@ -92,23 +94,19 @@ func (m *Manager) releaseStep(ctx context.Context, p plan) {
 		return "assigned to " + orNobody(p.target[s])
 	})
 	if p.now.Before(m.storageRetryAt) {
-		return // etcd failed a moment ago: the keys wait for the retry
+		return // etcd failed a moment ago: the key waits for the retry
 	}
-	if len(ready) > 0 {
-		m.release(ctx, ready)
-	}
-	if !p.acquire {
-		return
-	}
-	lease, _ := m.keeper.lease()
-	var strays []*term
-	for s, e := range m.view.shards {
-		if e.owner == me && e.lease == int64(lease) && p.target[s] != me && !m.holds(s) {
-			strays = append(strays, &term{shard: s, epoch: e.createRev, state: releasing})
+	strays := false
+	if mine, ok := m.view.owners[m.group][me]; ok {
+		for s := range mine.terms {
+			if !m.holds(s) && m.unansweredSent[s].IsZero() {
+				strays = true
+				break
+			}
 		}
 	}
-	if len(strays) > 0 {
-		m.release(ctx, strays)
+	if len(ready) > 0 || strays {
+		m.release(ctx, ready)
 	}
 }
 
@@ -117,21 +115,23 @@ func (m *Manager) releaseStep(ctx context.Context, p plan) {
 // stay held elsewhere.
 func (m *Manager) acquireStep(ctx context.Context, p plan) {
 	me := m.cfg.RunnerID
-	lease, gen := m.keeper.lease()
+	_, gen := m.keeper.lease()
+	owners, epochs := m.view.holders(m.group)
 	var free []int
 	pending := 0
 	for _, s := range p.mine {
 		if m.holds(s) {
 			continue
 		}
-		e := m.view.shards[s]
-		switch {
-		case e.owner == "":
+		switch owners[s] {
+		case "":
 			free = append(free, s)
-		case e.owner == me && e.lease == int64(lease):
+		case me:
 			// Ours already: an acquisition whose answer was lost.
-			m.ledger.adopt(s, e.createRev, m.unansweredSent[s], gen)
-			delete(m.unansweredSent, s)
+			if sent := m.unansweredSent[s]; !sent.IsZero() {
+				m.ledger.adopt(s, epochs[s], sent, gen)
+				delete(m.unansweredSent, s)
+			}
 		default:
 			pending++
 		}
@@ -150,7 +150,7 @@ func orNobody(id string) string {
 }
 
 // settle reports whether the membership is still settling after a join:
-// someone appeared in the attached set less than JoinSettle ago.
+// someone appeared in the group's attached set less than JoinSettle ago.
 func (m *Manager) settle(now time.Time, members []string) bool {
 	if m.cfg.JoinSettle <= 0 {
 		return false
@@ -170,9 +170,9 @@ func (m *Manager) settle(now time.Time, members []string) bool {
 	return now.Before(m.settleUntil)
 }
 
-// scheduleRetry re-reads the shard keys with backoff while assigned shards
-// stay held elsewhere, in case an event was missed; DELETE events normally
-// trigger the acquisition first.
+// scheduleRetry re-reads the cluster with backoff while assigned shards
+// stay held elsewhere, in case an event was missed; the owner key's change
+// normally triggers the acquisition first.
 func (m *Manager) scheduleRetry(ctx context.Context, now time.Time, pending int) {
 	if pending == 0 {
 		m.retryAt = time.Time{}
@@ -188,10 +188,11 @@ func (m *Manager) scheduleRetry(ctx context.Context, now time.Time, pending int)
 		snap, err := m.client.Get(cctx, m.keys.prefix, clientv3.WithPrefix())
 		cancel()
 		if err != nil {
-			m.storageError(fmt.Errorf("re-reading the shard keys: %w", err))
+			m.storageError(fmt.Errorf("re-reading the cluster: %w", err))
 		} else {
 			m.storageOK()
 			m.view.load(m.keys, snap.Kvs, snap.Header.Revision)
+			m.groupRev = max(m.groupRev, snap.Header.Revision)
 		}
 		m.log.Debug("assigned shards still held elsewhere", "shards", pending)
 	}
@@ -224,8 +225,8 @@ func (m *Manager) publish(ctx context.Context, state string) bool {
 // storageError records a failed acquire, release or publish and arms a
 // retry. It does not detach: such a call fails on every routine etcd leader
 // election, and its outcome, unknown, is safe either way — an acquisition
-// that committed is adopted from the watch (the key names this runner's
-// lease), a release is sent only after the term's work stopped, and a
+// that committed is adopted from the watch (the owner key names the
+// shards), a release is sent only after the term's work stopped, and a
 // publish is retried. Whether the runner may work is the lease clock's to
 // say (the keeper), and it detaches when the lease can no longer be proven.
 func (m *Manager) storageError(err error) {
@@ -241,99 +242,141 @@ func (m *Manager) storageOK() {
 	m.storageRetry.Reset()
 }
 
-// acquire creates the keys of free shards in batched Txns: each shard is a
-// nested Txn "if the key does not exist, put it under my lease, else read
-// it", so one taken key does not fail the batch. It returns how many shards
-// turned out to be held by someone else.
-func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
-	lease, gen := m.keeper.lease()
-	for len(shards) > 0 {
-		n := min(len(shards), m.cfg.AcquireBatch)
-		batch := shards[:n]
-		ops := make([]clientv3.Op, n)
-		for i, s := range batch {
-			k := m.keys.shard(s)
-			ops[i] = clientv3.OpTxn(
-				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", 0)},
-				[]clientv3.Op{clientv3.OpPut(k, m.cfg.RunnerID, clientv3.WithLease(lease))},
-				[]clientv3.Op{clientv3.OpGet(k)})
-		}
-		sent := m.clock.Now()
-		cctx, cancel := m.opContext(ctx)
-		resp, err := m.client.Txn(cctx).Then(ops...).Commit()
-		cancel()
-		if errors.Is(err, rpctypes.ErrTooManyOps) && m.cfg.AcquireBatch > 1 {
-			m.cfg.AcquireBatch /= 2
-			m.log.Warn("etcd refused the acquire batch size; halving it", "batch", m.cfg.AcquireBatch)
-			continue
-		}
-		if err != nil {
-			if m.unansweredSent == nil {
-				m.unansweredSent = map[int]time.Time{}
-			}
-			for _, s := range batch {
-				m.unansweredSent[s] = sent
-			}
-			m.storageError(fmt.Errorf("acquiring %d shards: %w", n, err))
-			return held
-		}
-		m.storageOK()
-		rev := resp.Header.Revision
-		for i, r := range resp.Responses {
-			s := batch[i]
-			tr := r.GetResponseTxn()
-			if tr.Succeeded {
-				m.view.shards[s] = shardEntry{owner: m.cfg.RunnerID, createRev: rev, modRev: rev, lease: int64(lease)}
-				m.ledger.adopt(s, rev, sent, gen)
-				continue
-			}
-			held++
-			if kvs := tr.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
-				m.view.set(m.keys, kvs[0], false)
-			}
-		}
-		shards = shards[n:]
+// ownerOps is the write of the runner's owner key holding terms (epoch 0:
+// added by this write), and the comparison that makes it conditional on no
+// other change to the group's owner keys since the view's revision.
+func (m *Manager) ownerOps(terms map[int]int64, lease clientv3.LeaseID) (clientv3.Cmp, clientv3.Op) {
+	cmp := clientv3.Compare(clientv3.ModRevision(m.keys.group(m.group)), "<", m.groupRev+1).WithPrefix()
+	key := m.keys.owner(m.group, m.cfg.RunnerID)
+	if len(terms) == 0 {
+		return cmp, clientv3.OpDelete(key)
 	}
-	return held
+	return cmp, clientv3.OpPut(key, encodeTerms(terms), clientv3.WithLease(lease))
 }
 
-// release deletes the keys of terms whose work has stopped, each only if it
-// is still the same term (CreateRevision == epoch), in batches.
-func (m *Manager) release(ctx context.Context, terms []*term) {
-	for len(terms) > 0 {
-		n := min(len(terms), m.cfg.AcquireBatch)
-		batch := terms[:n]
-		ops := make([]clientv3.Op, n)
-		for i, t := range batch {
-			k := m.keys.shard(t.shard)
-			ops[i] = clientv3.OpTxn(
-				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", t.epoch)},
-				[]clientv3.Op{clientv3.OpDelete(k)}, nil)
-		}
-		// The work stopped before the delete was sent: that is when the
-		// term ended.
-		sent := m.clock.Now()
-		cctx, cancel := m.opContext(ctx)
-		resp, err := m.client.Txn(cctx).Then(ops...).Commit()
-		cancel()
-		if err != nil {
-			m.storageError(fmt.Errorf("releasing %d shards: %w", n, err))
-			return
-		}
-		m.storageOK()
-		rev := resp.Header.Revision
-		for i, r := range resp.Responses {
-			t := batch[i]
-			deleted := r.GetResponseTxn().Succeeded
-			if deleted {
-				if e := m.view.shards[t.shard]; e.modRev <= rev {
-					m.view.shards[t.shard] = shardEntry{modRev: rev}
-				}
-			}
-			m.ledger.released(t, deleted, sent)
-		}
-		terms = terms[n:]
+// acquire adds the free shards to the runner's owner key, in one
+// transaction that applies only if no other runner's owner key of the group
+// changed since the view saw them: then none of the shards was taken in
+// between, and the transaction's revision is the epoch of each (it grows
+// with every change of hands). Otherwise the transaction reads the group's
+// owner keys instead, and the next pass acquires what is still free. It
+// returns how many shards turned out to be held by someone else.
+func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
+	lease, gen := m.keeper.lease()
+	terms := m.ledger.current(gen)
+	for _, s := range shards {
+		terms[s] = 0
 	}
+	cmp, put := m.ownerOps(terms, lease)
+	sent := m.clock.Now()
+	cctx, cancel := m.opContext(ctx)
+	resp, err := m.client.Txn(cctx).If(cmp).Then(put).Else(clientv3.OpGet(m.keys.group(m.group), clientv3.WithPrefix())).Commit()
+	cancel()
+	if err != nil {
+		if m.unansweredSent == nil {
+			m.unansweredSent = map[int]time.Time{}
+		}
+		for _, s := range shards {
+			m.unansweredSent[s] = sent
+		}
+		m.storageError(fmt.Errorf("acquiring %d shards: %w", len(shards), err))
+		return 0
+	}
+	m.storageOK()
+	rev := resp.Header.Revision
+	if !resp.Succeeded {
+		m.loadGroup(resp.Responses[0].GetResponseRange().Kvs, rev)
+		owners, _ := m.view.holders(m.group)
+		for _, s := range shards {
+			if owners[s] != "" && owners[s] != m.cfg.RunnerID {
+				held++
+			}
+		}
+		m.ledger.kick.Notify() // try again with what is free now
+		return held
+	}
+	m.groupRev = rev
+	for s, epoch := range terms {
+		if epoch == 0 {
+			terms[s] = rev
+		}
+	}
+	m.setMine(terms, rev, int64(lease))
+	for _, s := range shards {
+		m.ledger.adopt(s, rev, sent, gen)
+	}
+	return 0
+}
+
+// release drops the terms whose work has stopped from the runner's owner
+// key (and whatever else it names that the runner no longer tracks): one
+// write of the key with the terms it keeps. It applies whatever else the
+// group's keys did meanwhile; when they changed, the transaction also reads
+// them, so that the view stays current for the next acquisition.
+func (m *Manager) release(ctx context.Context, ready []*term) {
+	lease, gen := m.keeper.lease()
+	terms := m.ledger.current(gen)
+	for _, t := range ready {
+		delete(terms, t.shard)
+	}
+	cmp, put := m.ownerOps(terms, lease)
+	// The work stopped before the write was sent: that is when the terms
+	// ended.
+	sent := m.clock.Now()
+	cctx, cancel := m.opContext(ctx)
+	resp, err := m.client.Txn(cctx).If(cmp).Then(put).Else(put, clientv3.OpGet(m.keys.group(m.group), clientv3.WithPrefix())).Commit()
+	cancel()
+	if err != nil {
+		m.storageError(fmt.Errorf("releasing %d shards: %w", len(ready), err))
+		return
+	}
+	m.storageOK()
+	rev := resp.Header.Revision
+	if resp.Succeeded {
+		m.groupRev = rev
+	} else {
+		m.loadGroup(resp.Responses[1].GetResponseRange().Kvs, rev)
+	}
+	m.setMine(terms, rev, int64(lease))
+	for _, t := range ready {
+		m.ledger.released(t, true, sent)
+	}
+}
+
+// setMine records in the view what the runner's owner key holds after its
+// own write at rev.
+func (m *Manager) setMine(terms map[int]int64, rev, lease int64) {
+	byRunner := m.view.owners[m.group]
+	if byRunner == nil {
+		byRunner = map[string]ownerEntry{}
+		m.view.owners[m.group] = byRunner
+	}
+	if len(terms) == 0 {
+		delete(byRunner, m.cfg.RunnerID)
+		m.view.gone[m.group+"/"+m.cfg.RunnerID] = rev
+		return
+	}
+	byRunner[m.cfg.RunnerID] = ownerEntry{terms: terms, modRev: rev, lease: lease}
+}
+
+// loadGroup replaces the view of the group's owner keys with what a read
+// at rev found, and makes rev the revision the next acquisition compares
+// against.
+func (m *Manager) loadGroup(kvs []*mvccpb.KeyValue, rev int64) {
+	seen := map[string]bool{}
+	for _, kv := range kvs {
+		if _, id, ok := m.keys.parseOwner(kv.Key); ok {
+			seen[id] = true
+		}
+		m.view.set(m.keys, kv, false)
+	}
+	for id, e := range m.view.owners[m.group] {
+		if !seen[id] && e.modRev <= rev {
+			delete(m.view.owners[m.group], id)
+			m.view.gone[m.group+"/"+id] = rev
+		}
+	}
+	m.groupRev = max(m.groupRev, rev)
 }
 
 // holds reports whether the runner has a term on shard s.

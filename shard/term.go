@@ -201,6 +201,23 @@ func (l *ledger) list(states ...termState) []tasks.ShardEpoch {
 	return out
 }
 
+// current returns the shards of the terms of the lease of generation gen
+// that have not ended in release or loss, with their epochs: what the
+// runner's owner key must name. A term of an earlier lease is never
+// written again: its key went with that lease, and another runner may hold
+// the shard now.
+func (l *ledger) current(gen int) map[int]int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[int]int64, len(l.terms))
+	for s, t := range l.terms {
+		if t.gen == gen {
+			out[s] = t.epoch
+		}
+	}
+	return out
+}
+
 // markFenced moves acquired terms to fenced.
 func (l *ledger) markFenced(refs []tasks.ShardEpoch) {
 	now := l.clock.Now()

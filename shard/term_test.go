@@ -196,10 +196,11 @@ func (t *flakyTxn) Commit() (*clientv3.TxnResponse, error) {
 	if t.k.failing {
 		return nil, errors.New("etcdserver: request timed out")
 	}
-	resp := &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 100}}
+	// The comparison holds: the Then branch applies.
+	resp := &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 100}, Succeeded: true}
 	for range t.ops {
 		resp.Responses = append(resp.Responses, &etcdserverpb.ResponseOp{
-			Response: &etcdserverpb.ResponseOp_ResponseTxn{ResponseTxn: &etcdserverpb.TxnResponse{Succeeded: true}}})
+			Response: &etcdserverpb.ResponseOp_ResponsePut{ResponsePut: &etcdserverpb.PutResponse{}}})
 	}
 	return resp, nil
 }

@@ -41,7 +41,7 @@ func (w *watcher) Run(ctx context.Context) {
 				continue
 			}
 			w.rev = resp.Header.Revision
-			if !w.send(ctx, watchUpdate{events: resp.Events}) {
+			if !w.send(ctx, watchUpdate{events: resp.Events, rev: w.rev}) {
 				cancel()
 				return
 			}
@@ -54,7 +54,7 @@ func (w *watcher) Run(ctx context.Context) {
 			gcancel()
 			if err == nil {
 				w.rev = snap.Header.Revision
-				if !w.send(ctx, watchUpdate{snapshot: snap.Kvs, snapshotRev: w.rev}) {
+				if !w.send(ctx, watchUpdate{snapshot: snap.Kvs, snapshotRev: w.rev, rev: w.rev}) {
 					return
 				}
 				break

@@ -82,7 +82,7 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 	for i := range owned {
 		owned[i] = tasks.ShardEpoch{Shard: i, Epoch: 1}
 	}
-	if _, _, _, err := s.RaiseFences(ctx, "r", owned); err != nil {
+	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
 		b.Fatal(err)
 	}
 	// Enough ready work for the loop, plus a backlog the claim

@@ -24,7 +24,7 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 			for sh := 0; sh < 256; sh += 3 {
 				owned = append(owned, tasks.ShardEpoch{Shard: sh, Epoch: 1})
 			}
-			if _, _, _, err := s.RaiseFences(ctx, "r", owned); err != nil {
+			if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
 				b.Fatal(err)
 			}
 			if unhandled > 0 {

@@ -28,7 +28,7 @@ func TestClaimAfterIdleAnalyze(t *testing.T) {
 	const conns = 2
 	s, _ := pgtest.NewStore(t, store.Options{MaxConns: conns})
 	owned := []tasks.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 1, Epoch: 1}}
-	if _, _, _, err := s.RaiseFences(ctx, "r", owned); err != nil {
+	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
 		t.Fatal(err)
 	}
 	kinds := []string{"noop", "sleep", "fail"}

@@ -263,7 +263,7 @@ func TestAnOpenProducerStallsNoOutcome(t *testing.T) {
 	// The raise requeues the head (its one attempt spent: dead) while the
 	// producer's transaction is open.
 	raiseDone := async(func() error {
-		_, _, _, err := s.RaiseFences(ctx, "b", []tasks.ShardEpoch{{Shard: 8, Epoch: 2}})
+		_, _, _, err := s.RaiseFences(ctx, "b", "", []tasks.ShardEpoch{{Shard: 8, Epoch: 2}})
 		return err
 	})
 	if err, done := awaitDoneOrWaiting(t, s, raiseDone, 1); !done || err != nil {
@@ -397,7 +397,7 @@ func TestFenceRaiseAndOldOwnersWritesDoNotDeadlock(t *testing.T) {
 	})
 	awaitWaiting(t, s, 1)
 	raised := async(func() error {
-		_, _, _, err := newOwner.RaiseFences(ctx, "b", []tasks.ShardEpoch{{Shard: 11, Epoch: 2}})
+		_, _, _, err := newOwner.RaiseFences(ctx, "b", "", []tasks.ShardEpoch{{Shard: 11, Epoch: 2}})
 		return err
 	})
 	awaitWaiting(t, s, 2)

@@ -161,31 +161,42 @@ func TestShardCountRefusedOverExistingTasksOutsideTheRange(t *testing.T) {
 	}
 }
 
-func TestReadyKindsExceptAndFailUnhandled(t *testing.T) {
+func TestReadyUnrunnableAndFailUnrunnable(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	ctx := context.Background()
-	exec(t, s, `INSERT INTO tasks (kind, shard, key, run_after)
+	exec(t, s, `INSERT INTO tasks (kind, shard, key, run_after, queue)
 		SELECT CASE WHEN g <= 30 THEN 'orphan' WHEN g <= 35 THEN 'later' ELSE 'k' END, g % 16, g::text,
-		       CASE WHEN g <= 20 THEN now() - interval '2 hours' ELSE now() END
+		       CASE WHEN g <= 20 THEN now() - interval '2 hours' ELSE now() END,
+		       CASE WHEN g > 45 THEN 'mail' ELSE 'default' END
 		FROM generate_series(1, 50) g`)
-	got, err := s.ReadyKindsExcept(ctx, []string{"k"})
+	// Runners run kind k in the default queue only: k in "mail" is
+	// unrunnable too.
+	got, err := s.ReadyUnrunnable(ctx, []tasks.Class{{Queue: "default", Kind: "k"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 2 || got[0].Kind != "later" || got[0].Ready != 5 || got[1].Kind != "orphan" || got[1].Ready != 30 {
-		t.Fatalf("unhandled kinds %+v, want later 5 and orphan 30", got)
+	want := []store.ClassCount{{Class: tasks.Class{Queue: "default", Kind: "later"}, Ready: 5},
+		{Class: tasks.Class{Queue: "default", Kind: "orphan"}, Ready: 30}, {Class: tasks.Class{Queue: "mail", Kind: "k"}, Ready: 5}}
+	if len(got) != len(want) {
+		t.Fatalf("unrunnable %+v, want %+v", got, want)
 	}
-	if all, _ := s.ReadyKindsExcept(ctx, nil); len(all) != 3 {
-		t.Fatalf("with no kinds handled: %+v", all)
+	for i := range want {
+		if got[i].Class != want[i].Class || got[i].Ready != want[i].Ready {
+			t.Fatalf("unrunnable %+v, want %+v", got, want)
+		}
+	}
+	if all, _ := s.ReadyUnrunnable(ctx, nil); len(all) != 4 {
+		t.Fatalf("with nothing runnable: %+v", all)
 	}
 	// Only tasks due for longer than an hour, in batches, under the fence.
-	if _, err := s.FailUnhandled(ctx, leaderEpoch+1, "orphan", time.Hour, 8, "why"); !errors.Is(err, store.ErrNotLeader) {
+	orphan := tasks.Class{Queue: "default", Kind: "orphan"}
+	if _, err := s.FailUnrunnable(ctx, leaderEpoch+1, orphan, time.Hour, 8, "why"); !errors.Is(err, store.ErrNotLeader) {
 		t.Fatalf("under another epoch: %v", err)
 	}
 	var total int64
 	for {
-		n, err := s.FailUnhandled(ctx, leaderEpoch, "orphan", time.Hour, 8, `no attached runner handles kind "orphan"`)
+		n, err := s.FailUnrunnable(ctx, leaderEpoch, orphan, time.Hour, 8, `no attached runner serves queue "default" with a handler of kind "orphan"`)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -201,8 +212,8 @@ func TestReadyKindsExceptAndFailUnhandled(t *testing.T) {
 	if err := s.Pool().QueryRow(ctx, `SELECT errors FROM tasks WHERE state = 'failed' LIMIT 1`).Scan(&errs); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(errs), `no attached runner handles kind`) {
-		t.Fatalf("errors of a failed unhandled task: %s", errs)
+	if !strings.Contains(string(errs), `no attached runner serves queue`) {
+		t.Fatalf("errors of a failed unrunnable task: %s", errs)
 	}
 }
 

@@ -31,7 +31,7 @@ package store
 //	stale sweep,      claim -> lane | finished          SweepStale,          leader fence (share), claims, records, ...
 //	running deadline                                    SweepDeadlines
 //	ready deadline,   lane | waiting -> finished        shardrun_expire      leader fence (share), records, sequences,
-//	unhandled rule                                                           lanes, waiting, finished and keys
+//	unrunnable rule                                                          lanes, waiting, finished and keys
 //	cancel            lane | waiting -> finished;       shardrun_cancel      records, sequences, lanes, waiting,
 //	                  claim: a request                                       finished and keys
 //	retry             finished -> lane | waiting        shardrun_retry       records, finished, keys, sequences, lanes
@@ -138,10 +138,10 @@ func claimQuery(n int) string {
 			WHERE EXISTS (SELECT 1 FROM open)
 			LIMIT $5
 		), fence AS (
-			SELECT f.shard FROM shard_fences f
+			SELECT f.grp, f.shard FROM shard_fences f
 			WHERE f.shard = ANY (ARRAY(SELECT DISTINCT shard FROM cand)) AND f.owner = $1
 			  AND f.epoch = ($3::bigint[])[array_position($2::int[], f.shard)]
-			ORDER BY f.shard
+			ORDER BY f.grp, f.shard
 			FOR SHARE
 		), del AS (
 			DELETE FROM task_ready r
@@ -151,8 +151,9 @@ func claimQuery(n int) string {
 			SELECT ` + claimColumns + `, ($3::bigint[])[array_position($2::int[], t.shard)] AS epoch
 			FROM tasks t WHERE t.id = ANY (ARRAY(SELECT id FROM del ORDER BY id)) AND t.state = 'ready'
 		), ins AS (
-			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, deadline)
-			SELECT id, shard, queue, epoch, $1, attempt, deadline FROM picked
+			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, deadline, grp)
+			SELECT p.id, p.shard, p.queue, p.epoch, $1, p.attempt, p.deadline, f.grp
+			FROM picked p JOIN fence f ON f.shard = p.shard
 		)
 		SELECT id, kind, shard, key, queue, priority, coalesce(sequence_key, ''), coalesce(sequence_blocks, false), payload,
 			attempt, max_attempts, coalesce(attempt_budget, 0), run_after, deadline, epoch, now(), created_at,
@@ -299,11 +300,13 @@ func claimMatch(owner string, refs []tasks.Ref, extra []inputCol) (locked, retur
 // with set (which reads k), and files them (fileTail). It defines the CTE
 // t: the tasks as updated, with the claim's attempt and epoch.
 func endClaims(set string) string {
+	// r locks the records in id order before the update (an InitPlan of
+	// it, run once): the update's own order is its plan's.
 	return `, r AS (
 			SELECT id FROM tasks WHERE id = ANY (ARRAY(SELECT id FROM k)) ORDER BY id FOR UPDATE
 		), t AS (
 			UPDATE tasks t SET ` + set + `
-			FROM k WHERE t.id = k.id AND t.id = ANY (ARRAY(SELECT id FROM r)) AND t.state = 'ready'
+			FROM k WHERE t.id = k.id AND t.state = 'ready' AND (SELECT count(*) FROM r) >= 0
 			RETURNING t.*, k.attempt AS k_attempt, k.epoch AS k_epoch
 		)` + fileTail
 }
@@ -439,24 +442,30 @@ func (s *Store) classify(ctx context.Context, owner string, results []claims.Wri
 	for i, m := range missed {
 		ids[i], shards[i] = results[m].Ref.ID, int32(results[m].Ref.Shard)
 	}
+	epochs := make([]int64, len(missed))
+	for i, m := range missed {
+		epochs[i] = results[m].Ref.Epoch
+	}
+	// A fence still holds the writer's term when a fence row of the shard
+	// has its epoch and owner: an epoch is an etcd revision, so it names one
+	// unit (group and shard) and one term of it.
 	rows, err := s.pool.Query(ctx, `/* shardrun.classify */
-		SELECT c.id, t.id IS NOT NULL, coalesce(f.epoch, 0), coalesce(f.owner, '')
-		FROM unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS c(id, shard, n)
+		SELECT c.id, t.id IS NOT NULL,
+			EXISTS (SELECT 1 FROM shard_fences f WHERE f.shard = c.shard AND f.epoch = c.epoch AND f.owner = $4)
+		FROM unnest($1::bigint[], $2::int[], $3::bigint[]) WITH ORDINALITY AS c(id, shard, epoch, n)
 		LEFT JOIN tasks t ON t.id = c.id
-		LEFT JOIN shard_fences f ON f.shard = c.shard
-		ORDER BY c.n`, ids, shards)
+		ORDER BY c.n`, ids, shards, epochs, owner)
 	if err != nil {
 		return fmt.Errorf("classifying rejected writes: %w", err)
 	}
 	i := 0
-	var id, fenceEpoch int64
-	var exists bool
-	var fenceOwner string
-	_, err = pgx.ForEachRow(rows, []any{&id, &exists, &fenceEpoch, &fenceOwner}, func() error {
+	var id int64
+	var exists, fenced bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &exists, &fenced}, func() error {
 		res := &results[missed[i]]
 		i++
 		switch {
-		case fenceEpoch != res.Ref.Epoch || fenceOwner != owner:
+		case !fenced:
 			res.Outcome = claims.FenceLost
 		case !exists:
 			res.Outcome = claims.TaskGone
@@ -664,9 +673,10 @@ func retryOrBuryUnless(final, expired, runAfter, errExpr string) string {
 
 // ---- orphan requeue: claim -> lane | finished ----
 
-// RaiseFences records the runner's ownership of shards at the given epochs,
-// returns those whose fence now holds that epoch, and in the same
-// transaction requeues the claims earlier owners left on them (to ready
+// RaiseFences records the runner's ownership of the shards of its group at
+// the given epochs (each unit, group and shard, has its fence), returns
+// those whose fence now holds that epoch, and in the same transaction
+// requeues the claims earlier owners of the units left on them (to ready
 // with attempt+1, or dead when the attempts are used up: their owner is
 // gone by construction). A shard whose fence is already newer is left
 // alone and not returned: the caller no longer owns it. Raising the epoch
@@ -680,18 +690,18 @@ func retryOrBuryUnless(final, expired, runAfter, errExpr string) string {
 // a claim under the old epoch and the requeue then sees what it claimed.
 // The requeue locks the old claims in id order, as the old owner's writes
 // do: in the takeover race the two wait for each other, never deadlock.
-func (s *Store) RaiseFences(ctx context.Context, owner string, owned []tasks.ShardEpoch) (raised []tasks.ShardEpoch, requeued, dead int64, err error) {
+func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []tasks.ShardEpoch) (raised []tasks.ShardEpoch, requeued, dead int64, err error) {
 	if len(owned) == 0 {
 		return nil, 0, 0, nil
 	}
 	shards, epochs := splitSorted(owned)
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `/* shardrun.raise_fences */
-			INSERT INTO shard_fences AS f (shard, epoch, owner)
-			SELECT shard, epoch, $3 FROM unnest($1::int[], $2::bigint[]) AS o(shard, epoch) ORDER BY shard
-			ON CONFLICT (shard) DO UPDATE SET epoch = excluded.epoch, owner = excluded.owner, raised_at = now()
+			INSERT INTO shard_fences AS f (grp, shard, epoch, owner)
+			SELECT $4, shard, epoch, $3 FROM unnest($1::int[], $2::bigint[]) AS o(shard, epoch) ORDER BY shard
+			ON CONFLICT (grp, shard) DO UPDATE SET epoch = excluded.epoch, owner = excluded.owner, raised_at = now()
 			WHERE f.epoch <= excluded.epoch
-			RETURNING shard, epoch`, shards, epochs, owner)
+			RETURNING shard, epoch`, shards, epochs, owner, group)
 		if err != nil {
 			return err
 		}
@@ -708,12 +718,12 @@ func (s *Store) RaiseFences(ctx context.Context, owner string, owned []tasks.Sha
 			WITH k AS (
 				DELETE FROM task_claims k WHERE k.id = ANY (ARRAY(
 					SELECT c.id FROM task_claims c
-					WHERE c.shard = ANY ($1::int[]) AND c.epoch < ($2::bigint[])[array_position($1::int[], c.shard)]
+					WHERE c.grp = $3 AND c.shard = ANY ($1::int[]) AND c.epoch < ($2::bigint[])[array_position($1::int[], c.shard)]
 					ORDER BY c.id FOR UPDATE))
 				RETURNING k.*, format('orphaned: shard %s moved from epoch %s to %s', k.shard, k.epoch,
 					($2::bigint[])[array_position($1::int[], k.shard)]) AS msg
 			)`+endClaims(retryOrBury("now()", "k.msg"))+`
-			SELECT `+filedOnce+`, count(*) FILTER (WHERE t.state = 'ready'), count(*) FILTER (WHERE t.state = 'dead') FROM t`, rs, re)
+			SELECT `+filedOnce+`, count(*) FILTER (WHERE t.state = 'ready'), count(*) FILTER (WHERE t.state = 'dead') FROM t`, rs, re, group)
 		if err != nil {
 			return err
 		}
@@ -853,28 +863,29 @@ func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Dura
 	return requeued, dead, nil
 }
 
-// FailUnhandled fails up to limit ready tasks of kind that have been due
-// (run_after) for longer than dueFor, in each lane's order, recording
-// reason as the attempt's error, and returns how many. It applies under
-// the leadership epoch only (ErrNotLeader otherwise).
-func (s *Store) FailUnhandled(ctx context.Context, epoch int64, kind string, dueFor time.Duration, limit int, reason string) (int64, error) {
+// FailUnrunnable fails up to limit ready tasks of class c (a queue and a
+// kind no attached runner can run) that have been due (run_after) for
+// longer than dueFor, in each lane's order, recording reason as the
+// attempt's error, and returns how many. It applies under the leadership
+// epoch only (ErrNotLeader otherwise).
+func (s *Store) FailUnrunnable(ctx context.Context, epoch int64, c tasks.Class, dueFor time.Duration, limit int, reason string) (int64, error) {
 	var fenced bool
 	var n int64
-	err := s.pool.QueryRow(ctx, `/* shardrun.fail_unhandled */
+	err := s.pool.QueryRow(ctx, `/* shardrun.fail_unrunnable */
 		WITH RECURSIVE `+leaderFence+`, `+readyLanes+`, due AS (
 			SELECT x.id FROM lane l CROSS JOIN LATERAL (
 				SELECT r.id FROM task_ready r
 				WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind
-				  AND r.run_after < now() - $3 * interval '1 millisecond'
-				ORDER BY r.priority, r.run_after, r.id LIMIT $4) x
-			WHERE l.kind = $2 AND EXISTS (SELECT 1 FROM lf)
-			LIMIT $4
+				  AND r.run_after < now() - $4 * interval '1 millisecond'
+				ORDER BY r.priority, r.run_after, r.id LIMIT $5) x
+			WHERE l.queue = $2 AND l.kind = $3 AND EXISTS (SELECT 1 FROM lf)
+			LIMIT $5
 		)
 		SELECT EXISTS (SELECT 1 FROM lf),
-			CASE WHEN EXISTS (SELECT 1 FROM lf) THEN shardrun_expire(ARRAY(SELECT id FROM due), 'failed', $5::text) ELSE 0 END`,
-		epoch, kind, dueFor.Milliseconds(), limit, reason).Scan(&fenced, &n)
+			CASE WHEN EXISTS (SELECT 1 FROM lf) THEN shardrun_expire(ARRAY(SELECT id FROM due), 'failed', $6::text) ELSE 0 END`,
+		epoch, c.Queue, c.Kind, dueFor.Milliseconds(), limit, reason).Scan(&fenced, &n)
 	if err != nil {
-		return 0, fmt.Errorf("failing ready tasks of unhandled kind %q: %w", kind, err)
+		return 0, fmt.Errorf("failing ready tasks of queue %q and kind %q, which no attached runner runs: %w", c.Queue, c.Kind, err)
 	}
 	if !fenced {
 		return 0, ErrNotLeader

@@ -8,7 +8,6 @@ package store_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -46,13 +45,13 @@ func newGate(t testing.TB, s *store.Store, dsn string, ids ...int64) *gate {
 		t.Fatal(err)
 	}
 	exec(t, s, `CREATE TABLE IF NOT EXISTS test_gated (id bigint PRIMARY KEY, gate bigint NOT NULL)`)
-	exec(t, s, fmt.Sprintf(`CREATE OR REPLACE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+	exec(t, s, `CREATE OR REPLACE FUNCTION test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
 		DECLARE k bigint;
 		BEGIN
 			SELECT gate INTO k FROM test_gated WHERE id = NEW.id;
 			IF k IS NOT NULL THEN PERFORM pg_advisory_xact_lock_shared(k); END IF;
 			RETURN NULL;
-		END $$`))
+		END $$`)
 	exec(t, s, `DROP TRIGGER IF EXISTS zz_test_gate ON tasks`)
 	exec(t, s, `CREATE CONSTRAINT TRIGGER zz_test_gate AFTER INSERT OR UPDATE ON tasks
 		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_gate()`)

@@ -143,10 +143,10 @@ func TestUnhandledCountIsCapped(t *testing.T) {
 	t.Parallel()
 	s := setup(t)
 	exec(t, s, `INSERT INTO tasks (kind, shard, key) SELECT 'nobody', g % 64, g::text FROM generate_series(1, $1) g`,
-		store.UnhandledCountCap+2000)
-	got, err := s.ReadyKindsExcept(context.Background(), []string{"k"})
-	if err != nil || len(got) != 1 || got[0].Ready != store.UnhandledCountCap || !got[0].AtLeast {
-		t.Fatalf("unhandled kinds: %+v %v, want nobody at the cap %d", got, err, store.UnhandledCountCap)
+		store.UnrunnableCountCap+2000)
+	got, err := s.ReadyUnrunnable(context.Background(), []tasks.Class{{Queue: tasks.DefaultQueue, Kind: "k"}})
+	if err != nil || len(got) != 1 || got[0].Ready != store.UnrunnableCountCap || !got[0].AtLeast {
+		t.Fatalf("unhandled kinds: %+v %v, want nobody at the cap %d", got, err, store.UnrunnableCountCap)
 	}
 }
 

@@ -47,7 +47,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 		epoch := map[int]int64{10: int64(round * 100), 11: int64(round * 100)}
 		owner := fmt.Sprintf("r%d", round)
 		for _, sh := range []int{10, 11} {
-			if _, _, _, err := s.RaiseFences(ctx, owner, []tasks.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
+			if _, _, _, err := s.RaiseFences(ctx, owner, "", []tasks.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
 				rt.Fatal(err)
 			}
 		}
@@ -125,7 +125,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 			case 8: // a shard moves: a new epoch, its claims requeued
 				sh := rapid.SampledFrom([]int{10, 11}).Draw(rt, "move")
 				epoch[sh]++
-				if _, _, _, err := s.RaiseFences(ctx, owner, []tasks.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
+				if _, _, _, err := s.RaiseFences(ctx, owner, "", []tasks.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
 					rt.Fatal(err)
 				}
 				for id, task := range running {

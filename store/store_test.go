@@ -53,7 +53,7 @@ func enqueue(t testing.TB, s *store.Store, in store.Insert) int64 {
 
 func raise(t testing.TB, s *store.Store, owner string, shard int, epoch int64) {
 	t.Helper()
-	raised, _, _, err := s.RaiseFences(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}})
+	raised, _, _, err := s.RaiseFences(context.Background(), owner, "", []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,15 +373,15 @@ func TestFencing(t *testing.T) {
 	}
 	// The shard moves: the new owner raises the fence, and in the same
 	// transaction requeues what the old owner left running.
-	raised, requeued, dead, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}})
+	raised, requeued, dead, err := s.RaiseFences(ctx, "new", "", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}})
 	if err != nil || len(raised) != 1 || requeued != 3 || dead != 0 {
 		t.Fatalf("new owner raised %v, requeued %d dead %d err %v", raised, requeued, dead, err)
 	}
 	// A zombie cannot lower the fence, nor requeue the new owner's work.
-	if raised, n, d, err := s.RaiseFences(ctx, "old", []tasks.ShardEpoch{{Shard: 3, Epoch: 10}}); err != nil || len(raised) != 0 || n+d != 0 {
+	if raised, n, d, err := s.RaiseFences(ctx, "old", "", []tasks.ShardEpoch{{Shard: 3, Epoch: 10}}); err != nil || len(raised) != 0 || n+d != 0 {
 		t.Fatalf("an older epoch lowered the fence: %v %d/%d %v", raised, n, d, err)
 	}
-	if raised, _, _, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}}); err != nil || len(raised) != 1 {
+	if raised, _, _, err := s.RaiseFences(ctx, "new", "", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}}); err != nil || len(raised) != 1 {
 		t.Fatalf("re-raising the current epoch is not idempotent: %v %v", raised, err)
 	}
 	if got := claim(t, s, "old", 3, 10, 10); len(got) != 0 {
@@ -407,6 +407,56 @@ func TestFencing(t *testing.T) {
 	}
 	if task := get(t, s, mine[0].ID); task.Attempt != 2 || !strings.Contains(task.Errors[0].Error, "orphaned") {
 		t.Fatalf("orphan not requeued with attempt+1: %+v", task)
+	}
+}
+
+// TestOverlappingGroupsShareALane: two capability groups that both run a
+// kind own the same shard, each under its own fence. They claim from one
+// lane and never take the same task; a move of one group's unit requeues
+// that group's claims only, and the other group's work completes under
+// its own fence.
+func TestOverlappingGroupsShareALane(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	for range 10 {
+		enqueue(t, s, insert("k", 3, 3))
+	}
+	for _, g := range []struct {
+		owner, group string
+		epoch        int64
+	}{{"a", "gA", 10}, {"b", "gB", 11}} {
+		if raised, _, _, err := s.RaiseFences(ctx, g.owner, g.group, []tasks.ShardEpoch{{Shard: 3, Epoch: g.epoch}}); err != nil || len(raised) != 1 {
+			t.Fatalf("group %s raising its fence: %v %v", g.group, raised, err)
+		}
+	}
+	byA := claim(t, s, "a", 3, 10, 4)
+	byB := claim(t, s, "b", 3, 11, 10)
+	if len(byA) != 4 || len(byB) != 6 {
+		t.Fatalf("a claimed %d and b %d of 10", len(byA), len(byB))
+	}
+	seen := map[int64]bool{}
+	for _, task := range append(slices.Clone(byA), byB...) {
+		if seen[task.ID] {
+			t.Fatalf("task %d claimed by both groups", task.ID)
+		}
+		seen[task.ID] = true
+	}
+	// Group B's unit moves to b2: B's claims go back to the lane, A's stay.
+	_, requeued, _, err := s.RaiseFences(ctx, "b2", "gB", []tasks.ShardEpoch{{Shard: 3, Epoch: 12}})
+	if err != nil || requeued != 6 {
+		t.Fatalf("b2 raising group B's fence requeued %d (want b's 6): %v", requeued, err)
+	}
+	for _, task := range byA {
+		if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: task.Ref()}})); r.Outcome != claims.Applied {
+			t.Fatalf("a completing %d after group B moved: %v", task.ID, r.Outcome)
+		}
+	}
+	if r := one(t)(s.Complete(ctx, "b", []claims.Completion{{Ref: byB[0].Ref()}})); r.Outcome != claims.FenceLost {
+		t.Fatalf("b completing after its unit moved: %v", r.Outcome)
+	}
+	if got := claim(t, s, "b2", 3, 12, 10); len(got) != 6 {
+		t.Fatalf("b2 claimed %d of the 6 requeued", len(got))
 	}
 }
 
@@ -442,7 +492,7 @@ func TestFenceRaiseWaitsForClaimsInFlight(t *testing.T) {
 	}
 	raised := make(chan raiseResult, 1)
 	go func() {
-		_, requeued, _, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 4, Epoch: 2}})
+		_, requeued, _, err := s.RaiseFences(ctx, "new", "", []tasks.ShardEpoch{{Shard: 4, Epoch: 2}})
 		raised <- raiseResult{requeued, err}
 	}()
 	waitForLock(t, s, raised, "INSERT INTO shard_fences")
@@ -490,7 +540,7 @@ func TestWriteHoldingItsClaimCommitsBeforeTheRaise(t *testing.T) {
 	}
 	raised := make(chan raiseResult, 1)
 	go func() {
-		_, requeued, _, err := s.RaiseFences(ctx, "new", []tasks.ShardEpoch{{Shard: 5, Epoch: 2}})
+		_, requeued, _, err := s.RaiseFences(ctx, "new", "", []tasks.ShardEpoch{{Shard: 5, Epoch: 2}})
 		raised <- raiseResult{requeued, err}
 	}()
 	waitForLock(t, s, raised, "requeue_orphans")
@@ -542,7 +592,7 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 	if n, err := s.EnqueueBatch(ctx, ins); err != nil || n != total {
 		t.Fatalf("enqueue: %d %v", n, err)
 	}
-	if _, _, _, err := s.RaiseFences(ctx, "r", owned); err != nil {
+	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex

@@ -157,7 +157,7 @@ func (w *stress) raise(shard int) {
 	epoch := w.epochs[shard] + 1
 	owner := fmt.Sprintf("runner-%d", epoch%3)
 	w.mu.Unlock()
-	raised, _, _, err := w.s.RaiseFences(w.ctx, owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}})
+	raised, _, _, err := w.s.RaiseFences(w.ctx, owner, "", []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}})
 	w.check("raise", err)
 	if err != nil || len(raised) != 1 {
 		return
@@ -344,7 +344,7 @@ func (w *stress) step(rnd *rand.Rand) {
 		_, _, err = w.s.SweepStale(ctx, leaderEpoch, 200*time.Millisecond, 50, store.Backoff{Base: time.Millisecond, Cap: 10 * time.Millisecond})
 		w.check("stale sweep", err)
 	case 18: // the unhandled-kind rule
-		_, err := w.s.FailUnhandled(ctx, leaderEpoch, "other", 100*time.Millisecond, 20, "no runner handles it")
+		_, err := w.s.FailUnrunnable(ctx, leaderEpoch, tasks.Class{Queue: "mail", Kind: "other"}, 100*time.Millisecond, 20, "no runner runs it")
 		w.check("unhandled rule", err)
 	case 19: // retention
 		state := []string{"completed", "dead", "failed", "cancelled"}[rnd.IntN(4)]

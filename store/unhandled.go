@@ -1,7 +1,8 @@
 package store
 
-// Ready tasks of kinds no runner handles: how many there are, and the
-// leader's optional rule that fails them after a while.
+// Ready tasks no attached runner can run (of a class, queue and kind, that
+// no attached runner serves and handles): how many there are. The leader's
+// optional rule that fails them after a while is FailUnrunnable (moves.go).
 
 import (
 	"context"
@@ -9,12 +10,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/shardrun/shardrun/tasks"
 )
 
-// KindCount is the ready tasks of one kind.
-type KindCount struct {
-	Kind string `json:"kind"`
-	// Ready counts them up to UnhandledCountCap; AtLeast says the count
+// ClassCount is the ready tasks of one class (queue and kind).
+type ClassCount struct {
+	tasks.Class
+	// Ready counts them up to UnrunnableCountCap; AtLeast says the count
 	// stopped there.
 	Ready   int64 `json:"ready"`
 	AtLeast bool  `json:"ready_at_least,omitempty"`
@@ -22,10 +25,10 @@ type KindCount struct {
 	Oldest time.Time `json:"oldest_run_after"`
 }
 
-// UnhandledCountCap is where ReadyKindsExcept stops counting a kind: the
+// UnrunnableCountCap is where ReadyUnrunnable stops counting a class: the
 // report runs every few seconds on every coordinator, and while no runner
-// is attached (a rolling deploy) every kind is unhandled.
-const UnhandledCountCap = 10_000
+// is attached (a rolling deploy) every class is unrunnable.
+const UnrunnableCountCap = 10_000
 
 // readyLanes is a recursive CTE (lane: shard, queue, kind) of every lane of
 // task_ready that holds a task, found by a loose scan of its primary key:
@@ -39,47 +42,50 @@ const readyLanes = `lane AS (
 				ORDER BY r.shard, r.queue, r.kind LIMIT 1) n
 		)`
 
-// ReadyKindsExcept returns the kinds of ready tasks that are not in
-// handled, each with its count (up to UnhandledCountCap) and oldest
-// run_after, in kind order. The lanes of task_ready are found by a loose
-// index scan and only the lanes of kinds not handled are counted, each
-// count stopping at the cap.
-func (s *Store) ReadyKindsExcept(ctx context.Context, handled []string) ([]KindCount, error) {
-	if handled == nil {
-		handled = []string{}
+// ReadyUnrunnable returns the classes of ready tasks that are not in
+// runnable (the classes some attached runner can run), each with its count
+// (up to UnrunnableCountCap) and oldest run_after, in queue and kind order.
+// The lanes of task_ready are found by a loose index scan and only the
+// lanes of classes not runnable are counted, each count stopping at the
+// cap. Tasks waiting in a sequence are not counted: their head is.
+func (s *Store) ReadyUnrunnable(ctx context.Context, runnable []tasks.Class) ([]ClassCount, error) {
+	queues, kinds := make([]string, len(runnable)), make([]string, len(runnable))
+	for i, c := range runnable {
+		queues[i], kinds[i] = c.Queue, c.Kind
 	}
-	rows, err := s.pool.Query(ctx, `/* shardrun.ready_kinds_except */
-		WITH RECURSIVE `+readyLanes+`, unhandled AS MATERIALIZED (
-			SELECT shard, queue, kind FROM lane WHERE kind <> ALL ($1::text[])
+	rows, err := s.pool.Query(ctx, `/* shardrun.ready_unrunnable */
+		WITH RECURSIVE `+readyLanes+`, unrunnable AS MATERIALIZED (
+			SELECT shard, queue, kind FROM lane
+			WHERE (queue, kind) NOT IN (SELECT * FROM unnest($1::text[], $2::text[]))
 		)
-		SELECT u.kind, c.n, o.oldest
-		FROM (SELECT DISTINCT kind FROM unhandled) u
+		SELECT u.queue, u.kind, c.n, o.oldest
+		FROM (SELECT DISTINCT queue, kind FROM unrunnable) u
 		CROSS JOIN LATERAL (
 			SELECT count(*) AS n FROM (
-				SELECT 1 FROM unhandled l CROSS JOIN LATERAL (
+				SELECT 1 FROM unrunnable l CROSS JOIN LATERAL (
 					SELECT 1 FROM task_ready r WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind
-					LIMIT $2) x
-				WHERE l.kind = u.kind
-				LIMIT $2) y
+					LIMIT $3) x
+				WHERE l.queue = u.queue AND l.kind = u.kind
+				LIMIT $3) y
 		) c
 		CROSS JOIN LATERAL (
 			SELECT min((SELECT r.run_after FROM task_ready r WHERE r.shard = l.shard AND r.queue = l.queue AND r.kind = l.kind
 				ORDER BY r.priority, r.run_after, r.id LIMIT 1)) AS oldest
-			FROM unhandled l WHERE l.kind = u.kind
+			FROM unrunnable l WHERE l.queue = u.queue AND l.kind = u.kind
 		) o
 		WHERE c.n > 0
-		ORDER BY u.kind`, handled, UnhandledCountCap)
+		ORDER BY u.queue, u.kind`, queues, kinds, UnrunnableCountCap)
 	if err != nil {
-		return nil, fmt.Errorf("counting ready tasks of unhandled kinds: %w", err)
+		return nil, fmt.Errorf("counting ready tasks no attached runner can run: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (KindCount, error) {
-		var kc KindCount
-		err := r.Scan(&kc.Kind, &kc.Ready, &kc.Oldest)
-		kc.AtLeast = kc.Ready >= UnhandledCountCap
-		return kc, err
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClassCount, error) {
+		var cc ClassCount
+		err := r.Scan(&cc.Queue, &cc.Kind, &cc.Ready, &cc.Oldest)
+		cc.AtLeast = cc.Ready >= UnrunnableCountCap
+		return cc, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("counting ready tasks of unhandled kinds: %w", err)
+		return nil, fmt.Errorf("counting ready tasks no attached runner can run: %w", err)
 	}
 	return out, nil
 }

@@ -193,14 +193,41 @@ func TestUpgradeToTheTaskLayout(t *testing.T) {
 		t.Fatalf("a completion of the previous build: %v rows, %v", tag.RowsAffected(), err)
 	}
 
-	// A runner of this build takes every shard over and runs what is due.
+	// Nor can a runner of the build before capability groups (migrations
+	// up to 00009): its fence raise names the shard alone, which is no
+	// longer a key of shard_fences, so it never holds a fence to claim under.
+	if _, err := s.Pool().Exec(ctx, `INSERT INTO shard_fences AS f (shard, epoch, owner)
+		SELECT shard, epoch, $3 FROM unnest($1::int[], $2::bigint[]) AS o(shard, epoch) ORDER BY shard
+		ON CONFLICT (shard) DO UPDATE SET epoch = excluded.epoch, owner = excluded.owner, raised_at = now()
+		WHERE f.epoch <= excluded.epoch
+		RETURNING shard, epoch`, allShards, epochs, "old-runner"); err == nil {
+		t.Fatal("a fence raise of the build before capability groups succeeded")
+	}
+
+	// A runner of this build takes every shard of its group over; the
+	// claims of the previous build belong to no group of this one (their
+	// units are the group ''), so the leader's stale sweep requeues them,
+	// and the runner runs what is due.
 	terms := make([]tasks.ShardEpoch, shards)
 	for i := range terms {
 		terms[i] = tasks.ShardEpoch{Shard: i, Epoch: 8}
 	}
-	raised, requeued, dead, err := s.RaiseFences(ctx, "new-runner", terms)
-	if err != nil || len(raised) != shards {
-		t.Fatalf("raising the fences: %d raised, %v", len(raised), err)
+	raised, requeued, dead, err := s.RaiseFences(ctx, "new-runner", "gnew", terms)
+	if err != nil || len(raised) != shards || requeued+dead != 0 {
+		t.Fatalf("raising the fences: %d raised, %d requeued, %d dead, %v", len(raised), requeued, dead, err)
+	}
+	if ok, err := s.RaiseLeaderFence(ctx, "new-coordinator", 1); err != nil || !ok {
+		t.Fatalf("raising the leader fence: %v %v", ok, err)
+	}
+	for {
+		r, d, err := s.SweepStale(ctx, 1, time.Millisecond, 10_000, store.Backoff{Base: time.Millisecond, Cap: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requeued, dead = requeued+r, dead+d
+		if r+d == 0 {
+			break
+		}
 	}
 	var requested int64
 	if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM tasks WHERE state = 'cancelled' AND cancel_requested_at IS NOT NULL

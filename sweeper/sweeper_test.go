@@ -67,7 +67,7 @@ func setup(t testing.TB) *fixture {
 	if ok, err := st.RaiseLeaderFence(ctx, "test", epoch); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if _, _, _, err := st.RaiseFences(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
+	if _, _, _, err := st.RaiseFences(ctx, "r", "", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{t: t, store: st, dsn: dsn, clock: clock.NewFake()}

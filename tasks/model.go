@@ -143,6 +143,13 @@ type Task struct {
 	TraceContext string `json:"-"`
 }
 
+// Class is a task's queue and kind: what decides which runners can run it
+// (a runner serves queues and handles kinds).
+type Class struct {
+	Queue string `json:"queue"`
+	Kind  string `json:"kind"`
+}
+
 // Ref names one claimed attempt of a task: every write about it is fenced on
 // all four fields.
 func (t *Task) Ref() Ref {

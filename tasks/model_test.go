@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"hash/fnv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -157,5 +158,23 @@ func TestRegistryAndTyped(t *testing.T) {
 	err := fn(context.Background(), &Task{ID: 9, Kind: "resize", Payload: json.RawMessage(`{"N": "three"}`)})
 	if !errors.Is(err, ErrPayload) || !strings.Contains(err.Error(), "task 9") {
 		t.Fatalf("undecodable payload: %v", err)
+	}
+}
+
+// TestRegistryOnly: a narrowed registry has the kinds asked for and no
+// others; a kind without a handler is an error naming it.
+func TestRegistryOnly(t *testing.T) {
+	r := NewRegistry()
+	for _, k := range []string{"a", "b", "c"} {
+		if err := r.Register(k, func(context.Context, *Task) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	only, err := r.Only([]string{"c", "a", "c"})
+	if err != nil || !slices.Equal(only.Kinds(), []string{"a", "c"}) {
+		t.Fatalf("Only(c, a, c): %v, %v", only.Kinds(), err)
+	}
+	if _, err := r.Only([]string{"a", "gpu"}); err == nil || !strings.Contains(err.Error(), `"gpu"`) {
+		t.Errorf("Only(a, gpu): %v; want an error naming gpu", err)
 	}
 }

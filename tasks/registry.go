@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/shardrun/shardrun/internal/jsonbody"
@@ -100,4 +101,20 @@ func (r *Registry) Kinds() []string {
 	}
 	slices.Sort(kinds)
 	return kinds
+}
+
+// Only returns a registry of the handlers of kinds, or an error naming the
+// first kind r has no handler for.
+func (r *Registry) Only(kinds []string) (*Registry, error) {
+	out := NewRegistry()
+	for _, kind := range kinds {
+		h, ok := r.Lookup(kind)
+		if !ok {
+			return nil, fmt.Errorf("no handler for kind %q (this runner has %s)", kind, strings.Join(r.Kinds(), ", "))
+		}
+		if _, dup := out.Lookup(kind); !dup {
+			out.handlers[kind] = h
+		}
+	}
+	return out, nil
 }

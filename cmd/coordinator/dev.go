@@ -181,6 +181,11 @@ func printBanner(out io.Writer, addr string, runners []*devRunner, o options, tm
 	fmt.Fprintf(out, "  tasks        %d/s: 55%% sleep, 30%% noop, and on purpose 12%% that fail once then complete,\n", o.devRate)
 	fmt.Fprintf(out, "               2%% that always fail (dead after 2 attempts) and 1%% that miss their deadline (failed):\n")
 	fmt.Fprintf(out, "               failed and dead grow steadily by design\n")
+	if pool := emailsPool(len(runners)); pool > 0 {
+		fmt.Fprintf(out, "  a mixed fleet %d runners serve the default queue; %s is an emails pool (--queues emails=4),\n", len(runners)-1, runners[pool-1].id)
+		fmt.Fprintf(out, "               which runs the %d%% of tasks sent to the emails queue: kill it and they wait, shown\n", emailsShare)
+		fmt.Fprintf(out, "               as unrunnable on the status page until it is back\n")
+	}
 	fmt.Fprintf(out, "  timings      stale threshold %s, task heartbeat %s, election TTL %s (flags you give override them)\n",
 		o.staleThreshold, o.heartbeatInterval, o.electionTTL)
 	fmt.Fprintf(out, "  Ctrl-C stops everything and removes the temporary data (%s)\n\n", tmp)
@@ -217,10 +222,34 @@ func produce(ctx context.Context, c *client.Client, rate int, log hclog.Logger) 
 	}
 }
 
+// emailsShare is the percentage of demo tasks sent to the emails queue
+// when the demo runs an emails pool.
+const emailsShare = 20
+
+// emailsPool is the number (1-based) of the demo runner that serves the
+// emails queue alone, or 0: with three runners or more the last is an
+// emails pool, so that the demo shows a mixed fleet; with fewer every
+// runner serves both queues.
+func emailsPool(runners int) int {
+	if runners >= 3 {
+		return runners
+	}
+	return 0
+}
+
 // demoTask draws one task: mostly short sleeps and no-ops, some that fail
 // once then succeed, a few that never succeed (dead) and a few that miss
-// their deadline (failed).
+// their deadline (failed); emailsShare percent of them in the emails
+// queue.
 func demoTask() tasks.NewTask {
+	t := demoKind()
+	if rand.IntN(100) < emailsShare {
+		t.Queue = "emails"
+	}
+	return t
+}
+
+func demoKind() tasks.NewTask {
 	switch p := rand.IntN(100); {
 	case p < 55:
 		return tasks.NewTask{Kind: "sleep", Payload: fmt.Appendf(nil, `{"ms": %d}`, 20+rand.IntN(400))}
@@ -264,11 +293,14 @@ func progress(ctx context.Context, c *coordinator.Coordinator, out io.Writer) {
 }
 
 // shardsLine is "runner-1 85, runner-2 86 (detached), runner-3 85 (unresponsive)",
-// then runners lost in the last minute and unowned shards.
+// then runners lost in the last minute and unowned shards (of every
+// capability group).
 func shardsLine(v coordinator.ClusterView) string {
 	owners := map[string]int{}
-	for _, id := range v.Owners {
-		owners[id]++
+	for _, g := range v.Groups {
+		for _, id := range g.Owners {
+			owners[id]++
+		}
 	}
 	var parts []string
 	for _, r := range v.Runners {
@@ -283,7 +315,11 @@ func shardsLine(v coordinator.ClusterView) string {
 		if len(marks) > 0 {
 			mark = " (" + strings.Join(marks, ", ") + ")"
 		}
-		parts = append(parts, fmt.Sprintf("%s %d%s", r.ID, owners[r.ID], mark))
+		pool := ""
+		if !slices.Equal(r.Queues, []string{tasks.DefaultQueue}) {
+			pool = " [" + strings.Join(r.Queues, ",") + "]"
+		}
+		parts = append(parts, fmt.Sprintf("%s%s %d%s", r.ID, pool, owners[r.ID], mark))
 	}
 	for _, r := range v.Gone {
 		if r.Health == coordinator.HealthLost && time.Since(r.LastSeen) < time.Minute {
@@ -310,9 +346,16 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 		return nil, err
 	}
 	r := &devRunner{id: fmt.Sprintf("runner-%d", n), admin: fmt.Sprintf("127.0.0.1:%d", port), done: make(chan error, 1)}
+	queues := "default"
+	switch emailsPool(o.devRunners) {
+	case 0:
+		queues = "default,emails"
+	case n:
+		queues = "emails=4"
+	}
 	r.cmd = exec.Command(bin,
 		"--etcd-endpoints", o.endpoints, "--etcd-prefix", o.prefix, "--cluster", o.cluster,
-		"--shard-count", strconv.Itoa(o.shardCount),
+		"--shard-count", strconv.Itoa(o.shardCount), "--queues", queues,
 		"--runner-id", r.id, "--admin-addr", r.admin, "--lease-ttl", devLeaseTTL.String(), "--recovery-window", "2s",
 		"--heartbeat-interval", o.heartbeatInterval.String(), "--handoff-timeout", "5s",
 		"--retry-base", o.retryBase.String(), "--retry-cap", o.retryCap.String(), "--log-level", "warn")

@@ -148,6 +148,11 @@ func TestMakeDemo(t *testing.T) {
 	if !regexp.MustCompile(`completed [1-9]\d* \(`).MatchString(last) || !strings.Contains(last, "runner-1") {
 		t.Fatalf("progress does not show work being done: %q", last)
 	}
+	// A mixed fleet: the last runner is an emails pool, with its own
+	// share of the shards.
+	if !strings.Contains(last, "runner-3 [emails] 256") {
+		t.Errorf("progress does not show runner-3 as an emails pool owning all 256 shards of its group: %q", last)
+	}
 	out := d.output()
 	url := regexp.MustCompile(`status page\s+(http://\S+)`).FindStringSubmatch(out)
 	if url == nil {

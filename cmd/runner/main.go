@@ -8,7 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -44,7 +47,7 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	s := settings{cfg: runner.DefaultConfig()}
 	cfg := &s.cfg
 	cfg.Version = version
-	var endpoints, queues string
+	var endpoints, queues, kinds string
 	fs := cli.NewFlagSet("runner", "runner: a shardrun runner — executes the tasks of the shards it owns.\n\n"+
 		"Usage: runner [flags]\n\n"+
 		"The runner holds an etcd lease, owns a balanced share of the cluster's shards, and runs\n"+
@@ -75,6 +78,7 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	fs.Duration(&cfg.PollInterval, "poll-interval", "SHARDRUN_POLL_INTERVAL", cfg.PollInterval, "claim poll interval when no notification arrives, 10ms to 1h")
 	fs.Int(&cfg.MaxWorkers, "max-workers", "SHARDRUN_MAX_WORKERS", cfg.MaxWorkers, fmt.Sprintf("tasks running at once, 1 to %d", executor.MaxMaxWorkers))
 	fs.String(&queues, "queues", "SHARDRUN_QUEUES", tasks.DefaultQueue, "queues to claim from, comma-separated, each with an optional limit of its tasks running at once (emails=8); --max-workers bounds them all")
+	fs.String(&kinds, "kinds", "SHARDRUN_KINDS", "", "task kinds to handle, comma-separated, of this binary's (noop, sleep, fail); default all")
 	fs.Duration(&cfg.HandoffTimeout, "handoff-timeout", "SHARDRUN_HANDOFF_TIMEOUT", cfg.HandoffTimeout, "how long a moving shard's running tasks may finish before they are cancelled, up to 1h")
 	fs.Duration(&cfg.RetryBase, "retry-base", "SHARDRUN_RETRY_BASE", cfg.RetryBase, "backoff after a task's first failed attempt (doubles per attempt, with jitter), 1ms to 24h")
 	fs.Duration(&cfg.RetryCap, "retry-cap", "SHARDRUN_RETRY_CAP", cfg.RetryCap, "longest backoff between attempts, --retry-base to 24h")
@@ -87,6 +91,11 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	var err error
 	if cfg.Queues, err = runner.ParseQueues(queues); err != nil {
 		return s, err
+	}
+	if fs.Given("kinds") {
+		if cfg.Kinds, err = parseKinds(kinds); err != nil {
+			return s, err
+		}
 	}
 	// 0 is not a margin: it would stop work at the very deadline. Left
 	// out, the margin is lease-ttl/3.
@@ -166,4 +175,21 @@ func warnSecrets(log hclog.Logger, flags []string) {
 		log.Warn("a secret was given on the command line, where every local user can read it (/proc/<pid>/cmdline); give it by file or environment instead",
 			"flag", "--"+name, "instead", "--"+name+"-file")
 	}
+}
+
+// parseKinds reads --kinds: comma-separated kinds of this binary's built-in
+// handlers.
+func parseKinds(spec string) ([]string, error) {
+	builtin := runner.Builtins(hclog.NewNullLogger())
+	var out []string
+	for _, k := range strings.Split(spec, ",") {
+		k = strings.TrimSpace(k)
+		if _, ok := builtin[k]; !ok {
+			return nil, fmt.Errorf("--kinds: %q is not a kind of this binary (%s)", k, strings.Join(slices.Sorted(maps.Keys(builtin)), ", "))
+		}
+		if !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out, nil
 }

@@ -4,21 +4,22 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/shardrun/shardrun/client"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -67,6 +68,9 @@ func TestBadInputIsOneLineNamingTheFlag(t *testing.T) {
 		{[]string{"--database-url", "postgres://u@h/db", "--lease-ttl", "3s", "--detach-margin", "3s"}, nil, "--detach-margin"},
 		{[]string{"--database-url", "postgres://u@h/db", "--admin-addr", "0.0.0.0:9090"}, nil, "--admin-token"},
 		{[]string{"--database-url", "postgres://u@h/db", "--etcd-endpoints", "localhost:2379"}, nil, "--etcd-endpoints"},
+		{[]string{"--database-url", "postgres://u@h/db", "--kinds", "noop,gpu"}, nil, "--kinds"},
+		{[]string{"--database-url", "postgres://u@h/db", "--kinds", ""}, nil, "--kinds"},
+		{nil, map[string]string{"DATABASE_URL": "postgres://u@h/db", "SHARDRUN_KINDS": "noop,,sleep"}, "--kinds"},
 		// Tracing that shardrun cannot do stops it before it connects.
 		{nil, map[string]string{"DATABASE_URL": "postgres://u@h/db", "OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"},
 		{nil, map[string]string{"DATABASE_URL": "postgres://u@h/db", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317",
@@ -163,13 +167,17 @@ func TestBinaryAsANewUserRunsIt(t *testing.T) {
 	})
 
 	owners := func() map[string]int {
-		resp, err := cli.Get(ctx, "/shardrun/default/shards/", clientv3.WithPrefix())
+		cl, err := shard.ReadCluster(ctx, cli, "/shardrun/default/", 32)
 		if err != nil {
 			t.Fatal(err)
 		}
 		m := map[string]int{}
-		for _, kv := range resp.Kvs {
-			m[string(kv.Value)]++
+		for _, g := range cl.Groups {
+			for _, o := range g.Owners {
+				if o != "" {
+					m[o]++
+				}
+			}
 		}
 		return m
 	}
@@ -211,4 +219,21 @@ func TestBinaryAsANewUserRunsIt(t *testing.T) {
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
+}
+
+// TestKindsNarrowTheHandlers: --kinds keeps the named built-ins, once each,
+// in the order given; left out, the runner handles all of them.
+func TestKindsNarrowTheHandlers(t *testing.T) {
+	getenv := func(string) string { return "" }
+	s, err := parse([]string{"--database-url", "postgres://u@h/db", "--kinds", "sleep, noop,sleep"}, getenv, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(s.cfg.Kinds, []string{"sleep", "noop"}) {
+		t.Errorf("--kinds sleep,noop,sleep: %q", s.cfg.Kinds)
+	}
+	s, err = parse([]string{"--database-url", "postgres://u@h/db"}, getenv, nil, io.Discard)
+	if err != nil || s.cfg.Kinds != nil {
+		t.Errorf("no --kinds: %q, %v; want every kind", s.cfg.Kinds, err)
+	}
 }

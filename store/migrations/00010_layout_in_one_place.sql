@@ -105,6 +105,16 @@ ALTER TABLE tasks DROP CONSTRAINT tasks_queue_check,
     ADD CONSTRAINT tasks_queue_check CHECK (queue ~ '^[A-Za-z0-9._-]{1,100}$') NOT VALID;
 ALTER TABLE queues ADD CONSTRAINT queues_name_rule CHECK (name ~ '^[A-Za-z0-9._-]{1,100}$') NOT VALID;
 
+-- Mixed fleets (issue 31): the unit of ownership is a shard of a
+-- capability group (the runners that serve the same queues and handle the
+-- same kinds: shard.GroupOf). Each unit has its fence, and a claim records
+-- the unit it was made under, so that the unit's next owner requeues
+-- exactly its claims. Rows of the earlier layout belong to the group ''
+-- (no runner's): their claims are requeued by the stale sweep.
+ALTER TABLE shard_fences ADD COLUMN grp text NOT NULL DEFAULT '';
+ALTER TABLE shard_fences DROP CONSTRAINT shard_fences_pkey, ADD PRIMARY KEY (grp, shard);
+ALTER TABLE task_claims ADD COLUMN grp text NOT NULL DEFAULT '';
+
 -- +goose Down
 -- +goose StatementBegin
 DO $$ BEGIN
