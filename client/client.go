@@ -145,9 +145,12 @@ func (c *Client) Enqueue(ctx context.Context, n tasks.NewTask) (tasks.Enqueued, 
 // EnqueueTx is Enqueue inside tx, the producer's own transaction: the task
 // exists once tx commits and not at all if it rolls back, and runners are
 // woken only by the commit. tx should be READ COMMITTED (PostgreSQL's
-// default) when the task has a unique key: a stricter isolation level
-// cannot see a holder that committed after it began. A nil tx enqueues on
-// its own.
+// default) when the task has a unique key or a sequence key: a stricter
+// isolation level cannot see a unique key's holder that committed after it
+// began, and the task joins its sequence at the commit, where a REPEATABLE
+// READ or SERIALIZABLE transaction whose sequence moved since its snapshot
+// fails with a serialization failure (SQLSTATE 40001; retry it, as any
+// such failure). A nil tx enqueues on its own.
 //
 // With tracing on, the span "shardrun.enqueue" covers the insert (not the
 // commit of tx) and its trace context is stored with the task.

@@ -91,7 +91,7 @@ func countQuery(f tasks.Filter) (sql string, args []any, scan int) {
 			var from string
 			switch st {
 			case tasks.Ready:
-				parts = append(parts, "(SELECT count(*) FROM (SELECT 1 FROM task_waiting LIMIT "+strconv.Itoa(MatchCountCap)+") x)")
+				parts = append(parts, "(SELECT count(*) FROM (SELECT 1 FROM task_waiting WHERE NOT ended LIMIT "+strconv.Itoa(MatchCountCap)+") x)")
 				from = "task_ready"
 			case tasks.Running:
 				from = "task_claims"

@@ -539,3 +539,45 @@ func TestAPauseIsABarrierForClaimsUnderWay(t *testing.T) {
 		t.Fatalf("claimed %+v after the pause (%v)", again, err)
 	}
 }
+
+// A task that misses its deadline while it waits its turn ends failed at
+// once, and holds its sequence back when its turn comes, as a failure of
+// the head does: the tasks behind it never run out from under it. Its
+// retry puts it back in its place; its cancel lets the sequence go on.
+func TestAWaitingTaskPastItsDeadlineBlocksWhenItsTurnComes(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	head, waiting := sequenceOf(t, s, "lateblock", 15, 4, 3)
+	retime(t, s, "deadline", "now() - interval '1 second'", waiting[0], waiting[1])
+	if n, err := s.SweepDeadlines(ctx, leaderEpoch, time.Hour, 100); err != nil || n != 2 {
+		t.Fatalf("the deadline sweep failed %d tasks (%v), want the two waiting ones", n, err)
+	}
+	if counts, err := s.CountByState(ctx); err != nil || counts[tasks.Ready] != 1 || counts[tasks.Failed] != 2 {
+		t.Fatalf("counts %v (%v): want the last task ready, two failed (and the head running)", counts, err)
+	}
+	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: head.Ref()}}))
+	if ids := claimedIDs(t, s, 15); len(ids) != 0 {
+		t.Fatalf("claimed %v behind a task that failed while it waited", ids)
+	}
+	blocked, err := s.BlockedSequences(ctx, "", 10)
+	if err != nil || len(blocked) != 1 || blocked[0].Task.ID != waiting[0] {
+		t.Fatalf("blocked sequences %+v (%v), want lateblock blocked by %d", blocked, err, waiting[0])
+	}
+	// Retried, the first runs in its place; the second, which failed
+	// while waiting, holds the last back in its turn; cancelled, it
+	// lets the last run.
+	if _, err := s.RetryTask(ctx, waiting[0]); err != nil {
+		t.Fatal(err)
+	}
+	if ids := claimedIDs(t, s, 15); len(ids) != 1 || ids[0] != waiting[0] {
+		t.Fatalf("after the retry claimed %v, want %d", ids, waiting[0])
+	}
+	if _, err := s.CancelTask(ctx, waiting[1]); err != nil {
+		t.Fatal(err)
+	}
+	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: tasks.Ref{ID: waiting[0], Shard: 15, Epoch: 1, Attempt: 2}}}))
+	if ids := claimedIDs(t, s, 15); len(ids) != 1 || ids[0] != waiting[2] {
+		t.Fatalf("after the cancel of the second claimed %v, want the last, %d", ids, waiting[2])
+	}
+}

@@ -900,8 +900,9 @@ func (s *Store) FailUnrunnable(ctx context.Context, epoch int64, c tasks.Class, 
 // first, and returns how many. It walks task_finished by (state,
 // finished_at) from the oldest row of that state, so rows of other states
 // kept longer are never visited. A dead or failed task that blocks its
-// sequence is kept, whatever its age: the sequence waits on it until an
-// operator retries or cancels it. Rows locked by a concurrent statement
+// sequence, or will when its turn comes (it failed while it waited), is
+// kept, whatever its age: the sequence waits on it until an operator
+// retries or cancels it. Rows locked by a concurrent statement
 // (an operator's retry) are skipped for this batch. It applies under the
 // leadership epoch only (ErrNotLeader otherwise).
 func (s *Store) DeleteFinished(ctx context.Context, epoch int64, state string, olderThan time.Duration, limit int) (int64, error) {
@@ -919,6 +920,7 @@ func (s *Store) DeleteFinished(ctx context.Context, epoch int64, state string, o
 			WHERE t.id = ANY (ARRAY(SELECT id FROM doomed)) AND t.state = $2
 			  AND t.finished_at < now() - $3 * interval '1 millisecond'
 			  AND NOT EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = t.sequence_key AND s.head_id = t.id)
+			  AND NOT EXISTS (SELECT 1 FROM task_waiting w WHERE w.id = t.id)
 			ORDER BY t.id
 			FOR UPDATE SKIP LOCKED
 		), del AS (

@@ -491,7 +491,7 @@ const CountCap = 100_000
 func (s *Store) CountByStateCapped(ctx context.Context, limit int) (map[tasks.State]int64, error) {
 	return s.countByState(ctx, "counting tasks by state up to "+strconv.Itoa(limit), `/* shardrun.count_capped */
 		SELECT 'ready', (SELECT count(*) FROM (SELECT 1 FROM task_ready LIMIT $1) x) +
-			(SELECT count(*) FROM (SELECT 1 FROM task_waiting LIMIT $1) y)
+			(SELECT count(*) FROM (SELECT 1 FROM task_waiting WHERE NOT ended LIMIT $1) y)
 		UNION ALL
 		SELECT 'running', (SELECT count(*) FROM (SELECT 1 FROM task_claims LIMIT $1) x)
 		UNION ALL

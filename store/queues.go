@@ -72,7 +72,7 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (t
 func (s *Store) Queues(ctx context.Context, window time.Duration) ([]QueueStats, error) {
 	rows, err := s.pool.Query(ctx, `/* shardrun.queues */
 		WITH RECURSIVE `+readyLanes+`, lanes AS MATERIALIZED (SELECT * FROM lane WHERE kind IS NOT NULL)
-		SELECT q.name, r.n + (SELECT count(*) FROM (SELECT 1 FROM task_waiting w WHERE w.queue = q.name LIMIT $1) w),
+		SELECT q.name, r.n + (SELECT count(*) FROM (SELECT 1 FROM task_waiting w WHERE w.queue = q.name AND NOT w.ended LIMIT $1) w),
 			(SELECT count(*) FROM task_claims c WHERE c.queue = q.name), q.paused_at,
 			(SELECT count(*) FROM task_finished f
 			 WHERE f.state = 'completed' AND f.finished_at > now() - $2 * interval '1 millisecond' AND f.queue = q.name)

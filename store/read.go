@@ -24,7 +24,7 @@ var ErrNotFound = tasks.ErrNotFound
 // tasks. The status page uses CountByStateCapped instead.
 func (s *Store) CountByState(ctx context.Context) (map[tasks.State]int64, error) {
 	return s.countByState(ctx, "counting tasks by state", `/* shardrun.count */
-		SELECT 'ready', (SELECT count(*) FROM task_ready) + (SELECT count(*) FROM task_waiting)
+		SELECT 'ready', (SELECT count(*) FROM task_ready) + (SELECT count(*) FROM task_waiting WHERE NOT ended)
 		UNION ALL
 		SELECT 'running', count(*) FROM task_claims
 		UNION ALL

@@ -39,6 +39,10 @@ CREATE TABLE task_waiting (
     pos          bigint      GENERATED ALWAYS AS IDENTITY,
     queue        text        NOT NULL,
     deadline     timestamptz,
+    -- ended: the task failed (or died) while it waited, in a sequence it
+    -- blocks; it keeps its place so that the sequence stops there when
+    -- its turn comes (shardrun_expire, shardrun_settle).
+    ended        boolean     NOT NULL DEFAULT false,
     UNIQUE (sequence_key, pos)
 );
 -- The deadline sweep's waiting half, and the queues' counts.

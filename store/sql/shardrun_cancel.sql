@@ -2,8 +2,8 @@
 -- (shardrun_lock_tasks), each task is where it is, and:
 --
 --   in a lane or waiting, or inserted by this transaction -> cancelled now
---   dead or failed, blocking its sequence                 -> cancelled now,
---                                                            the sequence moves on
+--   dead or failed, blocking its sequence (its head, or     -> cancelled now,
+--   ended while it waited its turn)                          the sequence moves on
 --   claimed (running)                                     -> its cancel is
 --       requested: the runner's next heartbeat carries it (store: Heartbeat),
 --       and the runner's own fenced write ends the attempt
@@ -24,7 +24,9 @@ DECLARE
 BEGIN
     locked := shardrun_lock_tasks(ids, skip_locked);
     blocked := ARRAY(SELECT t.id FROM tasks t JOIN task_sequences s ON s.key = t.sequence_key AND s.head_id = t.id
-                     WHERE t.id = ANY (locked) AND t.state IN ('dead', 'failed'));
+                     WHERE t.id = ANY (locked) AND t.state IN ('dead', 'failed')
+                     UNION ALL
+                     SELECT w.id FROM task_waiting w WHERE w.id = ANY (locked) AND w.ended);
     ending := shardrun_unplace(ARRAY(SELECT id FROM tasks WHERE id = ANY (locked) AND state = 'ready'));
     asked := ARRAY(SELECT t.id FROM tasks t WHERE t.id = ANY (locked) AND t.state = 'ready' AND NOT (t.id = ANY (ending)));
     DELETE FROM task_finished f USING tasks t WHERE t.id = ANY (blocked) AND f.state = t.state AND f.id = t.id;

@@ -5,8 +5,10 @@
 --
 --   place     an unfinished task is in exactly one of: its lane, a claim,
 --             its sequence's waiting line; a finished one in none of them
---             and in task_finished once, under its state; every entry of
---             those tables has its task, and a lane entry matches it
+--             (but a dead or failed one that blocks its sequence may keep
+--             its place in the waiting line, ended) and in task_finished
+--             once, under its state; every entry of those tables has its
+--             task, and a lane or waiting entry matches it
 --   cancel    no task whose cancel was requested is claimable
 --   key       a unique key is held by its unfinished task, one that no
 --             cancel was requested for; every such task holds its key
@@ -19,12 +21,13 @@ RETURNS TABLE (task_id bigint, sequence_key text, problem text)
 LANGUAGE sql STABLE AS $$
 WITH lane AS (SELECT id, count(*) AS n FROM task_ready GROUP BY id),
 claim AS (SELECT id, count(*) AS n FROM task_claims GROUP BY id),
-wait AS (SELECT id, count(*) AS n FROM task_waiting GROUP BY id),
+wait AS (SELECT id, count(*) FILTER (WHERE NOT ended) AS n, count(*) FILTER (WHERE ended) AS e FROM task_waiting GROUP BY id),
 fin AS (SELECT id, count(*) AS n, count(*) FILTER (WHERE f.state = t.state) AS own
         FROM task_finished f LEFT JOIN tasks t USING (id) GROUP BY id),
 place AS (
     SELECT t.id, t.state, t.sequence_key, t.unique_key, t.cancel_requested_at,
-           coalesce(l.n, 0) AS lanes, coalesce(c.n, 0) AS claims, coalesce(w.n, 0) AS waits,
+           t.sequence_blocks, coalesce(l.n, 0) AS lanes, coalesce(c.n, 0) AS claims, coalesce(w.n, 0) AS waits,
+           coalesce(w.e, 0) AS ended,
            coalesce(f.n, 0) AS finished, coalesce(f.own, 0) AS own_finished
     FROM tasks t LEFT JOIN lane l USING (id) LEFT JOIN claim c USING (id) LEFT JOIN wait w USING (id) LEFT JOIN fin f USING (id)
 )
@@ -33,6 +36,12 @@ FROM place WHERE state = 'ready' AND lanes + claims + waits <> 1
 UNION ALL
 SELECT id, sequence_key, format('unfinished task with %s task_finished entries', finished)
 FROM place WHERE state = 'ready' AND finished > 0
+UNION ALL
+SELECT id, sequence_key, format('%s task with an ended waiting entry', CASE WHEN state = 'ready' THEN 'unfinished'
+                                                                             ELSE state || ', not blocking,' END)
+FROM place WHERE ended > 0 AND (state NOT IN ('dead', 'failed') OR NOT sequence_blocks)
+UNION ALL
+SELECT id, sequence_key, format('%s ended waiting entries', ended) FROM place WHERE ended > 1
 UNION ALL
 SELECT id, sequence_key, format('%s task in a lane, a claim or waiting (lane %s, claim %s, waiting %s)', state, lanes, claims, waits)
 FROM place WHERE state <> 'ready' AND lanes + claims + waits > 0
@@ -53,7 +62,8 @@ WHERE (r.shard, r.queue, r.kind, r.priority, r.run_after) IS DISTINCT FROM (t.sh
    OR r.deadline IS DISTINCT FROM t.deadline
 UNION ALL
 SELECT w.id, w.sequence_key, 'waiting entry does not match its task' FROM task_waiting w JOIN tasks t ON t.id = w.id
-WHERE w.sequence_key IS DISTINCT FROM t.sequence_key OR w.queue <> t.queue OR w.deadline IS DISTINCT FROM t.deadline
+WHERE w.sequence_key IS DISTINCT FROM t.sequence_key OR w.queue <> t.queue
+   OR (NOT w.ended AND w.deadline IS DISTINCT FROM t.deadline) OR (w.ended AND w.deadline IS NOT NULL)
 UNION ALL
 SELECT id, sequence_key, 'cancel requested, but claimable' FROM place WHERE cancel_requested_at IS NOT NULL AND lanes + waits > 0
 UNION ALL
@@ -87,6 +97,9 @@ UNION ALL
 SELECT p.id, p.sequence_key, 'task of a sequence claimable or running but not its head'
 FROM place p WHERE p.state = 'ready' AND p.sequence_key IS NOT NULL AND p.lanes + p.claims > 0
   AND NOT EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = p.sequence_key AND s.head_id = p.id)
+UNION ALL
+SELECT w.id, w.sequence_key, 'waiting entry of a sequence without a row' FROM task_waiting w
+WHERE NOT EXISTS (SELECT 1 FROM task_sequences s WHERE s.key = w.sequence_key)
 UNION ALL
 SELECT w.id, w.sequence_key, 'waiting task is its sequence''s head' FROM task_waiting w
 JOIN task_sequences s ON s.key = w.sequence_key AND s.head_id = w.id

@@ -15,9 +15,13 @@
 --      sequence that blocks, blocks it. A head ready again (a retried
 --      blocked head) unblocks it.
 --   3. Every other task of ids that is ready and in no place (just
---      inserted, or retried) waits, after those already waiting.
---   4. A sequence without a head makes its first waiting task the head;
---      one with nothing left ends (its row goes).
+--      inserted, or retried) waits, after those already waiting. A task
+--      that ended while it waited (shardrun_expire: failed in a sequence
+--      it blocks) keeps its place, ended; retried, it waits there again;
+--      cancelled, it leaves.
+--   4. A sequence without a head makes its first waiting task the head
+--      (one that ended while it waited blocks the sequence at once); one
+--      with nothing left ends (its row goes).
 --   5. A head that is ready and in no place (promoted, retried, or
 --      requeued from its claim) goes into its lane.
 --
@@ -46,6 +50,10 @@ BEGIN
           WHERE q.key = ANY (keys) AND q.head_id IS NOT NULL) h
     WHERE s.key = h.key;
     -- 3.
+    UPDATE task_waiting w SET ended = false, deadline = t.deadline FROM tasks t
+    WHERE w.id = ANY (ids) AND w.ended AND t.id = w.id AND t.state = 'ready';
+    DELETE FROM task_waiting w USING tasks t
+    WHERE w.id = ANY (ids) AND w.ended AND t.id = w.id AND t.state NOT IN ('ready', 'dead', 'failed');
     INSERT INTO task_waiting (id, sequence_key, queue, deadline)
     SELECT t.id, t.sequence_key, t.queue, t.deadline FROM tasks t
     WHERE t.id = ANY (ids) AND t.sequence_key IS NOT NULL AND t.state = 'ready'
@@ -63,9 +71,9 @@ BEGIN
                             WHERE w.sequence_key = s.key ORDER BY w.pos LIMIT 1) w
         WHERE s.key = ANY (keys) AND s.head_id IS NULL
     ), promoted AS (
-        DELETE FROM task_waiting w WHERE w.id = ANY (ARRAY(SELECT id FROM nxt)) RETURNING w.id, w.sequence_key
+        DELETE FROM task_waiting w WHERE w.id = ANY (ARRAY(SELECT id FROM nxt)) RETURNING w.id, w.sequence_key, w.ended
     )
-    UPDATE task_sequences s SET head_id = p.id, since = now(), blocked_at = NULL
+    UPDATE task_sequences s SET head_id = p.id, since = now(), blocked_at = CASE WHEN p.ended THEN now() END
     FROM promoted p WHERE s.key = p.sequence_key;
     DELETE FROM task_sequences s WHERE s.key = ANY (keys) AND s.head_id IS NULL;
     -- 5.
