@@ -36,19 +36,19 @@ test:
 UPGRADE_ROWS ?= 1000000
 upgrade-test:
 	@$(DEPS) test
-	SHARDRUN_UPGRADE_ROWS=$(UPGRADE_ROWS) $(GO) test -count=1 -timeout 20m -run '^TestUpgradeToTheTaskLayout$$' -v ./store/
+	SHARDRUN_UPGRADE_ROWS=$(UPGRADE_ROWS) $(GO) test -count=1 -timeout 20m -run '^TestUpgradeToTheTaskLayout$$' -v ./internal/store/
 
 ## fuzz: every decoder of outside input (bodies, query strings, flags), briefly (FUZZTIME each; go test -fuzz takes one
 ## package and one target per run). The committed seeds in testdata/fuzz/ also run in `make test`.
 FUZZTIME ?= 5s
 FUZZ_TARGETS := \
 	./internal/jsonbody:FuzzDecode \
-	./coordinator:FuzzEnqueueOne \
-	./coordinator:FuzzEnqueueBatch \
-	./coordinator:FuzzFilterQuery \
-	./coordinator:FuzzListingQuery \
-	./runner:FuzzAdminBody \
-	./runner:FuzzBuiltinPayload \
+	./internal/coordinator:FuzzEnqueueOne \
+	./internal/coordinator:FuzzEnqueueBatch \
+	./internal/coordinator:FuzzFilterQuery \
+	./internal/coordinator:FuzzListingQuery \
+	./internal/runner:FuzzAdminBody \
+	./internal/runner:FuzzBuiltinPayload \
 	./cmd/runner:FuzzRunnerFlags \
 	./cmd/coordinator:FuzzCoordinatorFlags
 fuzz:

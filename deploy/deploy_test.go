@@ -31,7 +31,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/testutil"
-	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/internal/shard"
 )
 
 // The deploy test runs docker-compose.yml on a Docker engine through the

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/testutil"
-	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -28,7 +28,7 @@ import (
 //	dead|failed blocking its sequence --cancel (operator)--> cancelled
 //	dead|failed|cancelled --retry (operator)--> ready (attempt+1, fresh budget)
 //
-// Each move is one statement of the store (store/moves.go lists them, with
+// Each move is one statement of the store (internal/store/moves.go lists them, with
 // the tables each touches and the order it locks them in), conditional on
 // the state it expects.
 //

@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardrun/shardrun/executor"
+	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/cli"
-	"github.com/shardrun/shardrun/runner"
+	"github.com/shardrun/shardrun/internal/runner"
 )
 
 const dsn = "postgres://u@127.0.0.1:1/db" // nothing listens: a start that connects fails with exit 1

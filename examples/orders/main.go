@@ -26,9 +26,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/shardrun/shardrun/client"
-	"github.com/shardrun/shardrun/runner"
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/client"
+	"github.com/shardrun/shardrun/internal/runner"
+	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -20,9 +20,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shardrun/shardrun/client"
-	"github.com/shardrun/shardrun/runner"
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/client"
+	"github.com/shardrun/shardrun/internal/runner"
+	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/testsignal"
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/store"
 )
 
 // Event is one pass, as tests see it.

@@ -15,7 +15,7 @@ import (
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/wake"
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

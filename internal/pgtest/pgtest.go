@@ -30,7 +30,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/pgtmp"
 	"github.com/shardrun/shardrun/internal/tempdir"
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/store"
 )
 
 // rootPrefix names the test binaries' temporary roots, so that the root of
@@ -243,7 +243,7 @@ func SkipLayoutCheck(t testing.TB, why string) {
 }
 
 // checkLayout fails t when the task layout of the database behind dsn
-// breaks one of its invariants (store/sql/shardrun_layout_violations.sql),
+// breaks one of its invariants (internal/store/sql/shardrun_layout_violations.sql),
 // listing each violation. Every test database is checked when its test
 // ends, once everything the test started has stopped; a database without
 // the layout (never migrated, or migrated to an earlier version) is not.

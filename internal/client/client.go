@@ -1,0 +1,325 @@
+// Package client is shardrun's Go client for producers and operators, on
+// the database: enqueue tasks (idempotently with a unique key, and inside
+// the producer's own transaction so that a task commits or rolls back with
+// the business rows it belongs to), and inspect, cancel and retry them.
+//
+//	c, err := client.New(st, client.Config{ShardCount: 256})
+//	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if _, err := tx.Exec(ctx, `INSERT INTO orders …`); err != nil {
+//			return err
+//		}
+//		_, err := c.EnqueueTx(ctx, tx, tasks.NewTask{Kind: "send-receipt", Key: orderID, UniqueKey: "receipt/" + orderID})
+//		return err
+//	})
+//
+// It is the one way tasks are enqueued: the coordinator's HTTP API, the
+// --dev demo stream and the leader's scheduler (Config.Prepare) go through
+// it too.
+//
+// Errors about one task are typed: errors.Is(err, tasks.ErrNotFound) for a
+// task that does not exist, and a *tasks.ConflictError (errors.As) for
+// an operation its state does not allow (cancelling a finished task,
+// retrying one that is not dead, failed or cancelled), which names the
+// state. Invalid tasks and filters give a *tasks.FieldError naming the
+// field.
+package client
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/tracing"
+	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// Config configures a Client.
+type Config struct {
+	// ShardCount is the cluster's shard count (etcd meta/shard-count);
+	// required, since it decides every task's shard.
+	ShardCount int
+	// MaxAttempts for tasks that do not set one. Default
+	// tasks.DefaultMaxAttempts.
+	MaxAttempts int
+	// Clock checks deadlines; default the real clock.
+	Clock clock.Clock
+	// TracerProvider, when set, traces every enqueue: a span that is a
+	// child of the span in the caller's context, whose trace context is
+	// stored with the task so that the runner's spans join its trace
+	// (README, Traces). Pass otel.GetTracerProvider() to use the global
+	// one. Nil: no span, and nothing extra stored.
+	TracerProvider trace.TracerProvider
+}
+
+// WithDefaults returns c with its zero fields replaced by the defaults.
+func (c Config) WithDefaults() Config {
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, tasks.DefaultMaxAttempts)
+	c.Clock = cmp.Or(c.Clock, clock.Real())
+	return c
+}
+
+// Validate reports a bad setting as a *tasks.FieldError.
+func (c Config) Validate() error {
+	if c.ShardCount < 1 {
+		return &tasks.FieldError{Field: "shard_count", Problem: fmt.Sprintf("must be at least 1, got %d (unknown shard count)", c.ShardCount)}
+	}
+	if c.MaxAttempts < 1 || c.MaxAttempts > tasks.MaxAttemptsLimit {
+		return &tasks.FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d", tasks.MaxAttemptsLimit, c.MaxAttempts)}
+	}
+	return nil
+}
+
+// Prepare validates n against now (tasks.NewTask.Check) and fills in what
+// every enqueue fills in: a random key when none is given, {} for no
+// payload, the default max_attempts, queue and priority, and the shard of
+// the key (of the sequence key, for a task of a sequence). c must be
+// valid (WithDefaults, Validate). The leader's scheduler prepares the task
+// of every schedule tick with it, with the database's time as now.
+func (c Config) Prepare(n tasks.NewTask, now time.Time) (store.Insert, error) {
+	if err := n.Check(now); err != nil {
+		return store.Insert{}, err
+	}
+	in := store.Insert{Kind: n.Kind, Key: cmp.Or(n.Key, tasks.RandomKey()), Payload: n.Payload,
+		MaxAttempts: cmp.Or(n.MaxAttempts, c.MaxAttempts), UniqueKey: n.UniqueKey,
+		Queue: cmp.Or(n.Queue, tasks.DefaultQueue), Priority: cmp.Or(n.Priority, tasks.DefaultPriority),
+		SequenceKey: n.SequenceKey, SequenceBlocks: n.SequenceKey != "" && !n.SequenceContinue}
+	if len(in.Payload) == 0 {
+		in.Payload = json.RawMessage("{}")
+	}
+	if !n.RunAfter.IsZero() {
+		in.RunAfter = &n.RunAfter
+	}
+	if !n.Deadline.IsZero() {
+		in.Deadline = &n.Deadline
+	}
+	// A sequence's tasks share one shard, so one fenced owner runs it.
+	in.Shard = tasks.ShardOf(cmp.Or(in.SequenceKey, in.Key), c.ShardCount)
+	return in, nil
+}
+
+// BatchError names the task of a batch that is invalid; nothing of the
+// batch was enqueued.
+type BatchError struct {
+	Index, Len int
+	Err        error
+}
+
+func (e *BatchError) Error() string { return fmt.Sprintf("task %d of %d: %v", e.Index, e.Len, e.Err) }
+
+// Unwrap returns the task's error (a *tasks.FieldError).
+func (e *BatchError) Unwrap() error { return e.Err }
+
+// Client enqueues, inspects, cancels and retries tasks.
+type Client struct {
+	st  *store.Store
+	cfg Config
+	// tracer is nil with tracing off.
+	tracer trace.Tracer
+}
+
+// New returns a client on st. cfg gives the cluster's shard count, which
+// decides every task's shard, and the default max_attempts.
+func New(st *store.Store, cfg Config) (*Client, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Client{st: st, cfg: cfg, tracer: tracing.Tracer(cfg.TracerProvider)}, nil
+}
+
+// Enqueue validates and inserts one task. With a unique key that an
+// unfinished task holds, nothing is inserted and that task's id comes back
+// with Duplicate set.
+func (c *Client) Enqueue(ctx context.Context, n tasks.NewTask) (tasks.Enqueued, error) {
+	return c.EnqueueTx(ctx, nil, n)
+}
+
+// EnqueueTx is Enqueue inside tx, the producer's own transaction: the task
+// exists once tx commits and not at all if it rolls back, and runners are
+// woken only by the commit. tx should be READ COMMITTED (PostgreSQL's
+// default) when the task has a unique key or a sequence key: a stricter
+// isolation level cannot see a unique key's holder that committed after it
+// began, and the task joins its sequence at the commit, where a REPEATABLE
+// READ or SERIALIZABLE transaction whose sequence moved since its snapshot
+// fails with a serialization failure (SQLSTATE 40001; retry it, as any
+// such failure). A nil tx enqueues on its own.
+//
+// With tracing on, the span "shardrun.enqueue" covers the insert (not the
+// commit of tx) and its trace context is stored with the task.
+func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, n tasks.NewTask) (e tasks.Enqueued, err error) {
+	var span trace.Span
+	if c.tracer != nil {
+		ctx, span = c.tracer.Start(ctx, "shardrun.enqueue", trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(tracing.TaskKind.String(n.Kind)))
+		defer func() {
+			if err == nil {
+				span.SetAttributes(tracing.TaskID.Int64(e.ID))
+				if e.Duplicate {
+					span.SetAttributes(tracing.TaskDuplicate.Bool(true))
+				}
+			}
+			tracing.End(span, err)
+		}()
+	}
+	in, err := c.cfg.Prepare(n, c.cfg.Clock.Now())
+	if err != nil {
+		return tasks.Enqueued{}, err
+	}
+	if span != nil {
+		span.SetAttributes(tracing.TaskShard.Int(in.Shard), tracing.TaskQueue.String(in.Queue))
+		in.TraceContext = tracing.Inject(ctx)
+	}
+	e, err = c.st.EnqueueIn(ctx, tx, in)
+	if err == nil && !e.Duplicate {
+		e.Shard, e.Key = in.Shard, in.Key
+	}
+	return e, err
+}
+
+// EnqueueBatch validates every task first and inserts none if any is
+// invalid (a *BatchError names the first bad one). A batch with unique
+// keys reports each task's id and whether it was a duplicate; one without
+// goes by COPY and reports its count only.
+func (c *Client) EnqueueBatch(ctx context.Context, ns []tasks.NewTask) (tasks.BatchEnqueued, error) {
+	return c.EnqueueBatchTx(ctx, nil, ns)
+}
+
+// EnqueueBatchTx is EnqueueBatch inside tx, as EnqueueTx.
+//
+// With tracing on, one span "shardrun.enqueue_batch" covers the batch, and
+// every task stores its trace context: each task's spans are its children.
+func (c *Client) EnqueueBatchTx(ctx context.Context, tx pgx.Tx, ns []tasks.NewTask) (res tasks.BatchEnqueued, err error) {
+	traceContext := ""
+	if c.tracer != nil {
+		var span trace.Span
+		ctx, span = c.tracer.Start(ctx, "shardrun.enqueue_batch", trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(tracing.BatchSize.Int(len(ns))))
+		defer func() {
+			if err == nil {
+				span.SetAttributes(attribute.Int64("shardrun.batch.inserted", res.Inserted),
+					attribute.Int64("shardrun.batch.duplicates", res.Duplicates))
+			}
+			tracing.End(span, err)
+		}()
+		traceContext = tracing.Inject(ctx)
+	}
+	ins := make([]store.Insert, len(ns))
+	now := c.cfg.Clock.Now()
+	for i, n := range ns {
+		in, err := c.cfg.Prepare(n, now)
+		if err != nil {
+			return tasks.BatchEnqueued{}, &BatchError{Index: i, Len: len(ns), Err: err}
+		}
+		in.TraceContext = traceContext
+		ins[i] = in
+	}
+	res, err = c.st.EnqueueBatchIn(ctx, tx, ins)
+	for i := range res.Tasks {
+		if !res.Tasks[i].Duplicate {
+			res.Tasks[i].Shard, res.Tasks[i].Key = ins[i].Shard, ins[i].Key
+		}
+	}
+	return res, err
+}
+
+// Get returns one task with its payload, history and result.
+func (c *Client) Get(ctx context.Context, id int64) (tasks.Task, error) {
+	return c.st.Get(ctx, id)
+}
+
+// List returns one page of tasks; follow Page.Next (as req.After) until it
+// is 0. The filter is checked as a task's fields are (tasks.Filter.Check).
+// Limit 0 is "not set", the default page of tasks.DefaultListLimit, as a
+// request without limit is in the HTTP API (which refuses limit=0: a value
+// that is given must be valid).
+func (c *Client) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, error) {
+	if req.Limit < 0 || req.Limit > tasks.MaxListLimit {
+		return tasks.Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (0 for the default, %d), got %d", tasks.MaxListLimit, tasks.DefaultListLimit, req.Limit)}
+	}
+	if err := req.Filter.Check(c.cfg.ShardCount); err != nil {
+		return tasks.Page{}, err
+	}
+	return c.st.List(ctx, req)
+}
+
+// Cancel cancels a task: a ready one at once (its state is then
+// cancelled), a running one by a request its runner acts on within one
+// heartbeat interval (its state is still running, with CancelRequestedAt
+// set; it ends cancelled unless it completed or failed first).
+func (c *Client) Cancel(ctx context.Context, id int64) (tasks.Task, error) {
+	return c.st.CancelTask(ctx, id)
+}
+
+// Retry puts a dead, failed or cancelled task back to ready, with as many
+// further attempts as it was enqueued with, its history kept.
+func (c *Client) Retry(ctx context.Context, id int64) (tasks.Task, error) {
+	return c.st.RetryTask(ctx, id)
+}
+
+// bulkBudget is how long one store call of a bulk operation runs before
+// the client continues from its cursor: it bounds a transaction's time,
+// not the operation's.
+const bulkBudget = 10 * time.Second
+
+// CancelMatching cancels every ready and running task matching f (f must
+// filter on something), in bounded batches, and says how many it cancelled
+// at once and how many running ones it asked to cancel.
+func (c *Client) CancelMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
+	if err := f.Check(c.cfg.ShardCount); err != nil {
+		return tasks.BulkResult{}, err
+	}
+	return bulk(ctx, f, c.st.CancelMatching)
+}
+
+// RetryMatching retries every dead, failed and cancelled task matching f,
+// as Retry, in bounded batches. Of tasks sharing a unique key only the
+// newest is retried, and none whose key an unfinished task holds (Skipped).
+func (c *Client) RetryMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
+	if err := f.Check(c.cfg.ShardCount); err != nil {
+		return tasks.BulkResult{}, err
+	}
+	return bulk(ctx, f, c.st.RetryMatching)
+}
+
+func bulk(ctx context.Context, f tasks.Filter,
+	op func(context.Context, tasks.Filter, int64, time.Duration) (tasks.BulkResult, error)) (tasks.BulkResult, error) {
+	var total tasks.BulkResult
+	var after int64
+	for {
+		r, err := op(ctx, f, after, bulkBudget)
+		total.Add(r)
+		if err != nil {
+			return total, err
+		}
+		if r.Done {
+			total.Done = true
+			return total, nil
+		}
+		after = r.Next
+	}
+}
+
+// Warnings says which of classes no attached runner can run, given the
+// classes the attached runners can run (runnable): such tasks stay ready
+// until a runner that serves the queue with a handler of the kind attaches.
+// One warning per class, in the order given.
+func Warnings(runnable map[tasks.Class]bool, classes []tasks.Class) []string {
+	var warnings []string
+	seen := map[tasks.Class]bool{}
+	for _, c := range classes {
+		if runnable[c] || seen[c] {
+			continue
+		}
+		seen[c] = true
+		warnings = append(warnings, fmt.Sprintf("no attached runner serves queue %q with a handler of kind %q: its tasks stay ready until one does", c.Queue, c.Kind))
+	}
+	return warnings
+}

@@ -1,0 +1,235 @@
+// Package coordinator is the shardrun coordinator as a library: leader
+// election among coordinators; the leader's sweeps, retention, schedule
+// ticks and (with --unhandled-after) unhandled-kind rule; and the cluster
+// API and status page. cmd/coordinator wraps it with flags, the
+// embedded etcd and the --dev all-in-one mode.
+package coordinator
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/shardrun/shardrun/internal/client"
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/leader"
+	"github.com/shardrun/shardrun/internal/tracing"
+	"github.com/shardrun/shardrun/internal/maintenance"
+	"github.com/shardrun/shardrun/internal/schedule"
+	"github.com/shardrun/shardrun/internal/shard"
+	"github.com/shardrun/shardrun/internal/sweeper"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// Leadership is the start or end of one leadership term of one coordinator.
+type Leadership struct {
+	ID     string
+	Leader bool // true: the term started; false: it ended
+	Epoch  int64
+	At     time.Time
+}
+
+// Coordinator elects a leader among coordinators; the leader runs the
+// leader's services (sweeps, retention, schedules, the unhandled-kind
+// rule) in one leader.Loop. Every coordinator serves the API and status
+// page.
+type Coordinator struct {
+	cfg     Config
+	log     hclog.Logger
+	clock   clock.Clock
+	reg     *prometheus.Registry
+	client  *client.Client
+	roster  *roster
+	addr    string
+	started chan struct{}
+	// tracer is nil with tracing off.
+	tracer trace.Tracer
+
+	counter   *counter
+	elector   *elector
+	unhandled *unrunnableWatch
+	loop      *leader.Loop
+	schedules *schedule.Client
+	// scheduler is the leader's schedule service: a schedule created on
+	// this coordinator wakes it.
+	scheduler *schedule.Scheduler
+
+	// runnable caches the classes (queue, kind) the attached runners can
+	// run, read from etcd at most once a second (runnableClasses).
+	runnableMu sync.Mutex
+	runnable   map[tasks.Class]bool
+	runnableAt time.Time
+
+	// bulkBudget is how long one bulk cancel or retry request works
+	// before it answers done false (defaultBulkBudget); the browser test
+	// lowers it to see the status page continue from the cursor.
+	bulkBudget atomic.Int64
+}
+
+// New fills the defaults, validates cfg and builds the coordinator's
+// parts, each once: the leader's services, the loop that runs them in
+// every leadership term, the elector, the clients the API uses.
+func New(cfg Config) (*Coordinator, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Client == nil || cfg.Store == nil {
+		return nil, errors.New("coordinator: an etcd client and a store are required")
+	}
+	cfg.Clock = cmp.Or(cfg.Clock, clock.Real())
+	cfg.Logger = cmp.Or(cfg.Logger, hclog.NewNullLogger())
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+		cfg.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	prep := client.Config{ShardCount: cfg.ShardCount, MaxAttempts: cfg.MaxAttempts, Clock: cfg.Clock}
+	enq := prep
+	enq.TracerProvider = cfg.TracerProvider // the API's enqueues are traced
+	tc, err := client.New(cfg.Store, enq)
+	if err != nil {
+		return nil, err
+	}
+	c := &Coordinator{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reg: cfg.Registry, client: tc, started: make(chan struct{}),
+		tracer: tracing.Tracer(cfg.TracerProvider),
+		roster: newRoster(cfg.Client, cfg.Prefix, cfg.Clock, cfg.Logger.Named("roster"))}
+	c.bulkBudget.Store(int64(defaultBulkBudget))
+	if c.schedules, err = schedule.NewClient(cfg.Store, prep); err != nil {
+		return nil, err
+	}
+	services, err := c.leaderServices(prep)
+	if err != nil {
+		return nil, err
+	}
+	c.loop = leader.New(leader.Config{Clock: cfg.Clock, Logger: cfg.Logger, Registry: c.reg}, services...)
+	f := promauto.With(c.reg)
+	c.counter = &counter{store: cfg.Store, clock: cfg.Clock, log: cfg.Logger,
+		gauge: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_tasks",
+			Help: "Tasks by state (refreshed every few seconds)."}, []string{"state"})}
+	c.elector = &elector{client: cfg.Client, key: cfg.Prefix + "coordinator/leader", id: cfg.ID, ttl: cfg.ElectionTTL,
+		store: cfg.Store, clock: cfg.Clock, log: cfg.Logger, lead: c.loop.Run,
+		isLeader: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
+			Help: "1 while this coordinator is the leader and sweeps."})}
+	c.unhandled = &unrunnableWatch{store: cfg.Store, runnable: c.runnableClasses, clock: c.clock, log: c.log.Named("unrunnable"),
+		gauge: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_unrunnable_tasks",
+			Help: "Ready tasks no attached runner can run (serves their queue and handles their kind), by queue and kind (refreshed every few seconds)."},
+			[]string{"queue", "kind"})}
+	return c, nil
+}
+
+// leaderServices builds the leader's services from their settings: the
+// sweeper and the scheduler always, retention unless it keeps everything,
+// the unhandled-kind rule when --unhandled-after is set.
+func (c *Coordinator) leaderServices(prep client.Config) ([]leader.Service, error) {
+	sw, err := sweeper.New(c.cfg.Store, c.cfg.Sweep, c.reg)
+	if err != nil {
+		return nil, err
+	}
+	if c.scheduler, err = schedule.NewScheduler(c.cfg.Store, prep, c.reg); err != nil {
+		return nil, err
+	}
+	services := []leader.Service{sw, c.scheduler}
+	if c.cfg.Retention.Off() {
+		c.log.Info("retention is off: finished tasks are kept forever")
+	} else {
+		ret, err := maintenance.NewRetainer(c.cfg.Store, c.cfg.Retention, c.reg)
+		if err != nil {
+			return nil, err
+		}
+		services = append(services, ret)
+	}
+	if c.cfg.Unhandled.After > 0 {
+		rp, err := maintenance.NewReaper(c.cfg.Store, c.runnableClasses, c.cfg.Unhandled, c.reg)
+		if err != nil {
+			return nil, err
+		}
+		services = append(services, rp)
+	}
+	return services, nil
+}
+
+// IsLeader reports whether this coordinator leads now.
+func (c *Coordinator) IsLeader() bool { return c.elector.leader.Load() }
+
+// Counts returns the tasks by state, at most a second old.
+func (c *Coordinator) Counts(ctx context.Context) (map[tasks.State]int64, error) {
+	return c.counter.Counts(ctx)
+}
+
+// Addr is the bound HTTP address (after Started).
+func (c *Coordinator) Addr() string { return c.addr }
+
+// Started is closed once the HTTP server listens.
+func (c *Coordinator) Started() <-chan struct{} { return c.started }
+
+// Run serves HTTP and takes part in the election until ctx ends; the
+// leader resigns on the way out.
+func (c *Coordinator) Run(ctx context.Context) error {
+	// The database first: a process with the wrong count must not create
+	// the cluster's meta/shard-count in a fresh etcd.
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	created, err := c.cfg.Store.EnsureShardCount(cctx, c.cfg.ShardCount)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if created {
+		c.log.Info("recorded the shard count in the database", "shard_count", c.cfg.ShardCount)
+	}
+	cctx, cancel = context.WithTimeout(ctx, 5*time.Second)
+	created, err = shard.EnsureShardCount(cctx, c.cfg.Client, c.cfg.Prefix, c.cfg.ShardCount)
+	cancel()
+	if err != nil {
+		return err
+	}
+	if created {
+		c.log.Info("created cluster", "prefix", c.cfg.Prefix, "shard_count", c.cfg.ShardCount)
+	}
+	ln, err := c.cfg.httpServer().Listen()
+	if err != nil {
+		return err
+	}
+	c.addr = ln.Addr().String()
+	if w := c.cfg.httpServer().Warning(); w != "" {
+		c.log.Warn(w)
+	}
+	srv := &http.Server{Handler: c.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: time.Minute}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			c.log.Error("HTTP server stopped", "error", err)
+		}
+	})
+	wg.Go(func() { c.counter.Run(ctx) })
+	wg.Go(func() { c.roster.Run(ctx) })
+	wg.Go(func() { c.unhandled.Run(ctx) })
+	c.log.Info("coordinator started", "http", c.addr, "prefix", c.cfg.Prefix, "election_ttl", c.cfg.ElectionTTL)
+	close(c.started)
+
+	c.elector.Run(ctx)
+
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	_ = srv.Shutdown(sctx)
+	scancel()
+	wg.Wait()
+	c.log.Info("coordinator stopped")
+	return nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -1,0 +1,231 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/httpjson"
+	"github.com/shardrun/shardrun/internal/jsonbody"
+	"github.com/shardrun/shardrun/internal/schedule"
+	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// Limits of the schedules API.
+const (
+	maxScheduleBody = 1<<20 + 4096
+	// MaxSchedulesListed bounds the cluster view's schedules (the first by
+	// name); GET /api/schedules pages.
+	MaxSchedulesListed = tasks.MaxListLimit
+)
+
+// ScheduleRequest is the body of POST /api/schedules. Its optional fields
+// are pointers, nil only when left out: one given empty, zero or null is
+// refused, as in a task's body (tasks.Request).
+type ScheduleRequest struct {
+	Name        string          `json:"name"`
+	Kind        string          `json:"kind"`
+	Key         *string         `json:"key,omitempty"`
+	Payload     json.RawMessage `json:"payload,omitempty"`
+	MaxAttempts *int            `json:"max_attempts,omitempty"`
+	// Every is a Go duration ("90s", "5m", "1h"); or Cron with Timezone.
+	Every    *string    `json:"every,omitempty"`
+	Start    *time.Time `json:"start,omitempty"`
+	Cron     *string    `json:"cron,omitempty"`
+	Timezone *string    `json:"timezone,omitempty"`
+}
+
+// definition turns the request into a schedule.Definition, refusing a
+// field given with the value that means "not set" there.
+func (req ScheduleRequest) definition() (schedule.Definition, error) {
+	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Payload: req.Payload}
+	var every string
+	var err error
+	for _, f := range []struct {
+		name  string
+		p     *string
+		to    *string
+		unset string
+	}{
+		{"key", req.Key, &d.Key, "a random key for each tick's task"},
+		{"every", req.Every, &every, "a cron schedule"},
+		{"cron", req.Cron, &d.Cron, "an interval schedule"},
+		{"timezone", req.Timezone, &d.Timezone, "UTC"},
+	} {
+		if *f.to, err = tasks.GivenText(f.name, f.p, f.unset); err != nil {
+			return d, err
+		}
+	}
+	if d.MaxAttempts, err = tasks.GivenMaxAttempts(req.MaxAttempts); err != nil {
+		return d, err
+	}
+	if every != "" {
+		if d.Every, err = time.ParseDuration(every); err != nil {
+			return d, &tasks.FieldError{Field: "every", Problem: fmt.Sprintf("%q is not a duration such as 90s, 5m or 1h", every)}
+		}
+		if d.Every == 0 {
+			return d, &tasks.FieldError{Field: "every", Problem: "must be at least 1s"}
+		}
+	}
+	if req.Start != nil && d.Cron != "" {
+		return d, &tasks.FieldError{Field: "start", Problem: "only an interval schedule (every) has a start"}
+	}
+	d.Start, err = tasks.GivenTime("start", req.Start, "one interval after the definition")
+	return d, err
+}
+
+// ScheduleSummary is a schedule in GET /api/cluster (no payload).
+type ScheduleSummary struct {
+	Name       string     `json:"name"`
+	Kind       string     `json:"kind"`
+	Every      string     `json:"every,omitempty"`
+	Cron       string     `json:"cron,omitempty"`
+	Timezone   string     `json:"timezone"`
+	NextRun    time.Time  `json:"next_run"`
+	LastRun    *time.Time `json:"last_run,omitempty"`
+	LastTaskID *int64     `json:"last_task_id,omitempty"`
+	// Skipped counts ticks missed while no leader ran and not enqueued.
+	Skipped int64 `json:"skipped"`
+}
+
+// ScheduleView is a schedule in the schedules API.
+type ScheduleView struct {
+	ID int64 `json:"id"`
+	ScheduleSummary
+	Key         string          `json:"key,omitempty"`
+	Payload     json.RawMessage `json:"payload"`
+	MaxAttempts int             `json:"max_attempts,omitempty"`
+	Start       *time.Time      `json:"start,omitempty"`
+	CreatedAt   time.Time       `json:"created_at"`
+}
+
+// ScheduleCreated is the answer of POST /api/schedules: the schedule, and
+// warnings when no attached runner handles its kind.
+type ScheduleCreated struct {
+	ScheduleView
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// SchedulePage is the answer of GET /api/schedules: one page by name, and
+// the cursor of the next ("next", absent at the end).
+type SchedulePage struct {
+	Schedules []ScheduleView `json:"schedules"`
+	Next      string         `json:"next,omitempty"`
+}
+
+func summarize(sc store.Schedule) ScheduleSummary {
+	s := ScheduleSummary{Name: sc.Name, Kind: sc.Kind, Cron: sc.Cron, Timezone: sc.Timezone,
+		NextRun: sc.NextTick.UTC(), LastRun: sc.LastTick, LastTaskID: sc.LastTaskID, Skipped: sc.Skipped}
+	if sc.Every > 0 {
+		s.Every = sc.Every.String()
+	}
+	return s
+}
+
+func viewOf(sc store.Schedule) ScheduleView {
+	v := ScheduleView{ID: sc.ID, ScheduleSummary: summarize(sc), Key: sc.Key, Payload: sc.Payload,
+		MaxAttempts: sc.MaxAttempts, CreatedAt: sc.CreatedAt.UTC()}
+	if sc.Every > 0 {
+		start := sc.Start.UTC()
+		v.Start = &start
+	}
+	return v
+}
+
+// Schedules returns the schedules client (the Go API of /api/schedules).
+func (c *Coordinator) Schedules() *schedule.Client { return c.schedules }
+
+func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Request) {
+	body, ok := httpjson.ReadBody(w, r, maxScheduleBody)
+	if !ok {
+		return
+	}
+	var req ScheduleRequest
+	if err := jsonbody.Decode(body, &req); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	d, err := req.definition()
+	if err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	sc, err := c.schedules.Create(ctx, d)
+	if errors.Is(err, store.ErrScheduleExists) {
+		writeJSON(w, http.StatusConflict, apiError{Error: fmt.Sprintf("a schedule named %q exists; delete it first to redefine it", req.Name), Field: "name"})
+		return
+	}
+	if c.failed(w, r, "creating a schedule", err) {
+		return
+	}
+	c.scheduler.Notify()
+	writeJSON(w, http.StatusCreated, ScheduleCreated{ScheduleView: viewOf(sc),
+		Warnings: c.unrunnableWarnings(ctx, tasks.Class{Queue: tasks.DefaultQueue, Kind: sc.Kind})})
+}
+
+// scheduleParams are the parameters of GET /api/schedules.
+var scheduleParams = []string{"limit", "after"}
+
+// parseScheduleQuery reads the page GET /api/schedules asks for, checked
+// as the schedule client checks it (schedule.ListRequest.Check).
+func parseScheduleQuery(q url.Values) (schedule.ListRequest, error) {
+	var req schedule.ListRequest
+	var err error
+	if req.Limit, err = parseLimit(q); err != nil {
+		return req, err
+	}
+	req.After = q.Get("after")
+	return req, req.Check()
+}
+
+// handleListSchedules is GET /api/schedules: one page by name, with limit
+// and after (the cursor) checked like the task listing's.
+func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request) {
+	q, err := query(r, scheduleParams)
+	if err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	req, err := parseScheduleQuery(q)
+	if err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	page, err := c.schedules.List(ctx, req)
+	if c.failed(w, r, "listing schedules", err) {
+		return
+	}
+	resp := SchedulePage{Schedules: make([]ScheduleView, len(page.Schedules)), Next: page.Next}
+	for i, sc := range page.Schedules {
+		resp.Schedules[i] = viewOf(sc)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (c *Coordinator) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if _, err := query(r, nil); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	ok, err := c.schedules.Delete(ctx, name)
+	switch {
+	case err != nil:
+		c.failed(w, r, "deleting a schedule", err)
+	case !ok:
+		writeJSON(w, http.StatusNotFound, apiError{Error: fmt.Sprintf("no schedule named %q", name)})
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"deleted": name})
+	}
+}

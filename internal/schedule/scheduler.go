@@ -1,0 +1,192 @@
+package schedule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
+
+	"github.com/shardrun/shardrun/internal/client"
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/leader"
+	"github.com/shardrun/shardrun/internal/wake"
+	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// TickStore is what the Scheduler needs from the database (store.Store).
+type TickStore interface {
+	EnqueueTicks(ctx context.Context, epoch int64, limit int,
+		plan func(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error)
+}
+
+// How the scheduler works; no flag changes these.
+const (
+	// maxWait bounds the sleep between passes: schedules created on
+	// another coordinator are seen within it (their ticks are enqueued
+	// late, never skipped, since they come due during the term).
+	maxWait = 5 * time.Second
+	// batchSize is the schedules one transaction handles.
+	batchSize = 100
+	// batchTimeout bounds one batch's transaction.
+	batchTimeout = 10 * time.Second
+	// batchPause is the longest jittered pause between full batches.
+	batchPause = 50 * time.Millisecond
+)
+
+// Result is what one pass did (the Detail of its leader.Result).
+type Result struct {
+	// TermStart is the database time the leader raised the coordinator
+	// fence (zero until a pass succeeded): ticks before it were missed
+	// while no leader ran.
+	TermStart time.Time
+	// Due schedules handled, tasks Enqueued, ticks Skipped by the
+	// missed-tick policy, Duplicates refused by the unique index (never
+	// expected).
+	Due, Enqueued, Skipped, Duplicates int
+	// NextIn is how long until the earliest next tick (0: none, or due).
+	NextIn time.Duration
+}
+
+// Scheduler enqueues the due ticks of every schedule (a leader.Service).
+// It sleeps until the earliest next tick, at most MaxWait, or until woken
+// (Wake: a schedule was created on this coordinator).
+type Scheduler struct {
+	store     TickStore
+	prep      client.Config
+	wake      wake.Signal
+	m         *metrics
+	term      leader.Term
+	termStart time.Time
+	// errors counts, on the loop's errors counter, schedules that stop
+	// ticking; set for each pass.
+	errors func()
+}
+
+// NewScheduler returns the scheduler and registers its metrics with reg
+// (nil: not registered). prep is the task client's configuration: every
+// tick's task is prepared as every enqueued task is.
+func NewScheduler(st TickStore, prep client.Config, reg prometheus.Registerer) (*Scheduler, error) {
+	prep = prep.WithDefaults()
+	if err := prep.Validate(); err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	if st == nil {
+		return nil, errors.New("scheduler: a store is required")
+	}
+	return &Scheduler{store: st, prep: prep, wake: wake.New(), m: newMetrics(reg)}, nil
+}
+
+// Name is "schedule" (shardrun_schedule_errors_total).
+func (s *Scheduler) Name() string { return "schedule" }
+
+// Wake is signalled by Notify.
+func (s *Scheduler) Wake() <-chan struct{} { return s.wake.C() }
+
+// Notify asks for a pass now (a schedule was created); it never blocks.
+func (s *Scheduler) Notify() { s.wake.Notify() }
+
+// Begin starts a term: its start is read from the database at its first
+// pass.
+func (s *Scheduler) Begin(t leader.Term) { s.term, s.termStart = t, time.Time{} }
+
+// Pass enqueues every due tick, in batches of schedules.
+func (s *Scheduler) Pass(ctx context.Context, p *leader.Pass) leader.Result {
+	s.errors = p.CountError
+	var r Result
+	err := s.pass(ctx, p, &r)
+	r.TermStart = s.termStart
+	next := maxWait
+	if err == nil {
+		s.m.enqueued.Add(float64(r.Enqueued))
+		s.m.skipped.Add(float64(r.Skipped))
+		if r.Duplicates > 0 {
+			s.term.Log.Error("ticks refused as duplicates by the unique (schedule, tick) index", "duplicates", r.Duplicates)
+		}
+		if r.Enqueued+r.Skipped > 0 {
+			s.term.Log.Debug("enqueued schedule ticks", "schedules", r.Due, "enqueued", r.Enqueued, "skipped", r.Skipped)
+		}
+		if r.NextIn > 0 {
+			next = min(next, r.NextIn)
+		}
+	}
+	return leader.Result{Next: next, Detail: r, Err: err}
+}
+
+func (s *Scheduler) pass(ctx context.Context, p *leader.Pass, r *Result) error {
+	for {
+		bctx, cancel := context.WithTimeout(ctx, batchTimeout)
+		res, err := s.store.EnqueueTicks(bctx, s.term.Epoch, batchSize, s.plan)
+		cancel()
+		p.Statements++
+		if err != nil {
+			return err
+		}
+		s.termStart = res.TermStart
+		r.Due += res.Schedules
+		r.Enqueued += res.Enqueued
+		r.Skipped += res.Skipped
+		r.Duplicates += res.Duplicates
+		r.NextIn = 0
+		if !res.NextDue.IsZero() && res.NextDue.After(res.Now) {
+			r.NextIn = res.NextDue.Sub(res.Now)
+		}
+		if res.Schedules < batchSize && r.NextIn > 0 || res.Schedules == 0 {
+			return nil
+		}
+		// More are due: a jittered pause lets other statements through.
+		if !clock.Pause(s.term.Clock, batchPause, ctx.Done()) {
+			return ctx.Err()
+		}
+	}
+}
+
+// plan is the missed-tick policy applied to one due schedule (see the
+// package comment). The term starts when the leader raised the
+// coordinator fence, whenever its first pass succeeds: ticks that came due
+// while its passes failed (the database was down) came due in its term.
+func (s *Scheduler) plan(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error) {
+	timer, err := TimerOf(sc)
+	if err != nil {
+		// A stored schedule that no longer compiles (its time zone left the
+		// zone database) must not block the others: it stops ticking.
+		s.errors()
+		s.term.Log.Error("schedule does not compile; it stops ticking", "schedule", sc.Name, "error", err)
+		return store.TickPlan{Next: Never}, nil
+	}
+	ticks, next, skipped := Plan(timer, sc.NextTick, now, termStart)
+	p := store.TickPlan{Next: next, Skipped: skipped}
+	for _, at := range ticks {
+		in, err := s.prep.Prepare(tasks.NewTask{Kind: sc.Kind, Key: sc.Key, Payload: sc.Payload, MaxAttempts: sc.MaxAttempts}, now)
+		if err != nil {
+			s.errors()
+			s.term.Log.Error("the task of a schedule is invalid; it stops ticking", "schedule", sc.Name, "error", err)
+			return store.TickPlan{Next: Never}, nil
+		}
+		p.Ticks = append(p.Ticks, store.Tick{At: at, Task: in})
+	}
+	if skipped > 0 {
+		s.term.Log.Warn("ticks missed while no leader ran were skipped; enqueued the latest", "schedule", sc.Name,
+			"skipped", skipped, "from", sc.NextTick, "term_start", termStart)
+	}
+	return p, nil
+}
+
+// metrics are the scheduler's own metrics; its errors counter is the
+// loop's.
+type metrics struct {
+	enqueued, skipped prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg)
+	return &metrics{
+		enqueued: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_schedule_ticks_enqueued_total",
+			Help: "Schedule ticks whose task was enqueued."}),
+		skipped: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_schedule_ticks_skipped_total",
+			Help: "Schedule ticks missed while no leader ran and not enqueued (only the latest missed tick is)."}),
+	}
+}

@@ -1,0 +1,303 @@
+package schedule
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/shardrun/shardrun/internal/client"
+	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/leader"
+	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+type bundle struct {
+	st     *store.Store
+	client *Client
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	st, _ := pgtest.NewStore(t, store.Options{})
+	if ok, err := st.RaiseLeaderFence(context.Background(), "leader", 1); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	c, err := NewClient(st, client.Config{ShardCount: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bundle{st: st, client: c}
+}
+
+// testScheduler is a scheduler in a term of its own, whose passes the
+// test runs one at a time.
+type testScheduler struct {
+	*Scheduler
+	term leader.Term
+}
+
+// passResult is one pass: the scheduler's result and its error.
+type passResult struct {
+	Result
+	Err error
+}
+
+func (s testScheduler) runOnce(ctx context.Context) passResult {
+	r, _ := leader.Once(ctx, s.Scheduler, s.term)
+	return passResult{Result: r.Detail.(Result), Err: r.Err}
+}
+
+func newScheduler(t *testing.T, st TickStore, epoch int64) testScheduler {
+	t.Helper()
+	s, err := NewScheduler(st, client.Config{ShardCount: 16}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := leader.Term{Epoch: epoch, Start: time.Now(), Clock: clock.NewFake(), Log: hclog.NewNullLogger()}
+	s.Begin(term)
+	return testScheduler{Scheduler: s, term: term}
+}
+
+// A schedule whose ticks came due before the term began enqueues the
+// latest of them once; a second term (a new leader) enqueues nothing
+// more for those ticks; a deposed leader enqueues nothing.
+func TestSchedulerEnqueuesEachTickOnce(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	sc, err := b.client.Create(ctx, Definition{Name: "nightly", Kind: "noop", Every: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Eleven ticks missed while no leader ran (the newest at creation); the
+	// leader's term begins now.
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = next_tick - interval '11 hours',
+		start_at = start_at - interval '11 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	r := newScheduler(t, b.st, 1).runOnce(ctx)
+	if r.Err != nil || r.Enqueued != 1 || r.Skipped != 10 || r.Due != 1 {
+		t.Fatalf("first pass: %+v; want the latest missed tick enqueued and 10 skipped", r)
+	}
+	got := pgtest.ScheduleTicks(t, b.st, "nightly")
+	if want := sc.NextTick.Add(-time.Hour); len(got) != 1 || !got[0].Equal(want) {
+		t.Fatalf("ticks %v, want only %s", got, want)
+	}
+	if r.NextIn <= 0 || r.NextIn > time.Hour {
+		t.Fatalf("next tick in %s, want within the hour", r.NextIn)
+	}
+	// A new leader (new epoch, new term) finds nothing due.
+	if ok, _ := b.st.RaiseLeaderFence(ctx, "leader-2", 2); !ok {
+		t.Fatal("fence")
+	}
+	if r := newScheduler(t, b.st, 2).runOnce(ctx); r.Err != nil || r.Enqueued != 0 {
+		t.Fatalf("new leader's pass: %+v", r)
+	}
+	// The deposed leader enqueues nothing, even for a due tick.
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	old := newScheduler(t, b.st, 1)
+	if r := old.runOnce(ctx); !errors.Is(r.Err, store.ErrNotLeader) || r.Enqueued != 0 {
+		t.Fatalf("deposed leader's pass: %+v", r)
+	}
+	if n := len(pgtest.ScheduleTicks(t, b.st, "nightly")); n != 1 {
+		t.Fatalf("%d tasks after the deposed leader's pass, want 1", n)
+	}
+}
+
+// The unique (schedule, tick) index refuses a second task for a tick even
+// when the schedule's cursor says otherwise (a restored backup, a manual
+// edit): the scheduler counts it and moves on.
+func TestUniqueTickIndexRefusesADuplicate(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.client.Create(ctx, Definition{Name: "dup", Kind: "noop", Every: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `INSERT INTO tasks (kind, shard, key, schedule_id, schedule_tick)
+		SELECT 'noop', 0, 'x', id, next_tick FROM schedules`); err != nil {
+		t.Fatal(err)
+	}
+	r := newScheduler(t, b.st, 1).runOnce(ctx)
+	if r.Err != nil || r.Duplicates != 1 || r.Enqueued != 0 {
+		t.Fatalf("pass over an existing tick: %+v", r)
+	}
+	if n := len(pgtest.ScheduleTicks(t, b.st, "dup")); n != 1 {
+		t.Fatalf("%d tasks for one tick", n)
+	}
+}
+
+// Every tick that comes due during the term is enqueued, even when the
+// scheduler looks late: nothing is skipped while a leader runs.
+func TestTicksDueDuringTheTermAreAllEnqueued(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.client.Create(ctx, Definition{Name: "fast", Kind: "noop", Every: time.Second,
+		Payload: []byte(`{"n": 1}`), MaxAttempts: 2}); err != nil {
+		t.Fatal(err)
+	}
+	s := newScheduler(t, b.st, 1)
+	// The term starts now; then three ticks' worth of time pass before the
+	// next pass (simulated by moving the schedule back, term start too).
+	if r := s.runOnce(ctx); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now() - interval '10 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '3.5 seconds',
+		start_at = now() - interval '3.5 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	r := s.runOnce(ctx)
+	if r.Err != nil || r.Enqueued != 4 || r.Skipped != 0 {
+		t.Fatalf("late pass in the term: %+v; want 4 ticks, none skipped", r)
+	}
+	var payload string
+	var maxAttempts int
+	if err := b.st.Pool().QueryRow(ctx, `SELECT payload::text, max_attempts FROM tasks LIMIT 1`).Scan(&payload, &maxAttempts); err != nil {
+		t.Fatal(err)
+	}
+	if payload != `{"n": 1}` || maxAttempts != 2 {
+		t.Fatalf("tick task payload %s, max_attempts %d", payload, maxAttempts)
+	}
+}
+
+func TestClientValidatesAndDeletes(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	for _, d := range []Definition{
+		{Name: "bad name!", Kind: "noop", Every: time.Minute},
+		{Name: "x", Every: time.Minute},
+		{Name: "x", Kind: "noop"},
+		{Name: "x", Kind: "noop", Cron: "61 * * * *"},
+		{Name: "x", Kind: "noop", Cron: "0 9 * * *", Timezone: "Nowhere/Land"},
+		{Name: "x", Kind: "noop", Every: time.Minute, Payload: []byte(`{`)},
+	} {
+		if _, err := b.client.Create(ctx, d); err == nil {
+			t.Errorf("%+v was accepted", d)
+		}
+	}
+	sc, err := b.client.Create(ctx, Definition{Name: "berlin", Kind: "noop", Cron: "0 9 * * *", Timezone: "Europe/Berlin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if loc, _ := time.LoadLocation("Europe/Berlin"); sc.NextTick.In(loc).Hour() != 9 {
+		t.Fatalf("first tick %s is not 09:00 in Berlin", sc.NextTick)
+	}
+	if _, err := b.client.Create(ctx, Definition{Name: "berlin", Kind: "noop", Every: time.Minute}); !errors.Is(err, store.ErrScheduleExists) {
+		t.Fatalf("second schedule named berlin: %v", err)
+	}
+	if ok, err := b.client.Delete(ctx, "berlin"); !ok || err != nil {
+		t.Fatalf("delete: %v %v", ok, err)
+	}
+	if ok, _ := b.client.Delete(ctx, "berlin"); ok {
+		t.Fatal("deleted twice")
+	}
+}
+
+// failFirst is a TickStore whose first pass fails, as with the database
+// down when the term begins.
+type failFirst struct {
+	TickStore
+	failed bool
+}
+
+func (f *failFirst) EnqueueTicks(ctx context.Context, epoch int64, limit int,
+	plan func(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error) {
+	if !f.failed {
+		f.failed = true
+		return store.TickResult{}, errors.New("database down")
+	}
+	return f.TickStore.EnqueueTicks(ctx, epoch, limit, plan)
+}
+
+// The term begins when the leader raised the coordinator fence, not at
+// its first successful pass: ticks that came due after the fence was
+// raised, while the leader's first passes failed, are all enqueued.
+func TestTermStartsWhenLeadershipStarted(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	if _, err := b.client.Create(ctx, Definition{Name: "fast", Kind: "noop", Every: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	// Leadership began 10s ago; the schedule's ticks came due from 5.5s
+	// ago on, while the leader's passes failed.
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now() - interval '10 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '5.5 seconds',
+		start_at = now() - interval '5.5 seconds'`); err != nil {
+		t.Fatal(err)
+	}
+	s := newScheduler(t, &failFirst{TickStore: b.st}, 1)
+	if r := s.runOnce(ctx); r.Err == nil {
+		t.Fatal("the first pass did not fail")
+	}
+	r := s.runOnce(ctx)
+	if r.Err != nil || r.Enqueued < 6 || r.Skipped != 0 {
+		t.Fatalf("pass after the failed one: %+v; want the (at least) 6 ticks of the term enqueued, none skipped", r)
+	}
+	var raised time.Time
+	if err := b.st.Pool().QueryRow(ctx, `SELECT raised_at FROM coordinator_fence`).Scan(&raised); err != nil {
+		t.Fatal(err)
+	}
+	if !r.TermStart.Equal(raised) {
+		t.Fatalf("term start %s, want the fence's raise %s", r.TermStart, raised)
+	}
+}
+
+// fixedNow is a Store whose database time is at: it prepares the schedule
+// as the real store does and stores nothing.
+type fixedNow struct {
+	Store
+	at time.Time
+}
+
+func (f fixedNow) CreateSchedule(_ context.Context, prepare func(now time.Time) (store.Schedule, error)) (store.Schedule, error) {
+	return prepare(f.at)
+}
+
+// A schedule's first tick comes from the database's time, not the
+// process's clock (one running ahead would skip ticks): the store gives
+// its now() to the client, and the client computes the first tick from it.
+func TestFirstTickComesFromTheDatabaseClock(t *testing.T) {
+	dbNow := time.Date(2020, 5, 17, 10, 20, 30, 0, time.UTC)
+	c, err := NewClient(fixedNow{at: dbNow}, client.Config{ShardCount: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	iv, err := c.Create(ctx, Definition{Name: "iv", Kind: "noop", Every: time.Minute})
+	if err != nil || !iv.Start.Equal(dbNow.Add(time.Minute)) || !iv.NextTick.Equal(iv.Start) {
+		t.Fatalf("interval schedule: start %s, first tick %s (%v); want both one minute after the database's now %s", iv.Start, iv.NextTick, err, dbNow)
+	}
+	cr, err := c.Create(ctx, Definition{Name: "cr", Kind: "noop", Cron: "*/5 * * * *"})
+	if want := time.Date(2020, 5, 17, 10, 25, 0, 0, time.UTC); err != nil || !cr.NextTick.Equal(want) {
+		t.Fatalf("cron schedule: first tick %s (%v), want %s", cr.NextTick, err, want)
+	}
+
+	// The real store prepares with the now() of the transaction that
+	// inserts the row: the row's created_at.
+	b := setup(t)
+	var got time.Time
+	sc, err := b.st.CreateSchedule(ctx, func(now time.Time) (store.Schedule, error) {
+		got = now
+		return b.client.Prepare(Definition{Name: "db", Kind: "noop", Every: time.Minute}, now)
+	})
+	if err != nil || !got.Equal(sc.CreatedAt) {
+		t.Fatalf("prepared at %s, created at %s (%v): want the transaction's now()", got, sc.CreatedAt, err)
+	}
+}

@@ -1,0 +1,419 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+
+	"github.com/shardrun/shardrun/internal/detach"
+	"github.com/shardrun/shardrun/internal/embedetcd"
+	"github.com/shardrun/shardrun/internal/faultproxy"
+	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, testutil.EtcdLeaks...)
+}
+
+const testPrefix = "/shardrun/test/"
+
+// cluster is one embedded etcd and a set of in-process members.
+type cluster struct {
+	t      testing.TB
+	etcd   *embedetcd.Server
+	admin  *clientv3.Client
+	shards int
+	log    eventLog
+	ttl    time.Duration
+
+	mu      sync.Mutex
+	members map[string]*member
+	// groups[id] is the group of every member ever started, kept after
+	// it leaves for the checks of its history.
+	groups map[string]string
+}
+
+type member struct {
+	id      string
+	c       *cluster
+	client  *clientv3.Client
+	proxy   *faultproxy.Proxy
+	machine *detach.Machine
+	mgr     *Manager
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+func newCluster(t testing.TB, shards int) *cluster {
+	t.Helper()
+	srv, admin := testutil.Etcd(t)
+	c := &cluster{t: t, etcd: srv, admin: admin, shards: shards, log: eventLog{testsignal.New[Event]()}, ttl: 2 * time.Second,
+		members: map[string]*member{}, groups: map[string]string{}}
+	t.Cleanup(func() {
+		c.mu.Lock()
+		ms := make([]*member, 0, len(c.members))
+		for _, m := range c.members {
+			ms = append(ms, m)
+		}
+		c.mu.Unlock()
+		for _, m := range ms {
+			m.crashStop()
+		}
+	})
+	return c
+}
+
+type memberOpt func(*Config)
+
+func withHandoff(d time.Duration) memberOpt { return func(c *Config) { c.HandoffTimeout = d } }
+
+// serving makes a member serve queues and handle kinds, which puts it in
+// their group.
+func serving(queues, kinds []string) memberOpt {
+	return func(c *Config) { c.Queues, c.Kinds = queues, kinds }
+}
+
+// add starts a member; throughProxy puts a fault proxy between it and etcd.
+func (c *cluster) add(id string, throughProxy bool, opts ...memberOpt) *member {
+	c.t.Helper()
+	m, err := c.start(id, throughProxy, opts...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return m
+}
+
+func (c *cluster) start(id string, throughProxy bool, opts ...memberOpt) (*member, error) {
+	m := &member{id: id, c: c, done: make(chan error, 1)}
+	endpoint := c.etcd.Endpoints()[0]
+	if throughProxy {
+		p, err := faultproxy.New(c.etcd.Addr())
+		if err != nil {
+			return nil, err
+		}
+		m.proxy = p
+		endpoint = "http://" + p.Addr()
+	}
+	m.client = testutil.Client(c.t, endpoint)
+	m.machine = detach.New(detach.Config{RecoveryWindow: 500 * time.Millisecond})
+	cfg := Config{
+		Client: m.client, Prefix: testPrefix, RunnerID: id, ShardCount: c.shards,
+		LeaseTTL: c.ttl, HandoffTimeout: time.Second, Detach: m.machine,
+		Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{c.t}}),
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	mgr, err := New(cfg)
+	if err != nil {
+		m.close()
+		return nil, err
+	}
+	m.mgr = mgr
+	mgr.ledger.events = c.log.Signal
+	if err := mgr.Start(context.Background()); err != nil {
+		m.close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.cancel = cancel
+	go func() { m.done <- mgr.Run(ctx) }()
+	c.mu.Lock()
+	c.members[id] = m
+	c.groups[id] = mgr.Group()
+	c.mu.Unlock()
+	return m, nil
+}
+
+// leave drains the member gracefully and waits for Run to return.
+func (m *member) leave() {
+	m.cancel()
+	if err := <-m.done; err != nil {
+		m.c.t.Errorf("%s: Run: %v", m.id, err)
+	}
+	m.forget()
+}
+
+// crashStop stops the member without draining, as if the process died: its
+// keys stay until its lease expires.
+func (m *member) crashStop() {
+	if m.mgr != nil && m.cancel != nil {
+		// A dead process can do no more work: its intervals end here.
+		m.c.log.Emit(Event{Kind: Detached, Runner: m.id, Shard: -1, At: time.Now()})
+		m.mgr.Orphan()
+		m.cancel()
+		<-m.done
+	}
+	m.forget()
+}
+
+func (m *member) forget() {
+	m.close()
+	m.c.mu.Lock()
+	delete(m.c.members, m.id)
+	m.c.mu.Unlock()
+}
+
+func (m *member) close() {
+	if m.client != nil {
+		m.client.Close()
+	}
+	if m.proxy != nil {
+		m.proxy.Close()
+	}
+}
+
+func (c *cluster) live() []*member {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*member, 0, len(c.members))
+	for _, m := range c.members {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
+	return out
+}
+
+// testGroup is the group of the test members, which serve no queue and
+// handle no kind unless a test says so.
+var testGroup = GroupOf(nil, nil)
+
+// etcdOwners reads the owner keys of the test group directly.
+func (c *cluster) etcdOwners() []string {
+	c.t.Helper()
+	return c.groupOwners(testGroup)
+}
+
+// groupOwners reads the owner keys of group directly: the owner of each
+// of its shards ("" when free).
+func (c *cluster) groupOwners(group string) []string {
+	c.t.Helper()
+	resp, err := c.admin.Get(context.Background(), testPrefix+"owners/", clientv3.WithPrefix())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	v := newView(c.shards)
+	v.load(keys{testPrefix}, resp.Kvs, resp.Header.Revision)
+	owners, _ := v.holders(group)
+	return owners
+}
+
+// converged reports whether, in every group with a live member, every
+// shard is owned in etcd and by the member the assignment gives it, every
+// member is attached, owns what it is assigned, and is balanced within its
+// group.
+func (c *cluster) converged() (bool, string) {
+	byGroup := map[string][]*member{}
+	for _, m := range c.live() {
+		byGroup[m.mgr.Group()] = append(byGroup[m.mgr.Group()], m)
+	}
+	for group, ms := range byGroup {
+		if ok, why := c.groupConverged(group, ms); !ok {
+			return false, group + ": " + why
+		}
+	}
+	return true, ""
+}
+
+func (c *cluster) groupConverged(group string, ms []*member) (bool, string) {
+	owners := c.groupOwners(group)
+	counts := map[string]int{}
+	for s, o := range owners {
+		if o == "" {
+			return false, fmt.Sprintf("shard %d has no owner", s)
+		}
+		counts[o]++
+	}
+	lo, hi := c.shards/len(ms), (c.shards+len(ms)-1)/len(ms)
+	for _, m := range ms {
+		st := m.mgr.Status()
+		if st.State != StateAttached {
+			return false, fmt.Sprintf("%s is %s", m.id, st.State)
+		}
+		if len(st.Owned) != len(st.Assigned) || len(st.Releasing) > 0 {
+			return false, fmt.Sprintf("%s owns %d, assigned %d, releasing %d", m.id, len(st.Owned), len(st.Assigned), len(st.Releasing))
+		}
+		for _, se := range st.Owned {
+			if owners[se.Shard] != m.id {
+				return false, fmt.Sprintf("%s thinks it owns %d, etcd says %s", m.id, se.Shard, owners[se.Shard])
+			}
+		}
+		if counts[m.id] < lo || counts[m.id] > hi {
+			return false, fmt.Sprintf("%s owns %d, want %d..%d", m.id, counts[m.id], lo, hi)
+		}
+	}
+	if len(counts) != len(ms) {
+		return false, fmt.Sprintf("owners %v, members %d", counts, len(ms))
+	}
+	return true, ""
+}
+
+func (c *cluster) waitConverged(timeout time.Duration) time.Duration {
+	c.t.Helper()
+	return testutil.Until(c.t, timeout, "cluster convergence", c.converged)
+}
+
+// eventLog collects every member's ownership events on one clock.
+type eventLog struct{ *testsignal.Signal[Event] }
+
+// interval is a stretch during which one member could work on a shard:
+// from the answer to its acquiring Txn until it detached, released (the
+// delete was sent only after the work stopped) or lost the shard.
+type interval struct {
+	runner     string
+	epoch      int64
+	start, end time.Time
+	sent       time.Time
+}
+
+// unit is a shard of a group, what one member at a time may own.
+type unit struct {
+	group string
+	shard int
+}
+
+func (c *cluster) intervals() map[unit][]interval {
+	events := c.log.Events()
+	c.mu.Lock()
+	groups := maps.Clone(c.groups)
+	c.mu.Unlock()
+	out := map[unit][]interval{}
+	open := map[string]map[int]*interval{}
+	closeAll := func(runner string, at time.Time, shard int) {
+		for s, iv := range open[runner] {
+			if shard >= 0 && s != shard {
+				continue
+			}
+			iv.end = at
+			u := unit{groups[runner], s}
+			out[u] = append(out[u], *iv)
+			delete(open[runner], s)
+		}
+	}
+	for _, e := range events {
+		if open[e.Runner] == nil {
+			open[e.Runner] = map[int]*interval{}
+		}
+		switch e.Kind {
+		case Acquired:
+			open[e.Runner][e.Shard] = &interval{runner: e.Runner, epoch: e.Epoch, start: e.At, sent: e.Sent}
+		case Released, Lost:
+			closeAll(e.Runner, e.At, e.Shard)
+		case Detached:
+			closeAll(e.Runner, e.At, -1)
+		}
+	}
+	far := time.Now().Add(time.Hour)
+	for r := range open {
+		closeAll(r, far, -1)
+	}
+	return out
+}
+
+// checkNoDoubleOwnership fails if two members could work on one shard of
+// a group at the same time.
+func (c *cluster) checkNoDoubleOwnership() {
+	c.t.Helper()
+	for s, ivs := range c.intervals() {
+		sort.Slice(ivs, func(i, j int) bool { return ivs[i].start.Before(ivs[j].start) })
+		for i := 1; i < len(ivs); i++ {
+			prev, cur := ivs[i-1], ivs[i]
+			if prev.runner != cur.runner && cur.start.Before(prev.end) {
+				c.t.Errorf("shard %v: %s (epoch %d) acquired at %s while %s (epoch %d) could still work on it until %s",
+					s, cur.runner, cur.epoch, cur.start.Format("15:04:05.000"), prev.runner, prev.epoch, prev.end.Format("15:04:05.000"))
+			}
+			if cur.epoch <= prev.epoch {
+				c.t.Errorf("shard %v: epoch did not grow: %d after %d", s, cur.epoch, prev.epoch)
+			}
+		}
+	}
+}
+
+// etcdWatcher records every write of the owner keys, to check that no two
+// keys of a group ever name one shard at once (never two owners) and that every shard
+// a key starts to name matches an acquisition a member observed.
+type etcdWatcher struct {
+	mu     sync.Mutex
+	events []*clientv3.Event
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (c *cluster) watchShards() *etcdWatcher {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &etcdWatcher{cancel: cancel, done: make(chan struct{})}
+	resp, err := c.admin.Get(ctx, testPrefix+"owners/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	ch := c.admin.Watch(ctx, testPrefix+"owners/", clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	go func() {
+		defer close(w.done)
+		for r := range ch {
+			w.mu.Lock()
+			w.events = append(w.events, r.Events...)
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+func (w *etcdWatcher) check(c *cluster) int {
+	c.t.Helper()
+	w.cancel()
+	<-w.done
+	acquired := map[string]bool{}
+	for _, e := range c.log.Events() {
+		if e.Kind == Acquired {
+			acquired[fmt.Sprintf("%d/%d/%s", e.Shard, e.Epoch, e.Runner)] = true
+		}
+	}
+	k := keys{testPrefix}
+	current := map[string]map[int]int64{} // owner key -> its terms
+	for _, e := range w.events {
+		group, id, ok := k.parseOwner(e.Kv.Key)
+		if !ok {
+			continue
+		}
+		before := current[string(e.Kv.Key)]
+		var after map[int]int64
+		if e.Type == clientv3.EventTypePut {
+			var err error
+			if after, err = decodeTerms(e.Kv.Value, e.Kv.ModRevision, c.shards); err != nil {
+				c.t.Errorf("owner key %s: %v", e.Kv.Key, err)
+			}
+		}
+		current[string(e.Kv.Key)] = after
+		for s, epoch := range after {
+			if before[s] == epoch {
+				continue
+			}
+			if sid := fmt.Sprintf("%d/%d/%s", s, epoch, id); !acquired[sid] {
+				c.t.Errorf("etcd shows %s acquire shard %d at epoch %d, but no member observed it", id, s, epoch)
+			}
+			for other, terms := range current {
+				if other != string(e.Kv.Key) && strings.HasPrefix(other, k.group(group)) && terms[s] != 0 {
+					c.t.Errorf("shard %d named by %s (epoch %d) while %s still names it (epoch %d)", s, e.Kv.Key, epoch, other, terms[s])
+				}
+			}
+		}
+	}
+	return len(w.events)
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

@@ -1,0 +1,121 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/claims"
+	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// BenchmarkEnqueueCopy measures bulk enqueue through COPY, 1,000 rows per
+// batch, reported as rows/s.
+func BenchmarkEnqueueCopy(b *testing.B) {
+	s := setup(b)
+	ctx := context.Background()
+	batch := make([]store.Insert, 1000)
+	for i := range batch {
+		batch[i] = insert("k", i%256, 3)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for b.Loop() {
+		if _, err := s.EnqueueBatch(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*len(batch))/time.Since(start).Seconds(), "rows/s")
+}
+
+// BenchmarkEnqueueUnique measures bulk enqueue of tasks with unique keys
+// (INSERT … SELECT FROM unnest … ON CONFLICT, ids drawn ahead), 1,000 rows
+// per batch, every key new, reported as rows/s: compare with
+// BenchmarkEnqueueCopy.
+func BenchmarkEnqueueUnique(b *testing.B) {
+	s := setup(b)
+	ctx := context.Background()
+	batch := make([]store.Insert, 1000)
+	b.ResetTimer()
+	start := time.Now()
+	round := 0
+	for b.Loop() {
+		for i := range batch {
+			batch[i] = insert("k", i%256, 3)
+			batch[i].UniqueKey = fmt.Sprintf("u-%d-%d", round, i)
+		}
+		round++
+		if _, err := s.EnqueueBatch(ctx, batch); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*len(batch))/time.Since(start).Seconds(), "rows/s")
+}
+
+// BenchmarkClaimComplete measures one claim of a batch plus one completion
+// statement for the batch, from 64 owned shards, reported as tasks/s; with
+// the indexes of the task operations (state, kind and state, key) and, for
+// comparison, without them: every state change updates every index.
+func BenchmarkClaimComplete(b *testing.B) {
+	for _, size := range []int{1, 10, 100} {
+		for _, opsIndexes := range []bool{true, false} {
+			b.Run(fmt.Sprintf("batch=%d/ops-indexes=%v", size, opsIndexes), func(b *testing.B) {
+				benchClaimComplete(b, size, opsIndexes)
+			})
+		}
+	}
+}
+
+func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
+	s := setup(b)
+	ctx := context.Background()
+	if !opsIndexes {
+		for _, idx := range []string{"tasks_state_id_idx", "tasks_kind_state_id_idx", "tasks_key_id_idx"} {
+			if _, err := s.Pool().Exec(ctx, "DROP INDEX "+idx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	owned := make([]tasks.ShardEpoch, 64)
+	for i := range owned {
+		owned[i] = tasks.ShardEpoch{Shard: i, Epoch: 1}
+	}
+	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
+		b.Fatal(err)
+	}
+	// Enough ready work for the loop, plus a backlog the claim
+	// index has to skip past.
+	ins := make([]store.Insert, 20000+size*2000)
+	for i := range ins {
+		ins[i] = insert("k", i%64, 3)
+	}
+	if _, err := s.EnqueueBatch(ctx, ins); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.Pool().Exec(ctx, "VACUUM ANALYZE tasks"); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	start := time.Now()
+	n := 0
+	for b.Loop() {
+		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, size)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(got) == 0 {
+			b.Fatal("ran out of tasks")
+		}
+		done := make([]claims.Completion, len(got))
+		for i, t := range got {
+			done[i] = claims.Completion{Ref: t.Ref()}
+		}
+		if _, err := s.Complete(ctx, "r", done); err != nil {
+			b.Fatal(err)
+		}
+		n += len(got)
+	}
+	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "tasks/s")
+}
