@@ -35,9 +35,14 @@ const (
 	TaskMoved
 	// TaskGone: no such task.
 	TaskGone
+	// Completed: this attempt's completion is recorded already, by the
+	// handler in its own transaction (shardrun.CompleteTx); the write
+	// changed nothing and the attempt counts as completed.
+	Completed
 )
 
-var outcomeNames = [...]string{Applied: "applied", FenceLost: "fence_lost", TaskMoved: "task_moved", TaskGone: "task_gone"}
+var outcomeNames = [...]string{Applied: "applied", FenceLost: "fence_lost", TaskMoved: "task_moved", TaskGone: "task_gone",
+	Completed: "completed"}
 
 func (o Outcome) String() string {
 	if int(o) >= 0 && int(o) < len(outcomeNames) && outcomeNames[o] != "" {

@@ -77,6 +77,7 @@ func (c *Coordinator) Handler() http.Handler {
 	auth := func(h http.HandlerFunc) http.HandlerFunc { return httpauth.Require(c.cfg.APIToken, "shardrun-api", h) }
 	mux.HandleFunc("POST /api/schedules", auth(c.handleCreateSchedule))
 	mux.HandleFunc("GET /api/schedules", auth(c.handleListSchedules))
+	mux.HandleFunc("PUT /api/schedules/{name}", auth(c.handlePutSchedule))
 	mux.HandleFunc("DELETE /api/schedules/{name}", auth(c.handleDeleteSchedule))
 	c.queueRoutes(mux, auth)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{}))
@@ -401,25 +402,7 @@ func (c *Coordinator) unrunnableWarnings(ctx context.Context, classes ...tasks.C
 }
 
 // runnableClasses returns the classes (queue, kind) the attached runners
-// can run, from the queues and kinds they publish, read from etcd at most
-// once a second so that enqueue bursts cost one read.
+// can run (shard.Capabilities: read from etcd at most once a second).
 func (c *Coordinator) runnableClasses(ctx context.Context) (map[tasks.Class]bool, error) {
-	c.runnableMu.Lock()
-	defer c.runnableMu.Unlock()
-	if c.runnable != nil && c.clock.Now().Sub(c.runnableAt) < time.Second {
-		return c.runnable, nil
-	}
-	resp, err := c.cfg.Client.Get(ctx, c.cfg.Prefix+"runners/", clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("reading what the runners run: %w", err)
-	}
-	var runners []shard.RunnerInfo
-	for _, kv := range resp.Kvs {
-		var info shard.RunnerInfo
-		if json.Unmarshal(kv.Value, &info) == nil {
-			runners = append(runners, info)
-		}
-	}
-	c.runnable, c.runnableAt = shard.Runnable(runners), c.clock.Now()
-	return c.runnable, nil
+	return c.capabilities.Runnable(ctx)
 }

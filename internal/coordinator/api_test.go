@@ -166,7 +166,7 @@ func TestUnknownRoutesAndMethodsAnswerJSON(t *testing.T) {
 		{"DELETE", "/api/tasks", 405, "GET, HEAD, POST"},
 		{"PUT", "/api/schedules", 405, "GET, HEAD, POST"},
 		{"POST", "/api/tasks/1", 405, "GET, HEAD"},
-		{"GET", "/api/schedules/x", 405, "DELETE"},
+		{"GET", "/api/schedules/x", 405, "DELETE, PUT"},
 	} {
 		w := serveOnce(h, tc.method, tc.path, "")
 		var body map[string]string

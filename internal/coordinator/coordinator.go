@@ -23,11 +23,11 @@ import (
 	"github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/leader"
-	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/internal/maintenance"
 	"github.com/shardrun/shardrun/internal/schedule"
 	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/sweeper"
+	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -64,11 +64,9 @@ type Coordinator struct {
 	// this coordinator wakes it.
 	scheduler *schedule.Scheduler
 
-	// runnable caches the classes (queue, kind) the attached runners can
-	// run, read from etcd at most once a second (runnableClasses).
-	runnableMu sync.Mutex
-	runnable   map[tasks.Class]bool
-	runnableAt time.Time
+	// capabilities caches the classes (queue, kind) the attached runners
+	// can run, read from etcd at most once a second (runnableClasses).
+	capabilities *shard.Capabilities
 
 	// bulkBudget is how long one bulk cancel or retry request works
 	// before it answers done false (defaultBulkBudget); the browser test
@@ -101,8 +99,9 @@ func New(cfg Config) (*Coordinator, error) {
 		return nil, err
 	}
 	c := &Coordinator{cfg: cfg, log: cfg.Logger, clock: cfg.Clock, reg: cfg.Registry, client: tc, started: make(chan struct{}),
-		tracer: tracing.Tracer(cfg.TracerProvider),
-		roster: newRoster(cfg.Client, cfg.Prefix, cfg.Clock, cfg.Logger.Named("roster"))}
+		tracer:       tracing.Tracer(cfg.TracerProvider),
+		roster:       newRoster(cfg.Client, cfg.Prefix, cfg.Clock, cfg.Logger.Named("roster")),
+		capabilities: &shard.Capabilities{Client: cfg.Client, Prefix: cfg.Prefix, Clock: cfg.Clock}}
 	c.bulkBudget.Store(int64(defaultBulkBudget))
 	if c.schedules, err = schedule.NewClient(cfg.Store, prep); err != nil {
 		return nil, err

@@ -246,6 +246,36 @@ func TestSchedulesAPI(t *testing.T) {
 	if err != nil || len(v.Schedules) != 1 || v.Schedules[0].Name != "tick" || v.Schedules[0].NextRun.IsZero() {
 		t.Fatalf("cluster view schedules: %+v %v", v.Schedules, err)
 	}
+
+	// PUT defines a schedule whether or not it exists (a deployment that
+	// declares its schedules at every start), with a tick task's options.
+	report := `{"kind": "report", "every": "1h", "queue": "reports", "priority": 1, "sequence_key": "reports"}`
+	for i, want := range []struct {
+		code    int
+		changed bool
+	}{{201, true}, {200, false}} {
+		code, body := testutil.HTTP(t, "PUT", base+"/report", "tok", report)
+		got := decode[ScheduleCreated](t, body)
+		if code != want.code || got.Changed == nil || *got.Changed != want.changed || got.Queue != "reports" || got.Priority != 1 ||
+			got.SequenceKey != "reports" || !strings.Contains(body, `no attached runner serves queue \"reports\"`) {
+			t.Fatalf("PUT #%d: %d %s; want %d, changed %v, the options, and a warning", i+1, code, body, want.code, want.changed)
+		}
+	}
+	if code, body := testutil.HTTP(t, "PUT", base+"/report", "tok", strings.Replace(report, `"priority": 1`, `"priority": 2`, 1)); code != 200 ||
+		!strings.Contains(body, `"changed":true`) || !strings.Contains(body, `"priority":2`) {
+		t.Fatalf("PUT with a new priority: %d %s", code, body)
+	}
+	for _, tc := range []struct{ body, field string }{
+		{`{"name": "other", "kind": "report", "every": "1h"}`, "name"},
+		{`{"kind": "report", "every": "1h", "priority": 0}`, "priority"},
+		{`{"kind": "report", "every": "1h", "queue": ""}`, "queue"},
+		{`{"kind": "report", "every": "1h", "queue": "a b"}`, "queue"},
+		{`{"kind": "report", "every": "1h", "sequence_key": ""}`, "sequence_key"},
+	} {
+		if code, body := testutil.HTTP(t, "PUT", base+"/report", "tok", tc.body); code != 400 || !strings.Contains(body, `"field":"`+tc.field+`"`) {
+			t.Errorf("PUT %s: %d %s, want 400 naming %s", tc.body, code, body, tc.field)
+		}
+	}
 }
 
 // Ready tasks of a kind no attached runner handles show in /api/cluster

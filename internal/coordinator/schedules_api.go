@@ -33,6 +33,11 @@ type ScheduleRequest struct {
 	Key         *string         `json:"key,omitempty"`
 	Payload     json.RawMessage `json:"payload,omitempty"`
 	MaxAttempts *int            `json:"max_attempts,omitempty"`
+	// Queue, Priority and SequenceKey of each tick's task, as a task's.
+	Queue            *string `json:"queue,omitempty"`
+	Priority         *int    `json:"priority,omitempty"`
+	SequenceKey      *string `json:"sequence_key,omitempty"`
+	SequenceContinue bool    `json:"sequence_continue,omitempty"`
 	// Every is a Go duration ("90s", "5m", "1h"); or Cron with Timezone.
 	Every    *string    `json:"every,omitempty"`
 	Start    *time.Time `json:"start,omitempty"`
@@ -43,7 +48,7 @@ type ScheduleRequest struct {
 // definition turns the request into a schedule.Definition, refusing a
 // field given with the value that means "not set" there.
 func (req ScheduleRequest) definition() (schedule.Definition, error) {
-	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Payload: req.Payload}
+	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Payload: req.Payload, SequenceContinue: req.SequenceContinue}
 	var every string
 	var err error
 	for _, f := range []struct {
@@ -53,6 +58,8 @@ func (req ScheduleRequest) definition() (schedule.Definition, error) {
 		unset string
 	}{
 		{"key", req.Key, &d.Key, "a random key for each tick's task"},
+		{"queue", req.Queue, &d.Queue, "the queue " + tasks.DefaultQueue},
+		{"sequence_key", req.SequenceKey, &d.SequenceKey, "no sequence"},
 		{"every", req.Every, &every, "a cron schedule"},
 		{"cron", req.Cron, &d.Cron, "an interval schedule"},
 		{"timezone", req.Timezone, &d.Timezone, "UTC"},
@@ -63,6 +70,12 @@ func (req ScheduleRequest) definition() (schedule.Definition, error) {
 	}
 	if d.MaxAttempts, err = tasks.GivenMaxAttempts(req.MaxAttempts); err != nil {
 		return d, err
+	}
+	if req.Priority != nil {
+		if err := tasks.CheckPriority(*req.Priority); err != nil {
+			return d, err
+		}
+		d.Priority = *req.Priority
 	}
 	if every != "" {
 		if d.Every, err = time.ParseDuration(every); err != nil {
@@ -83,6 +96,7 @@ func (req ScheduleRequest) definition() (schedule.Definition, error) {
 type ScheduleSummary struct {
 	Name       string     `json:"name"`
 	Kind       string     `json:"kind"`
+	Queue      string     `json:"queue"`
 	Every      string     `json:"every,omitempty"`
 	Cron       string     `json:"cron,omitempty"`
 	Timezone   string     `json:"timezone"`
@@ -97,17 +111,23 @@ type ScheduleSummary struct {
 type ScheduleView struct {
 	ID int64 `json:"id"`
 	ScheduleSummary
-	Key         string          `json:"key,omitempty"`
-	Payload     json.RawMessage `json:"payload"`
-	MaxAttempts int             `json:"max_attempts,omitempty"`
-	Start       *time.Time      `json:"start,omitempty"`
+	Key              string          `json:"key,omitempty"`
+	Payload          json.RawMessage `json:"payload"`
+	MaxAttempts      int             `json:"max_attempts,omitempty"`
+	Priority         int             `json:"priority"`
+	SequenceKey      string          `json:"sequence_key,omitempty"`
+	SequenceContinue bool            `json:"sequence_continue,omitempty"`
+	Start            *time.Time      `json:"start,omitempty"`
 	CreatedAt   time.Time       `json:"created_at"`
 }
 
-// ScheduleCreated is the answer of POST /api/schedules: the schedule, and
-// warnings when no attached runner handles its kind.
+// ScheduleCreated is the answer of POST /api/schedules and PUT
+// /api/schedules/{name}: the schedule, and warnings when no attached
+// runner can run its tasks. Changed (PUT only) says whether the stored
+// schedule changed.
 type ScheduleCreated struct {
 	ScheduleView
+	Changed  *bool    `json:"changed,omitempty"`
 	Warnings []string `json:"warnings,omitempty"`
 }
 
@@ -119,7 +139,7 @@ type SchedulePage struct {
 }
 
 func summarize(sc store.Schedule) ScheduleSummary {
-	s := ScheduleSummary{Name: sc.Name, Kind: sc.Kind, Cron: sc.Cron, Timezone: sc.Timezone,
+	s := ScheduleSummary{Name: sc.Name, Kind: sc.Kind, Queue: sc.Queue, Cron: sc.Cron, Timezone: sc.Timezone,
 		NextRun: sc.NextTick.UTC(), LastRun: sc.LastTick, LastTaskID: sc.LastTaskID, Skipped: sc.Skipped}
 	if sc.Every > 0 {
 		s.Every = sc.Every.String()
@@ -129,7 +149,8 @@ func summarize(sc store.Schedule) ScheduleSummary {
 
 func viewOf(sc store.Schedule) ScheduleView {
 	v := ScheduleView{ID: sc.ID, ScheduleSummary: summarize(sc), Key: sc.Key, Payload: sc.Payload,
-		MaxAttempts: sc.MaxAttempts, CreatedAt: sc.CreatedAt.UTC()}
+		MaxAttempts: sc.MaxAttempts, Priority: sc.Priority, SequenceKey: sc.SequenceKey,
+		SequenceContinue: sc.SequenceKey != "" && !sc.SequenceBlocks, CreatedAt: sc.CreatedAt.UTC()}
 	if sc.Every > 0 {
 		start := sc.Start.UTC()
 		v.Start = &start
@@ -167,7 +188,50 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 	}
 	c.scheduler.Notify()
 	writeJSON(w, http.StatusCreated, ScheduleCreated{ScheduleView: viewOf(sc),
-		Warnings: c.unrunnableWarnings(ctx, tasks.Class{Queue: tasks.DefaultQueue, Kind: sc.Kind})})
+		Warnings: c.unrunnableWarnings(ctx, tasks.Class{Queue: sc.Queue, Kind: sc.Kind})})
+}
+
+// handlePutSchedule is PUT /api/schedules/{name}: define the schedule
+// whether or not it exists (schedule.Client.Upsert), with the body of POST
+// /api/schedules (its name, if given, must be the path's). 201 when it was
+// created, 200 otherwise, with "changed".
+func (c *Coordinator) handlePutSchedule(w http.ResponseWriter, r *http.Request) {
+	body, ok := httpjson.ReadBody(w, r, maxScheduleBody)
+	if !ok {
+		return
+	}
+	var req ScheduleRequest
+	if err := jsonbody.Decode(body, &req); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	name := r.PathValue("name")
+	if req.Name != "" && req.Name != name {
+		badRequest(w, &tasks.FieldError{Field: "name", Problem: fmt.Sprintf("%q differs from the path's %q", req.Name, name)}, false, -1)
+		return
+	}
+	req.Name = name
+	d, err := req.definition()
+	if err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	sc, what, err := c.schedules.Upsert(ctx, d)
+	if c.failed(w, r, "defining a schedule", err) {
+		return
+	}
+	changed := what != store.ScheduleUnchanged
+	if changed {
+		c.scheduler.Notify()
+	}
+	code := http.StatusOK
+	if what == store.ScheduleCreated {
+		code = http.StatusCreated
+	}
+	writeJSON(w, code, ScheduleCreated{ScheduleView: viewOf(sc), Changed: &changed,
+		Warnings: c.unrunnableWarnings(ctx, tasks.Class{Queue: sc.Queue, Kind: sc.Kind})})
 }
 
 // scheduleParams are the parameters of GET /api/schedules.

@@ -222,7 +222,7 @@ func (w *writer) account(items []result, res []claims.WriteResult) {
 	for i, r := range res {
 		it := items[i]
 		switch r.Outcome {
-		case claims.Applied:
+		case claims.Applied, claims.Completed: // Completed: by the handler's own transaction
 			outcome := string(r.State)
 			switch {
 			case it.interrupted != nil:

@@ -48,6 +48,10 @@ type Config struct {
 	// SHARDRUN_ADMIN_TOKEN_FILE).
 	AdminAddr  string
 	AdminToken string
+	// NoAdmin serves no admin endpoint (a runner embedded in a program,
+	// the shardrun package, which has its own health checks); AdminAddr is
+	// then not used. No flag sets it.
+	NoAdmin bool
 	// RunnerID: --runner-id, SHARDRUN_RUNNER_ID; default hostname-pid.
 	RunnerID string
 	// Lease and detachment: --lease-ttl, --detach-margin (0: TTL/3),
@@ -237,6 +241,9 @@ func (c Config) Validate() error {
 		if err := v.Validate(); err != nil {
 			return err
 		}
+	}
+	if c.NoAdmin {
+		return nil
 	}
 	return c.adminServer().Check()
 }

@@ -75,6 +75,10 @@ func (r *Runner) Started() <-chan struct{} { return r.started }
 // AdminAddr is the admin endpoint's bound address (after Started).
 func (r *Runner) AdminAddr() string { return r.adminAddr }
 
+// ID is the runner's id in the cluster (Config.RunnerID): the owner its
+// claims and fenced writes carry.
+func (r *Runner) ID() string { return r.cfg.RunnerID }
+
 // Registry is the runner's metrics registry (what /metrics serves).
 func (r *Runner) Registry() *prometheus.Registry { return r.reg }
 
@@ -95,12 +99,15 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		r.handlers = only
 	}
-	ln, err := cfg.adminServer().Listen()
-	if err != nil {
-		return err
+	var ln net.Listener
+	if !cfg.NoAdmin {
+		var err error
+		if ln, err = cfg.adminServer().Listen(); err != nil {
+			return err
+		}
+		defer ln.Close()
+		r.adminAddr = ln.Addr().String()
 	}
-	defer ln.Close()
-	r.adminAddr = ln.Addr().String()
 
 	st, closeStore, err := r.openStore(ctx)
 	if err != nil {
@@ -145,7 +152,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	listener := st.NewListener(r.log.Named("listener"), func(n store.Notification) { r.exec.Wake(n.All, n.Shards, n.Urgent) })
 	bg.Go(func() { _ = listener.Run(support) })
-	admin := r.serveAdmin(ln, &bg)
+	var admin *http.Server
+	if ln != nil {
+		admin = r.serveAdmin(ln, &bg)
+	}
 	r.log.Info("runner started", "admin", r.adminAddr, "kinds", r.handlers.Kinds(), "shards", cfg.ShardCount,
 		"lease_ttl", cfg.LeaseTTL, "max_workers", cfg.MaxWorkers)
 	close(r.started)
@@ -158,7 +168,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	close(errs)
 
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	_ = admin.Shutdown(sctx)
+	if admin != nil {
+		_ = admin.Shutdown(sctx)
+	}
 	cancel()
 	stopSupport()
 	bg.Wait()

@@ -25,6 +25,12 @@ type Definition struct {
 	Key         string
 	Payload     json.RawMessage
 	MaxAttempts int
+	// Queue, Priority and the sequence of each tick's task, as a task's
+	// (tasks.NewTask).
+	Queue            string
+	Priority         int
+	SequenceKey      string
+	SequenceContinue bool
 	// When it ticks: Every (with an optional Start, default one interval
 	// after the definition) or Cron in Timezone.
 	Every    time.Duration
@@ -35,7 +41,8 @@ type Definition struct {
 
 // task is the task each tick enqueues.
 func (d Definition) task() tasks.NewTask {
-	return tasks.NewTask{Kind: d.Kind, Key: d.Key, Payload: d.Payload, MaxAttempts: d.MaxAttempts}
+	return tasks.NewTask{Kind: d.Kind, Key: d.Key, Payload: d.Payload, MaxAttempts: d.MaxAttempts,
+		Queue: d.Queue, Priority: d.Priority, SequenceKey: d.SequenceKey, SequenceContinue: d.SequenceContinue}
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
@@ -43,6 +50,7 @@ var namePattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
 // Store is what the client needs from the database (store.Store).
 type Store interface {
 	CreateSchedule(ctx context.Context, prepare func(now time.Time) (store.Schedule, error)) (store.Schedule, error)
+	UpsertSchedule(ctx context.Context, prepare func(now time.Time) (store.Schedule, error)) (store.Schedule, store.Upserted, error)
 	ListSchedules(ctx context.Context, after string, limit int) ([]store.Schedule, error)
 	DeleteSchedule(ctx context.Context, name string) (bool, error)
 }
@@ -101,6 +109,7 @@ func (c *Client) Prepare(d Definition, now time.Time) (store.Schedule, error) {
 		return store.Schedule{}, &tasks.FieldError{Field: "cron", Problem: fmt.Sprintf("%q has no tick in the next five years", d.Cron)}
 	}
 	sc := store.Schedule{Name: d.Name, Kind: d.Kind, Key: d.Key, Payload: in.Payload, MaxAttempts: d.MaxAttempts,
+		Queue: in.Queue, Priority: in.Priority, SequenceKey: in.SequenceKey, SequenceBlocks: in.SequenceBlocks,
 		Every: spec.Every, Cron: spec.Cron, Timezone: spec.Timezone, Start: spec.Start, NextTick: first}
 	if sc.Start.IsZero() {
 		sc.Start = now
@@ -118,6 +127,25 @@ func (c *Client) Create(ctx context.Context, d Definition) (store.Schedule, erro
 		return store.Schedule{}, err
 	}
 	return c.st.CreateSchedule(ctx, func(now time.Time) (store.Schedule, error) { return c.Prepare(d, now) })
+}
+
+// Upsert validates and stores a schedule whether or not one of its name
+// exists (store.UpsertSchedule): the way a program declares its schedules
+// at every start. A restart with the same definition changes nothing, and
+// one that changes only the task keeps the next tick. The result says
+// whether it was created, updated or unchanged.
+func (c *Client) Upsert(ctx context.Context, d Definition) (store.Schedule, store.Upserted, error) {
+	if d.Every > 0 && d.Start.IsZero() {
+		// Declared without a start, an interval ticks at whole multiples of
+		// itself since the Unix epoch, so that every start of the program
+		// declares the same schedule (a start of "one interval from now"
+		// would move the ticks at every restart).
+		d.Start = time.Unix(0, 0).UTC()
+	}
+	if _, err := c.Prepare(d, time.Now()); err != nil {
+		return store.Schedule{}, 0, err
+	}
+	return c.st.UpsertSchedule(ctx, func(now time.Time) (store.Schedule, error) { return c.Prepare(d, now) })
 }
 
 // ListRequest asks for one page of schedules, by name.

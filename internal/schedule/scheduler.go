@@ -160,7 +160,8 @@ func (s *Scheduler) plan(sc store.Schedule, now, termStart time.Time) (store.Tic
 	ticks, next, skipped := Plan(timer, sc.NextTick, now, termStart)
 	p := store.TickPlan{Next: next, Skipped: skipped}
 	for _, at := range ticks {
-		in, err := s.prep.Prepare(tasks.NewTask{Kind: sc.Kind, Key: sc.Key, Payload: sc.Payload, MaxAttempts: sc.MaxAttempts}, now)
+		in, err := s.prep.Prepare(tasks.NewTask{Kind: sc.Kind, Key: sc.Key, Payload: sc.Payload, MaxAttempts: sc.MaxAttempts,
+			Queue: sc.Queue, Priority: sc.Priority, SequenceKey: sc.SequenceKey, SequenceContinue: sc.SequenceKey != "" && !sc.SequenceBlocks}, now)
 		if err != nil {
 			s.errors()
 			s.term.Log.Error("the task of a schedule is invalid; it stops ticking", "schedule", sc.Name, "error", err)

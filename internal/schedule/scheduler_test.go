@@ -301,3 +301,55 @@ func TestFirstTickComesFromTheDatabaseClock(t *testing.T) {
 		t.Fatalf("prepared at %s, created at %s (%v): want the transaction's now()", got, sc.CreatedAt, err)
 	}
 }
+
+// A schedule declared at every start of a program (Upsert): the same
+// declaration changes nothing, a changed task keeps the next tick, a
+// changed timing moves it; each tick's task takes the schedule's queue,
+// priority and sequence.
+func TestUpsertKeepsTheNextTickAndTicksCarryTheTaskOptions(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	d := Definition{Name: "report", Kind: "report", Every: time.Hour, Queue: "reports", Priority: 1, SequenceKey: "reports"}
+	first, what, err := b.client.Upsert(ctx, d)
+	if err != nil || what != store.ScheduleCreated {
+		t.Fatalf("first declaration: %v, %v", what, err)
+	}
+	if first.NextTick.Sub(first.NextTick.Truncate(time.Hour)) != 0 {
+		t.Errorf("an interval declared without a start ticks at %s, not at a whole hour since the epoch", first.NextTick)
+	}
+	if _, what, err := b.client.Upsert(ctx, d); err != nil || what != store.ScheduleUnchanged {
+		t.Fatalf("the same declaration again: %v, %v", what, err)
+	}
+	d.Priority = 2
+	again, what, err := b.client.Upsert(ctx, d)
+	if err != nil || what != store.ScheduleUpdated || !again.NextTick.Equal(first.NextTick) || again.Priority != 2 {
+		t.Fatalf("a changed task: %v, %v, next %s (was %s), priority %d", what, err, again.NextTick, first.NextTick, again.Priority)
+	}
+	d.Every = 2 * time.Hour
+	if moved, what, err := b.client.Upsert(ctx, d); err != nil || what != store.ScheduleUpdated || moved.NextTick.Sub(moved.NextTick.Truncate(2*time.Hour)) != 0 {
+		t.Fatalf("a changed interval: %v, %v, next %s", what, err, moved.NextTick)
+	}
+	if _, err := b.client.Create(ctx, d); !errors.Is(err, store.ErrScheduleExists) {
+		t.Fatalf("Create of a declared schedule: %v", err)
+	}
+	// A tick's task is the schedule's.
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.Pool().Exec(ctx, `UPDATE coordinator_fence SET raised_at = now() - interval '1 minute'`); err != nil {
+		t.Fatal(err)
+	}
+	if r := newScheduler(t, b.st, 1).runOnce(ctx); r.Err != nil || r.Enqueued != 1 {
+		t.Fatalf("pass: %+v", r)
+	}
+	var queue, seq string
+	var priority int
+	var blocks bool
+	if err := b.st.Pool().QueryRow(ctx, `SELECT queue, priority, sequence_key, sequence_blocks FROM tasks WHERE kind = 'report'`).
+		Scan(&queue, &priority, &seq, &blocks); err != nil {
+		t.Fatal(err)
+	}
+	if queue != "reports" || priority != 2 || seq != "reports" || !blocks {
+		t.Fatalf("the tick's task: queue %q, priority %d, sequence %q (blocks %v)", queue, priority, seq, blocks)
+	}
+}

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -118,4 +119,38 @@ func ReadCluster(ctx context.Context, client *clientv3.Client, prefix string, sh
 		c.Groups = append(c.Groups, *g)
 	}
 	return c, nil
+}
+
+// ClusterShardCount returns the shard count of the cluster under prefix,
+// creating the cluster with want (DefaultShardCount when 0) if it is new;
+// ErrShardCountMismatch when want is set and differs from the cluster's.
+func ClusterShardCount(ctx context.Context, client *clientv3.Client, prefix string, want int) (int, error) {
+	key := keys{prefix}.meta()
+	resp, err := client.Get(ctx, key)
+	if err != nil {
+		return 0, fmt.Errorf("reading the cluster's shard count (%s): %w", key, err)
+	}
+	if len(resp.Kvs) == 1 {
+		n, err := strconv.Atoi(string(resp.Kvs[0].Value))
+		if err != nil {
+			return 0, fmt.Errorf("the cluster's shard count (%s) is %q, not a number", key, resp.Kvs[0].Value)
+		}
+		if want != 0 && want != n {
+			return 0, fmt.Errorf("shard count: %w: the cluster under %s has %d shards (%s), this process is configured with %d",
+				ErrShardCountMismatch, prefix, n, key, want)
+		}
+		return n, nil
+	}
+	n := want
+	if n == 0 {
+		n = DefaultShardCount
+	}
+	_, err = EnsureShardCount(ctx, client, prefix, n)
+	if errors.Is(err, ErrShardCountMismatch) && want == 0 {
+		return ClusterShardCount(ctx, client, prefix, 0) // created meanwhile by another process: its count
+	}
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }

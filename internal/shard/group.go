@@ -16,12 +16,20 @@ package shard
 // and the alternatives.
 
 import (
+	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"slices"
+	"sync"
+	"time"
 
+	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/tasks"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // GroupOf names the group of runners that serve queues and handle kinds:
@@ -64,4 +72,43 @@ func Runnable(runners []RunnerInfo) map[tasks.Class]bool {
 		}
 	}
 	return out
+}
+
+// Capabilities reads what the attached runners of a cluster can run from
+// their runners/ keys, at most once per MaxAge (default one second), so
+// that a burst of enqueues costs etcd one read. Producers use it to warn
+// about tasks no runner can run yet; it is advice, never a gate.
+type Capabilities struct {
+	Client *clientv3.Client
+	// Prefix is the cluster's key prefix.
+	Prefix string
+	MaxAge time.Duration
+	Clock  clock.Clock
+
+	mu       sync.Mutex
+	runnable map[tasks.Class]bool
+	at       time.Time
+}
+
+// Runnable returns the classes (queue, kind) some attached runner can run.
+func (c *Capabilities) Runnable(ctx context.Context) (map[tasks.Class]bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clk := cmp.Or(c.Clock, clock.Real())
+	if c.runnable != nil && clk.Now().Sub(c.at) < cmp.Or(c.MaxAge, time.Second) {
+		return c.runnable, nil
+	}
+	resp, err := c.Client.Get(ctx, keys{c.Prefix}.runners(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("reading what the runners run: %w", err)
+	}
+	var runners []RunnerInfo
+	for _, kv := range resp.Kvs {
+		var info RunnerInfo
+		if json.Unmarshal(kv.Value, &info) == nil {
+			runners = append(runners, info)
+		}
+	}
+	c.runnable, c.at = Runnable(runners), clk.Now()
+	return c.runnable, nil
 }

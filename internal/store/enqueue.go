@@ -49,8 +49,8 @@ type Insert struct {
 	TraceContext string
 }
 
-// querier is where the producer statements run: the pool, or a producer's
-// own transaction.
+// querier is where a statement runs: the pool, or a producer's or
+// handler's own transaction.
 type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)

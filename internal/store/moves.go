@@ -321,12 +321,17 @@ const claimEvidence = `claimed_by = k.owner, claim_epoch = k.epoch, claimed_at =
 // their tasks updated with set (see endClaims), in one statement.
 func (s *Store) endClaimsOf(ctx context.Context, what, name, owner string, refs []tasks.Ref,
 	set string, extra ...inputCol) ([]claims.WriteResult, error) {
+	return s.endClaimsOn(ctx, s.pool, what, name, owner, refs, set, extra...)
+}
+
+func (s *Store) endClaimsOn(ctx context.Context, q querier, what, name, owner string, refs []tasks.Ref,
+	set string, extra ...inputCol) ([]claims.WriteResult, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
 	if rounds := distinctRounds(refs); len(rounds) > 1 {
 		return s.inRounds(ctx, refs, extra, rounds, func(refs []tasks.Ref, extra []inputCol) ([]claims.WriteResult, error) {
-			return s.endClaimsOf(ctx, what, name, owner, refs, set, extra...)
+			return s.endClaimsOn(ctx, q, what, name, owner, refs, set, extra...)
 		})
 	}
 	locked, returning, args := claimMatch(owner, refs, extra)
@@ -339,7 +344,7 @@ func (s *Store) endClaimsOf(ctx context.Context, what, name, owner string, refs 
 			coalesce(array_agg(t.k_epoch), '{}'), coalesce(array_agg(t.state), '{}'),
 			coalesce(array_agg(t.cancel_requested_at IS NOT NULL), '{}')
 		FROM t`
-	return s.claimResults(ctx, what, owner, refs, sql, args)
+	return s.claimResultsOn(ctx, q, what, owner, refs, sql, args)
 }
 
 // distinctRounds splits refs (by index) into rounds in which no task
@@ -393,12 +398,16 @@ func (s *Store) inRounds(ctx context.Context, refs []tasks.Ref, extra []inputCol
 // cancel requests of the claims it applied to, as arrays; and says, for
 // each of refs, whether it applied and why not.
 func (s *Store) claimResults(ctx context.Context, what, owner string, refs []tasks.Ref, sql string, args []any) ([]claims.WriteResult, error) {
+	return s.claimResultsOn(ctx, s.pool, what, owner, refs, sql, args)
+}
+
+func (s *Store) claimResultsOn(ctx context.Context, q querier, what, owner string, refs []tasks.Ref, sql string, args []any) ([]claims.WriteResult, error) {
 	var filed int64
 	var ids, epochs []int64
 	var attempts []int32
 	var states []string
 	var requested []bool
-	if err := s.pool.QueryRow(ctx, sql, args...).Scan(&filed, &ids, &attempts, &epochs, &states, &requested); err != nil {
+	if err := q.QueryRow(ctx, sql, args...).Scan(&filed, &ids, &attempts, &epochs, &states, &requested); err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
 	}
 	// Keyed by the whole claim: a batch may hold a stale attempt and the
@@ -434,37 +443,41 @@ func (s *Store) claimResults(ctx context.Context, what, owner string, refs []tas
 	return results, nil
 }
 
-// classify explains why writes did not apply: the fence moved (or was never
-// ours), the task is gone, or the task moved on.
+// classify explains why writes did not apply: the attempt's completion is
+// recorded already (committed by its handler's own transaction:
+// CompleteTx), the fence moved (or was never ours), the task is gone, or
+// the task moved on.
 func (s *Store) classify(ctx context.Context, owner string, results []claims.WriteResult, missed []int) error {
 	ids := make([]int64, len(missed))
 	shards := make([]int32, len(missed))
-	for i, m := range missed {
-		ids[i], shards[i] = results[m].Ref.ID, int32(results[m].Ref.Shard)
-	}
 	epochs := make([]int64, len(missed))
+	attempts := make([]int32, len(missed))
 	for i, m := range missed {
-		epochs[i] = results[m].Ref.Epoch
+		r := results[m].Ref
+		ids[i], shards[i], epochs[i], attempts[i] = r.ID, int32(r.Shard), r.Epoch, int32(r.Attempt)
 	}
 	// A fence still holds the writer's term when a fence row of the shard
 	// has its epoch and owner: an epoch is an etcd revision, so it names one
 	// unit (group and shard) and one term of it.
 	rows, err := s.pool.Query(ctx, `/* shardrun.classify */
 		SELECT c.id, t.id IS NOT NULL,
-			EXISTS (SELECT 1 FROM shard_fences f WHERE f.shard = c.shard AND f.epoch = c.epoch AND f.owner = $4)
-		FROM unnest($1::bigint[], $2::int[], $3::bigint[]) WITH ORDINALITY AS c(id, shard, epoch, n)
+			EXISTS (SELECT 1 FROM shard_fences f WHERE f.shard = c.shard AND f.epoch = c.epoch AND f.owner = $4),
+			coalesce(t.state = 'completed' AND t.claimed_by = $4 AND t.claim_epoch = c.epoch AND t.attempt = c.attempt, false)
+		FROM unnest($1::bigint[], $2::int[], $3::bigint[], $5::int[]) WITH ORDINALITY AS c(id, shard, epoch, attempt, n)
 		LEFT JOIN tasks t ON t.id = c.id
-		ORDER BY c.n`, ids, shards, epochs, owner)
+		ORDER BY c.n`, ids, shards, epochs, owner, attempts)
 	if err != nil {
 		return fmt.Errorf("classifying rejected writes: %w", err)
 	}
 	i := 0
 	var id int64
-	var exists, fenced bool
-	_, err = pgx.ForEachRow(rows, []any{&id, &exists, &fenced}, func() error {
+	var exists, fenced, completed bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &exists, &fenced, &completed}, func() error {
 		res := &results[missed[i]]
 		i++
 		switch {
+		case completed:
+			res.Outcome, res.State = claims.Completed, tasks.Completed
 		case !fenced:
 			res.Outcome = claims.FenceLost
 		case !exists:
@@ -597,6 +610,27 @@ func (s *Store) Interrupt(ctx context.Context, owner string, cut []claims.Interr
 
 // Complete records successful attempts, in one statement.
 func (s *Store) Complete(ctx context.Context, owner string, done []claims.Completion) ([]claims.WriteResult, error) {
+	return s.complete(ctx, s.pool, owner, done)
+}
+
+// CompleteTx records a successful attempt inside tx, a handler's own
+// transaction, so that the handler's writes and the task's completion
+// commit together or not at all. It is the fenced write Complete is: it
+// applies only while the attempt's claim is the runner's, and it holds the
+// claim row until tx ends, so a new owner's orphan requeue waits for it and
+// then finds the claim gone, or takes the claim first and leaves this
+// write nothing to match (the result says why; the caller rolls tx back).
+// The runner's own completion of the attempt afterwards finds it recorded
+// (claims.Completed).
+func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, owner string, done claims.Completion) (claims.WriteResult, error) {
+	res, err := s.complete(ctx, tx, owner, []claims.Completion{done})
+	if err != nil {
+		return claims.WriteResult{}, err
+	}
+	return res[0], nil
+}
+
+func (s *Store) complete(ctx context.Context, q querier, owner string, done []claims.Completion) ([]claims.WriteResult, error) {
 	refs := make([]tasks.Ref, len(done))
 	results := make([]*string, len(done))
 	for i, d := range done {
@@ -606,7 +640,7 @@ func (s *Store) Complete(ctx context.Context, owner string, done []claims.Comple
 			results[i] = &r
 		}
 	}
-	return s.endClaimsOf(ctx, "completing", "complete", owner, refs,
+	return s.endClaimsOn(ctx, q, "completing", "complete", owner, refs,
 		`state = 'completed', result = k.result::jsonb, finished_at = now(), `+claimEvidence,
 		inputCol{"result", "text", results})
 }

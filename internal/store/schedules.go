@@ -30,7 +30,12 @@ type Schedule struct {
 	Key         string
 	Payload     json.RawMessage
 	MaxAttempts int // 0: the enqueuing client's default
-	Every       time.Duration
+	// Queue, Priority and the sequence of each tick's task.
+	Queue          string
+	Priority       int
+	SequenceKey    string
+	SequenceBlocks bool
+	Every          time.Duration
 	Cron        string
 	Timezone    string
 	Start       time.Time
@@ -42,14 +47,19 @@ type Schedule struct {
 	CreatedAt time.Time
 }
 
-const scheduleColumns = `id, name, kind, key, payload, coalesce(max_attempts, 0), coalesce(every_ms, 0), coalesce(cron, ''),
-	timezone, start_at, next_tick, last_tick, last_task_id, skipped, created_at`
+const scheduleColumns = `id, name, kind, key, payload, coalesce(max_attempts, 0), queue, priority, coalesce(sequence_key, ''),
+	sequence_blocks, coalesce(every_ms, 0), coalesce(cron, ''), timezone, start_at, next_tick, last_tick, last_task_id, skipped, created_at`
 
-func scanSchedule(r pgx.CollectableRow) (Schedule, error) {
+func scanSchedule(r pgx.CollectableRow) (Schedule, error) { return scanScheduleAnd(r) }
+
+// scanScheduleAnd scans scheduleColumns, then the columns after them into
+// more.
+func scanScheduleAnd(r pgx.CollectableRow, more ...any) (Schedule, error) {
 	var sc Schedule
 	var everyMS int64
-	err := r.Scan(&sc.ID, &sc.Name, &sc.Kind, &sc.Key, &sc.Payload, &sc.MaxAttempts, &everyMS, &sc.Cron,
-		&sc.Timezone, &sc.Start, &sc.NextTick, &sc.LastTick, &sc.LastTaskID, &sc.Skipped, &sc.CreatedAt)
+	err := r.Scan(append([]any{&sc.ID, &sc.Name, &sc.Kind, &sc.Key, &sc.Payload, &sc.MaxAttempts, &sc.Queue, &sc.Priority, &sc.SequenceKey,
+		&sc.SequenceBlocks, &everyMS, &sc.Cron, &sc.Timezone, &sc.Start, &sc.NextTick, &sc.LastTick, &sc.LastTaskID, &sc.Skipped, &sc.CreatedAt},
+		more...)...)
 	sc.Every = time.Duration(everyMS) * time.Millisecond
 	return sc, err
 }
@@ -61,8 +71,36 @@ func scanSchedule(r pgx.CollectableRow) (Schedule, error) {
 // the prepared schedule are ignored. An error of prepare is returned as
 // it is; ErrScheduleExists when the name is taken.
 func (s *Store) CreateSchedule(ctx context.Context, prepare func(now time.Time) (Schedule, error)) (Schedule, error) {
+	sc, _, err := s.putSchedule(ctx, prepare, false)
+	return sc, err
+}
+
+// Upserted says what UpsertSchedule did.
+type Upserted int
+
+// What UpsertSchedule did.
+const (
+	// ScheduleUnchanged: the stored schedule was the same.
+	ScheduleUnchanged Upserted = iota
+	// ScheduleCreated: there was none of the name.
+	ScheduleCreated
+	// ScheduleUpdated: the stored schedule took the new definition.
+	ScheduleUpdated
+)
+
+// UpsertSchedule is CreateSchedule for a schedule that may exist already
+// (one declared in a program's configuration, stored at every start): the
+// stored row takes the prepared task and timing, and keeps its next tick
+// unless the timing (interval, start, cron, time zone) changed, so that a
+// restart neither skips nor repeats a tick.
+func (s *Store) UpsertSchedule(ctx context.Context, prepare func(now time.Time) (Schedule, error)) (Schedule, Upserted, error) {
+	return s.putSchedule(ctx, prepare, true)
+}
+
+func (s *Store) putSchedule(ctx context.Context, prepare func(now time.Time) (Schedule, error), upsert bool) (Schedule, Upserted, error) {
 	var sc Schedule
 	var prepErr error
+	what := ScheduleUnchanged
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var now time.Time
 		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
@@ -76,22 +114,62 @@ func (s *Store) CreateSchedule(ctx context.Context, prepare func(now time.Time) 
 			ms := sc.Every.Milliseconds()
 			every = &ms
 		}
-		var cron, maxAttempts any
+		var cron, maxAttempts, seq any
 		if sc.Cron != "" {
 			cron = sc.Cron
 		}
 		if sc.MaxAttempts > 0 {
 			maxAttempts = sc.MaxAttempts
 		}
+		if sc.SequenceKey != "" {
+			seq = sc.SequenceKey
+		}
 		payload := string(sc.Payload)
 		if payload == "" {
 			payload = "{}"
 		}
+		conflict := ""
+		if upsert {
+			// The row is written only when something differs (xmax = 0 in
+			// RETURNING: inserted; the WHERE false of an unchanged row
+			// returns nothing, and the row is read after).
+			conflict = `ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, key = excluded.key, payload = excluded.payload,
+				max_attempts = excluded.max_attempts, queue = excluded.queue, priority = excluded.priority,
+				sequence_key = excluded.sequence_key, sequence_blocks = excluded.sequence_blocks,
+				every_ms = excluded.every_ms, cron = excluded.cron, timezone = excluded.timezone, start_at = excluded.start_at,
+				next_tick = CASE WHEN (s.every_ms, s.cron, s.timezone, s.start_at) IS NOT DISTINCT FROM
+				                      (excluded.every_ms, excluded.cron, excluded.timezone, excluded.start_at)
+				                 THEN s.next_tick ELSE excluded.next_tick END
+			WHERE (s.kind, s.key, s.payload, s.max_attempts, s.queue, s.priority, s.sequence_key, s.sequence_blocks,
+			       s.every_ms, s.cron, s.timezone, s.start_at)
+			      IS DISTINCT FROM
+			      (excluded.kind, excluded.key, excluded.payload, excluded.max_attempts, excluded.queue, excluded.priority,
+			       excluded.sequence_key, excluded.sequence_blocks, excluded.every_ms, excluded.cron, excluded.timezone, excluded.start_at)`
+		}
 		rows, err := tx.Query(ctx, `
-			INSERT INTO schedules (name, kind, key, payload, max_attempts, every_ms, cron, timezone, start_at, next_tick)
-			VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10)
-			RETURNING `+scheduleColumns,
-			sc.Name, sc.Kind, sc.Key, payload, maxAttempts, every, cron, sc.Timezone, sc.Start, sc.NextTick)
+			INSERT INTO schedules AS s (name, kind, key, payload, max_attempts, queue, priority, sequence_key, sequence_blocks,
+				every_ms, cron, timezone, start_at, next_tick)
+			VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+			`+conflict+`
+			RETURNING `+scheduleColumns+`, s.xmax = 0`,
+			sc.Name, sc.Kind, sc.Key, payload, maxAttempts, sc.Queue, sc.Priority, seq, sc.SequenceBlocks,
+			every, cron, sc.Timezone, sc.Start, sc.NextTick)
+		if err != nil {
+			return err
+		}
+		var inserted bool
+		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Schedule, error) { return scanScheduleAnd(r, &inserted) })
+		if err != nil {
+			return err
+		}
+		if len(got) == 1 {
+			sc, what = got[0], ScheduleUpdated
+			if inserted {
+				what = ScheduleCreated
+			}
+			return nil
+		}
+		rows, err = tx.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules WHERE name = $1`, sc.Name)
 		if err != nil {
 			return err
 		}
@@ -101,13 +179,13 @@ func (s *Store) CreateSchedule(ctx context.Context, prepare func(now time.Time) 
 	var pgErr *pgconn.PgError
 	switch {
 	case prepErr != nil:
-		return Schedule{}, prepErr
+		return Schedule{}, 0, prepErr
 	case errors.As(err, &pgErr) && pgErr.Code == "23505":
-		return Schedule{}, fmt.Errorf("creating schedule %q: %w", sc.Name, ErrScheduleExists)
+		return Schedule{}, 0, fmt.Errorf("creating schedule %q: %w", sc.Name, ErrScheduleExists)
 	case err != nil:
-		return Schedule{}, fmt.Errorf("creating schedule %q: %w", sc.Name, err)
+		return Schedule{}, 0, fmt.Errorf("storing schedule %q: %w", sc.Name, err)
 	}
-	return sc, nil
+	return sc, what, nil
 }
 
 // ListSchedules returns up to limit schedules by name, those named after
@@ -207,12 +285,16 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 		inserted := map[int64]int64{} // schedule -> newest task id inserted
 		if len(r.tIDs) > 0 {
 			rows, err := tx.Query(ctx, `
-				INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, schedule_id, schedule_tick)
-				SELECT kind, shard, key, payload::jsonb, max_attempts, tick, sid, tick
-				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[])
-					AS u(kind, shard, key, payload, max_attempts, sid, tick)
+				INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, schedule_id, schedule_tick,
+					queue, priority, sequence_key, sequence_blocks)
+				SELECT kind, shard, key, payload::jsonb, max_attempts, tick, sid, tick, queue, priority, nullif(seq, ''),
+					CASE WHEN seq <> '' THEN blocks END
+				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[],
+					$8::text[], $9::int[], $10::text[], $11::boolean[])
+					AS u(kind, shard, key, payload, max_attempts, sid, tick, queue, priority, seq, blocks)
 				ON CONFLICT (schedule_id, schedule_tick) WHERE schedule_id IS NOT NULL DO NOTHING
-				RETURNING id, schedule_id`, r.kinds, r.shards, r.keys, r.payloads, r.maxAttempts, r.tIDs, r.tTicks)
+				RETURNING id, schedule_id`, r.kinds, r.shards, r.keys, r.payloads, r.maxAttempts, r.tIDs, r.tTicks,
+				r.queues, r.priorities, r.seqKeys, r.seqBlocks)
 			if err != nil {
 				return err
 			}
@@ -263,6 +345,9 @@ type tickRows struct {
 	tTicks                []time.Time
 	kinds, keys, payloads []string
 	shards, maxAttempts   []int32
+	queues, seqKeys       []string
+	priorities            []int32
+	seqBlocks             []bool
 }
 
 // planTicks applies plan to each due schedule.
@@ -284,6 +369,8 @@ func planTicks(due []Schedule, plan func(sc Schedule, now, termStart time.Time) 
 			r.tIDs, r.tTicks = append(r.tIDs, sc.ID), append(r.tTicks, t.At)
 			r.kinds, r.keys, r.payloads = append(r.kinds, t.Task.Kind), append(r.keys, t.Task.Key), append(r.payloads, string(t.Task.Payload))
 			r.shards, r.maxAttempts = append(r.shards, int32(t.Task.Shard)), append(r.maxAttempts, int32(t.Task.MaxAttempts))
+			r.queues, r.priorities = append(r.queues, t.Task.Queue), append(r.priorities, int32(t.Task.Priority))
+			r.seqKeys, r.seqBlocks = append(r.seqKeys, t.Task.SequenceKey), append(r.seqBlocks, t.Task.SequenceBlocks)
 		}
 		r.schedIDs, r.nexts, r.lastTicks, r.skipped = append(r.schedIDs, sc.ID), append(r.nexts, p.Next), append(r.lastTicks, last), append(r.skipped, p.Skipped)
 		r.skippedTotal += int(p.Skipped)

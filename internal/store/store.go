@@ -108,23 +108,36 @@ func HasPassword(dsn string) bool { return len(passwordsIn(dsn)) > 0 }
 type Store struct {
 	pool   *pgxpool.Pool
 	log    hclog.Logger
-	dsn    string
 	notify *notifier
 }
 
 // Open connects to the database behind dsn and checks that it answers.
 func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	masked := MaskDSN(dsn)
-	opts.MaxConns = cmp.Or(opts.MaxConns, DefaultMaxConns)
-	if err := opts.Validate(); err != nil {
-		return nil, err
-	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// pgx's message may quote the string; its redaction is best effort.
 		return nil, errors.New(scrubDSN(dsn, fmt.Sprintf("parsing database URL %s: %v", masked, err)))
 	}
+	return open(ctx, cfg, masked, opts)
+}
+
+// OpenLike opens a pool of the store's own on the database of pool, with
+// its connection settings (host, credentials, TLS, hooks): the store's
+// statements need session settings of their own (below), which a
+// program's pool does not have.
+func OpenLike(ctx context.Context, pool *pgxpool.Pool, opts Options) (*Store, error) {
+	cfg := pool.Config()
+	return open(ctx, cfg, fmt.Sprintf("%s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database), opts)
+}
+
+func open(ctx context.Context, cfg *pgxpool.Config, masked string, opts Options) (*Store, error) {
+	opts.MaxConns = cmp.Or(opts.MaxConns, DefaultMaxConns)
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	cfg.MaxConns = int32(opts.MaxConns)
+	cfg.MinConns = 0
 	if opts.ApplicationName != "" {
 		cfg.ConnConfig.RuntimeParams["application_name"] = opts.ApplicationName
 	}
@@ -167,7 +180,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*Store, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Store{pool: pool, log: log, dsn: dsn, notify: newNotifier(pool.Exec, log)}, nil
+	return &Store{pool: pool, log: log, notify: newNotifier(pool.Exec, log)}, nil
 }
 
 // Close sends the enqueue notifications still pending (waiting at most

@@ -1,0 +1,57 @@
+package shardrun
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/shardrun/shardrun/internal/schedule"
+	"github.com/shardrun/shardrun/internal/store"
+)
+
+// PeriodicTask is a task enqueued at every tick of a schedule, declared in
+// Config.Periodic. It ticks Every interval (at whole multiples of it since
+// the Unix epoch, unless Start says from when) or by Cron (five fields, in
+// Timezone, default UTC). Opts are each tick's task's options; RunAfter,
+// Deadline and UniqueKey are not a schedule's (each tick is its own task,
+// at most one per tick).
+type PeriodicTask struct {
+	// Name identifies the schedule: 1 to 200 letters, digits, '.', '_',
+	// '-' or ':'.
+	Name     string
+	Every    time.Duration
+	Start    time.Time
+	Cron     string
+	Timezone string
+	Args     Args
+	Opts     *EnqueueOpts
+}
+
+// declare stores p, or updates the schedule of its name to it.
+func (c *Client) declare(ctx context.Context, p PeriodicTask) error {
+	if p.Args == nil {
+		return fmt.Errorf("shardrun: periodic task %q: no Args", p.Name)
+	}
+	payload, err := json.Marshal(p.Args)
+	if err != nil {
+		return fmt.Errorf("shardrun: periodic task %q: encoding %T: %w", p.Name, p.Args, err)
+	}
+	d := schedule.Definition{Name: p.Name, Kind: p.Args.Kind(), Payload: payload,
+		Every: p.Every, Start: p.Start, Cron: p.Cron, Timezone: p.Timezone}
+	if o := p.Opts; o != nil {
+		if !o.RunAfter.IsZero() || !o.Deadline.IsZero() || o.UniqueKey != "" {
+			return fmt.Errorf("shardrun: periodic task %q: RunAfter, Deadline and UniqueKey are not options of a schedule's tasks", p.Name)
+		}
+		d.Key, d.Queue, d.Priority, d.MaxAttempts = o.Key, o.Queue, o.Priority, o.MaxAttempts
+		d.SequenceKey, d.SequenceContinue = o.SequenceKey, o.SequenceContinue
+	}
+	sc, what, err := c.schedules.Upsert(ctx, d)
+	if err != nil {
+		return fmt.Errorf("shardrun: periodic task %q: %w", p.Name, err)
+	}
+	if what != store.ScheduleUnchanged {
+		c.log.Info("periodic task declared", "name", sc.Name, "kind", sc.Kind, "next", sc.NextTick, "created", what == store.ScheduleCreated)
+	}
+	return nil
+}

@@ -1,0 +1,152 @@
+package shardrun
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/shardrun/shardrun/internal/claims"
+	"github.com/shardrun/shardrun/tasks"
+)
+
+// Args is the payload of a typed task: its Kind names the handler that
+// runs it (and must not depend on the value: it is called on the zero
+// value too), and it travels as JSON.
+type Args interface {
+	Kind() string
+}
+
+// Task is one attempt of a typed task as its handler sees it: the task's
+// record (ID, Attempt, Epoch, …; its SetResult stores a result) and its
+// payload decoded into Args.
+type Task[A Args] struct {
+	*tasks.Task
+	Args A
+}
+
+// Workers holds the handlers a client runs, one per kind.
+type Workers struct {
+	reg    *tasks.Registry
+	client atomic.Pointer[Client]
+}
+
+// NewWorkers returns an empty set of workers.
+func NewWorkers() *Workers { return &Workers{reg: tasks.NewRegistry()} }
+
+// AddWorker registers fn as the handler of A's kind. fn's error fails the
+// attempt (retried with backoff while attempts are left); wrap it with
+// tasks.Permanent to end the task at once. A payload that does not decode
+// into A fails the task at once (tasks.ErrPayload): no retry would decode
+// it either. fn's context is cancelled when the runner loses the task's
+// shard, detaches or stops, and when an operator cancels the task.
+func AddWorker[A Args](w *Workers, fn func(ctx context.Context, t *Task[A]) error) error {
+	return w.reg.Register(kindOf[A](), typed(fn))
+}
+
+// AddWorkerTx registers fn as the handler of A's kind, run in a
+// transaction of the client's pool that also records the task's
+// completion: fn's writes and the completion commit together, or neither
+// does. The completion is fenced (CompleteTx): when the runner lost the
+// task's shard meanwhile (it was paused or cut off past its lease, and
+// another runner took the task over), the transaction is rolled back and
+// fn's writes are not committed a second time. An error from fn rolls the
+// transaction back and fails the attempt, as AddWorker's does.
+func AddWorkerTx[A Args](w *Workers, fn func(ctx context.Context, tx pgx.Tx, t *Task[A]) error) error {
+	return w.reg.Register(kindOf[A](), typed(func(ctx context.Context, t *Task[A]) error {
+		c := w.client.Load()
+		if c == nil {
+			return errors.New("shardrun: workers not bound to a client")
+		}
+		return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+			if err := fn(ctx, tx, t); err != nil {
+				return err
+			}
+			return c.CompleteTx(ctx, tx, t.Task)
+		})
+	}))
+}
+
+// Handle registers an untyped handler for kind: for kinds known only at
+// run time, or payloads a program decodes itself.
+func (w *Workers) Handle(kind string, h tasks.Handler) error { return w.reg.Register(kind, h) }
+
+// bind gives the workers the client whose pool and runner their
+// transactional handlers use.
+func (w *Workers) bind(c *Client) error {
+	if !w.client.CompareAndSwap(nil, c) && w.client.Load() != c {
+		return errors.New("shardrun: these Workers belong to another client already")
+	}
+	return nil
+}
+
+// kindOf is A's kind, from its zero value (a new one, for a pointer
+// type).
+func kindOf[A Args]() string { return zeroArgs[A]().Kind() }
+
+func zeroArgs[A Args]() A {
+	var a A
+	if t := reflect.TypeFor[A](); t.Kind() == reflect.Pointer {
+		a = reflect.New(t.Elem()).Interface().(A)
+	}
+	return a
+}
+
+// typed adapts a typed handler: it decodes the payload into A, a payload
+// that does not decode failing the task at once.
+func typed[A Args](fn func(ctx context.Context, t *Task[A]) error) tasks.Handler {
+	return func(ctx context.Context, t *tasks.Task) error {
+		task := &Task[A]{Task: t, Args: zeroArgs[A]()}
+		into := any(&task.Args)
+		if reflect.TypeFor[A]().Kind() == reflect.Pointer {
+			into = task.Args
+		}
+		if err := json.Unmarshal(t.Payload, into); err != nil {
+			return fmt.Errorf("%w of %s task %d: %w", tasks.ErrPayload, t.Kind, t.ID, err)
+		}
+		return fn(ctx, task)
+	}
+}
+
+// ErrTaskMovedOn says that a task's attempt no longer holds its claim
+// though its runner still owns the shard: the leader's stale-claim sweep
+// requeued it, or an operator's move ended it. A write for the attempt
+// changes nothing.
+var ErrTaskMovedOn = errors.New("the task moved on: this attempt no longer holds it")
+
+// CompleteTx records the completion of t, an attempt this client's runner
+// is running, inside tx, a transaction of the program's own (on the
+// cluster's database): the program's writes in tx and the completion
+// commit together or not at all. Call it last, right before committing:
+// it holds the task's claim until tx ends (the runner's heartbeats wait
+// for it). Then return the commit's error from the handler: nil tells the
+// runner the task is done.
+//
+// The completion is fenced: when the runner has lost the task's shard (a
+// new owner requeued the attempt) it fails with tasks.ErrOwnershipLost,
+// and ErrTaskMovedOn when the attempt was swept or ended meanwhile; roll
+// tx back then, and the program's writes are not committed twice. What
+// the handler did outside the database is not covered: it may have
+// happened in an attempt whose completion was refused, and happen again
+// in the next.
+func (c *Client) CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error {
+	if c.runner == nil {
+		return errors.New("shardrun: CompleteTx: this client runs no task (Start)")
+	}
+	res, err := c.st.CompleteTx(ctx, tx, c.runner.ID(), claims.Completion{Ref: t.Ref(), Result: t.Result})
+	if err != nil {
+		return fmt.Errorf("shardrun: completing task %d: %w", t.ID, err)
+	}
+	switch res.Outcome {
+	case claims.Applied, claims.Completed:
+		return nil
+	case claims.FenceLost:
+		return fmt.Errorf("shardrun: completing task %d (shard %d, epoch %d): %w", t.ID, t.Shard, t.Epoch, tasks.ErrOwnershipLost)
+	default:
+		return fmt.Errorf("shardrun: completing task %d attempt %d: %w", t.ID, t.Attempt, ErrTaskMovedOn)
+	}
+}
