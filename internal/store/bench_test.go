@@ -119,3 +119,85 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 	}
 	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "tasks/s")
 }
+
+// BenchmarkClaimOverManyShards is one claim by a runner that holds every
+// shard of a 4,096-shard cluster, with a second capability group's fences
+// beside its own (a mixed fleet): the claim must find its fences by the
+// shards it takes from, whatever it holds.
+func BenchmarkClaimOverManyShards(b *testing.B) {
+	s := setup(b)
+	ctx := context.Background()
+	const shards = 4096
+	owned := make([]tasks.ShardEpoch, shards)
+	other := make([]tasks.ShardEpoch, shards)
+	for i := range owned {
+		owned[i], other[i] = tasks.ShardEpoch{Shard: i, Epoch: 10}, tasks.ShardEpoch{Shard: i, Epoch: 11}
+	}
+	if _, _, _, err := s.RaiseFences(ctx, "r", "ga", owned); err != nil {
+		b.Fatal(err)
+	}
+	if _, _, _, err := s.RaiseFences(ctx, "q", "gb", other); err != nil {
+		b.Fatal(err)
+	}
+	ins := make([]store.Insert, 50_000)
+	for i := range ins {
+		ins[i] = insert("k", i%shards, 3)
+	}
+	if _, err := s.EnqueueBatch(ctx, ins); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	n := 0
+	for b.Loop() {
+		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, 10)
+		if err != nil || len(got) == 0 {
+			b.Fatal(len(got), err)
+		}
+		n += len(got)
+	}
+	b.ReportMetric(float64(n)/float64(b.N), "tasks/claim")
+}
+
+// BenchmarkCompleteBatch is one completion statement for a batch of 5,000
+// claimed tasks, the largest the executor's writer sends.
+func BenchmarkCompleteBatch(b *testing.B) {
+	s := setup(b)
+	ctx := context.Background()
+	owned := make([]tasks.ShardEpoch, 64)
+	for i := range owned {
+		owned[i] = tasks.ShardEpoch{Shard: i, Epoch: 1}
+	}
+	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
+		b.Fatal(err)
+	}
+	const batch = 5000
+	var spent time.Duration
+	for b.Loop() {
+		ins := make([]store.Insert, batch)
+		for i := range ins {
+			ins[i] = insert("k", i%64, 3)
+		}
+		if _, err := s.EnqueueBatch(ctx, ins); err != nil {
+			b.Fatal(err)
+		}
+		var done []claims.Completion
+		for len(done) < batch {
+			got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, 1000)
+			if err != nil || len(got) == 0 {
+				b.Fatal(len(got), err)
+			}
+			for _, t := range got {
+				done = append(done, claims.Completion{Ref: t.Ref()})
+			}
+		}
+		began := time.Now()
+		res, err := s.Complete(ctx, "r", done)
+		spent += time.Since(began)
+		if err != nil || res[0].Outcome != claims.Applied {
+			b.Fatal(err)
+		}
+	}
+	// The loop's time includes the enqueue and the claims of each batch:
+	// the figure is the completion's alone.
+	b.ReportMetric(float64(spent.Milliseconds())/float64(b.N), "complete-ms/op")
+}

@@ -36,12 +36,12 @@ type Schedule struct {
 	SequenceKey    string
 	SequenceBlocks bool
 	Every          time.Duration
-	Cron        string
-	Timezone    string
-	Start       time.Time
-	NextTick    time.Time
-	LastTick    *time.Time
-	LastTaskID  *int64
+	Cron           string
+	Timezone       string
+	Start          time.Time
+	NextTick       time.Time
+	LastTick       *time.Time
+	LastTaskID     *int64
 	// Skipped counts the ticks the missed-tick policy did not enqueue.
 	Skipped   int64
 	CreatedAt time.Time

@@ -16,8 +16,8 @@ import (
 
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/pgtest"
-	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -328,11 +328,16 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: ref}})); r.Outcome != claims.Applied {
 		t.Fatalf("completing: %v", r.Outcome)
 	}
-	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: ref}})); r.Outcome != claims.TaskMoved {
+	// Its completion is recorded: a second write of the attempt changes
+	// nothing and says so (as after a handler's own CompleteTx).
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: ref}})); r.Outcome != claims.Completed {
 		t.Fatalf("completing twice: %v", r.Outcome)
 	}
-	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: ref, Error: "late"}})); r.Outcome != claims.TaskMoved {
+	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: ref, Error: "late"}})); r.Outcome != claims.Completed {
 		t.Fatalf("failing a completed task: %v", r.Outcome)
+	}
+	if task := get(t, s, ref.ID); task.State != tasks.Completed || len(task.Errors) != 0 {
+		t.Fatalf("the completed task after the late writes: %s, errors %+v", task.State, task.Errors)
 	}
 	gone := tasks.Ref{ID: 999999, Shard: 1, Attempt: 1, Epoch: 5}
 	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: gone}})); r.Outcome != claims.TaskGone {

@@ -117,6 +117,9 @@ ALTER TABLE queues ADD CONSTRAINT queues_name_rule CHECK (name ~ '^[A-Za-z0-9._-
 -- (no runner's): their claims are requeued by the stale sweep.
 ALTER TABLE shard_fences ADD COLUMN grp text NOT NULL DEFAULT '';
 ALTER TABLE shard_fences DROP CONSTRAINT shard_fences_pkey, ADD PRIMARY KEY (grp, shard);
+-- A runner's claims and writes name a unit by (shard, epoch): an epoch is
+-- an etcd revision, so it names one group's unit.
+CREATE INDEX shard_fences_unit_idx ON shard_fences (shard, epoch);
 ALTER TABLE task_claims ADD COLUMN grp text NOT NULL DEFAULT '';
 
 -- +goose Down
