@@ -18,15 +18,15 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/coordinator"
-	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/freeport"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtmp"
-	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -17,15 +17,15 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/shardrun/shardrun/internal/coordinator"
-	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/cli"
+	"github.com/shardrun/shardrun/internal/coordinator"
 	"github.com/shardrun/shardrun/internal/embedetcd"
-	"github.com/shardrun/shardrun/internal/tracing"
+	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/maintenance"
 	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/sweeper"
+	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/cli"
+	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/runner"
 )
 

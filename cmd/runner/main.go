@@ -15,11 +15,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/cli"
-	"github.com/shardrun/shardrun/internal/tracing"
+	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -12,12 +12,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/internal/leader"
-	"github.com/shardrun/shardrun/internal/pgtest"
-	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/internal/maintenance"
+	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/schedule"
 	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
 

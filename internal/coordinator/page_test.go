@@ -14,9 +14,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/schedule"
+	"github.com/shardrun/shardrun/internal/testutil"
 )
 
 // chromium finds Debian's chromium. Without it the browser test fails,

@@ -118,7 +118,7 @@ type ScheduleView struct {
 	SequenceKey      string          `json:"sequence_key,omitempty"`
 	SequenceContinue bool            `json:"sequence_continue,omitempty"`
 	Start            *time.Time      `json:"start,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
+	CreatedAt        time.Time       `json:"created_at"`
 }
 
 // ScheduleCreated is the answer of POST /api/schedules and PUT

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
 

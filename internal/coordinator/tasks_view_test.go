@@ -15,9 +15,9 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -12,9 +12,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/internal/tracing/tracingtest"
-	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -29,8 +29,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shardrun/shardrun/internal/pgtmp"
-	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/internal/tempdir"
 )
 
 // rootPrefix names the test binaries' temporary roots, so that the root of

@@ -19,9 +19,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/executor"
-	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"

@@ -21,8 +21,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/detach"
 )
 
 // Defaults of Config, and of the flags that make it.

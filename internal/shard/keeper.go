@@ -11,8 +11,8 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/detach"
 )
 
 // keeper owns the runner's lease: its id, its generation (a new lease after

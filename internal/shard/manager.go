@@ -12,8 +12,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -11,8 +11,8 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/tasks"
 )

@@ -17,9 +17,9 @@ import (
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/testutil"
-	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
