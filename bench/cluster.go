@@ -15,11 +15,11 @@ import (
 	"syscall"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/shardrun/shardrun/internal/faultproxy"
 	"github.com/shardrun/shardrun/internal/freeport"
 	"github.com/shardrun/shardrun/internal/linewriter"
+	"github.com/shardrun/shardrun/internal/runner"
+	"github.com/shardrun/shardrun/internal/shard"
 )
 
 // cluster is one trial's set of runner processes under a fresh etcd prefix.
@@ -52,6 +52,12 @@ type runnerOpts struct {
 	// env is added to the runner's environment (the tracing section's
 	// OTEL_* variables).
 	env []string
+	// kindCount, when set, runs the runner as a child of the bench binary
+	// (runnerChildFlag) instead of bin/runner: with kinds k00, k01...
+	// (kindCount of them) beside the built-ins, handling kinds (all of
+	// them when empty).
+	kindCount int
+	kinds     []string
 }
 
 func (e *env) newCluster(name, dsn string, shards int) *cluster {
@@ -87,6 +93,12 @@ func (c *cluster) spawn(id string, o runnerOpts) (*runnerProc, error) {
 		return nil, err
 	}
 	r.admin = fmt.Sprintf("127.0.0.1:%d", port)
+	if o.kindCount > 0 {
+		if err := c.spawnChild(r, endpoint, o); err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
 	args := []string{"--etcd-endpoints", endpoint, "--cluster", c.name, "--shard-count", strconv.Itoa(c.shards),
 		"--database-url", c.dsn, "--runner-id", id, "--admin-addr", r.admin, "--log-format", "json",
 		"--lease-ttl", o.leaseTTL.String(), "--recovery-window", "1s", "--handoff-timeout", "2s"}
@@ -108,6 +120,42 @@ func (c *cluster) spawn(id string, o runnerOpts) (*runnerProc, error) {
 	go func() { r.done <- r.cmd.Wait() }()
 	c.runners = append(c.runners, r)
 	return r, nil
+}
+
+// spawnChild starts r as a runner child of the bench binary (see
+// runnerOpts.kindCount), with the settings spawn gives bin/runner.
+func (c *cluster) spawnChild(r *runnerProc, endpoint string, o runnerOpts) error {
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding the bench binary to run runner %s in: %w", r.id, err)
+	}
+	cfg := runnerChildConfig{EtcdEndpoints: []string{endpoint}, Cluster: c.name, ShardCount: c.shards,
+		DatabaseURL: c.dsn, RunnerID: r.id, AdminAddr: r.admin, LeaseTTL: o.leaseTTL, RecoveryWindow: time.Second,
+		HandoffTimeout: 2 * time.Second, KindCount: o.kindCount, Kinds: o.kinds}
+	if o.maxWorkers > 0 {
+		cfg.MaxWorkers, cfg.DBMaxConns = o.maxWorkers, cmp.Or(o.dbMaxConns, 8)
+	}
+	if o.queues != "" {
+		if cfg.Queues, err = runner.ParseQueues(o.queues); err != nil {
+			return fmt.Errorf("runner %s: %w", r.id, err)
+		}
+	}
+	spec, err := json.Marshal(cfg)
+	if err != nil {
+		return fmt.Errorf("runner %s's config: %w", r.id, err)
+	}
+	r.cmd = exec.Command(self, runnerChildFlag, string(spec))
+	if len(o.env) > 0 {
+		r.cmd.Env = append(os.Environ(), o.env...)
+	}
+	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := r.cmd.Start(); err != nil {
+		return fmt.Errorf("starting runner child %s: %w", r.id, err)
+	}
+	go func() { r.done <- r.cmd.Wait() }()
+	c.runners = append(c.runners, r)
+	return nil
 }
 
 // startAll spawns n runners (runner-1, runner-2...) at once, so that 16
@@ -158,16 +206,20 @@ func (c *cluster) stop() {
 	c.runners = nil
 }
 
-// owners reads the shard keys.
+// owners reads who owns each shard (of every capability group: the
+// runners of a section are of one group unless it says otherwise).
 func (c *cluster) owners(ctx context.Context) (map[int]string, error) {
-	resp, err := c.env.cli.Get(ctx, c.prefix()+"shards/", clientv3.WithPrefix())
+	cl, err := shard.ReadCluster(ctx, c.env.cli, c.prefix(), c.shards)
 	if err != nil {
 		return nil, err
 	}
 	out := map[int]string{}
-	for _, kv := range resp.Kvs {
-		s, _ := strconv.Atoi(strings.TrimPrefix(string(kv.Key), c.prefix()+"shards/"))
-		out[s] = string(kv.Value)
+	for _, g := range cl.Groups {
+		for s, o := range g.Owners {
+			if o != "" {
+				out[s] = o
+			}
+		}
 	}
 	return out, nil
 }

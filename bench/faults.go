@@ -4,16 +4,16 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	srclient "github.com/shardrun/shardrun/client"
+	srclient "github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/linewriter"
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/shard"
+	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -226,7 +226,7 @@ func (e *env) detachSection(ctx context.Context, rep *Report, trials int) error 
 		}
 		victim := c.runners[1]
 		moved := c.shardsOf(ctx, victim.id)
-		w := e.watchPrefix(ctx, c.prefix())
+		w := e.watchPrefix(ctx, c.prefix(), c.shards)
 		cut := time.Now()
 		victim.proxy.Blackhole()
 		err = waitUntil(30*time.Second, func() bool {
@@ -274,24 +274,32 @@ type prefixWatch struct {
 	done   chan struct{}
 }
 
+// watched is a runner key's write or deletion, or a unit's change of hands
+// (shard >= 0: shard.History).
 type watched struct {
 	at    time.Time
 	put   bool
 	key   string
 	value string
+	shard int
 }
 
-func (e *env) watchPrefix(ctx context.Context, prefix string) *prefixWatch {
+func (e *env) watchPrefix(ctx context.Context, prefix string, shards int) *prefixWatch {
 	wctx, cancel := context.WithCancel(ctx)
 	w := &prefixWatch{cancel: cancel, done: make(chan struct{})}
 	ch := e.cli.Watch(wctx, prefix, clientv3.WithPrefix())
+	units := shard.NewHistory(prefix, shards)
 	go func() {
 		defer close(w.done)
 		for resp := range ch {
 			now := time.Now()
 			w.mu.Lock()
 			for _, ev := range resp.Events {
-				w.events = append(w.events, watched{at: now, put: ev.Type == clientv3.EventTypePut, key: string(ev.Kv.Key), value: string(ev.Kv.Value)})
+				w.events = append(w.events, watched{at: now, put: ev.Type == clientv3.EventTypePut, key: string(ev.Kv.Key),
+					value: string(ev.Kv.Value), shard: -1})
+				for _, u := range units.Apply(ev) {
+					w.events = append(w.events, watched{at: now, put: u.Acquired, value: u.Runner, shard: u.Shard})
+				}
 			}
 			w.mu.Unlock()
 		}
@@ -302,8 +310,8 @@ func (e *env) watchPrefix(ctx context.Context, prefix string) *prefixWatch {
 func (w *prefixWatch) stop() { w.cancel(); <-w.done }
 
 // expiryAndTakeover finds when etcd deleted the cut runner's registration
-// (its lease expired) and when another runner first created one of its
-// shards' keys.
+// (its lease expired) and when another runner first acquired one of its
+// shards.
 func (w *prefixWatch) expiryAndTakeover(prefix, runner string, shards map[int]bool) (expired, takeover time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -311,12 +319,8 @@ func (w *prefixWatch) expiryAndTakeover(prefix, runner string, shards map[int]bo
 		if !ev.put && ev.key == prefix+"runners/"+runner && expired.IsZero() {
 			expired = ev.at
 		}
-		if ev.put && takeover.IsZero() && ev.value != runner && strings.HasPrefix(ev.key, prefix+"shards/") {
-			var s int
-			fmt.Sscanf(strings.TrimPrefix(ev.key, prefix+"shards/"), "%d", &s)
-			if shards[s] {
-				takeover = ev.at
-			}
+		if ev.put && takeover.IsZero() && ev.value != runner && ev.shard >= 0 && shards[ev.shard] {
+			takeover = ev.at
 		}
 	}
 	return expired, takeover

@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	srclient "github.com/shardrun/shardrun/client"
+	srclient "github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/tasks"
 )
 

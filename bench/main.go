@@ -69,10 +69,11 @@ type Report struct {
 	Steady      []steadyRun       `json:"steady_state,omitempty"`
 	Notify      *notifyResult     `json:"notify_trigger_cost,omitempty"`
 	Scale       *scaleResult      `json:"scale,omitempty"`
+	Mixed       *mixedResult      `json:"mixed,omitempty"`
 	Curve       *curveResult      `json:"scale_curve,omitempty"`
 	Features    *featuresResult   `json:"features,omitempty"`
 	Tracing     *tracingCost      `json:"tracing,omitempty"`
-	// Targets are the targets of issues 23 and 26, judged from this run.
+	// Targets are the targets of issues 23, 26 and 31, judged from this run.
 	Targets []target `json:"targets"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
@@ -87,6 +88,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == riverChildFlag {
 		os.Exit(riverChild(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == runnerChildFlag {
+		os.Exit(runnerChild(os.Args[2:]))
+	}
 	out := flag.String("out", "results/latest.json", "where to write the JSON report")
 	trials := flag.Int("trials", 3, "trials of each throughput measurement")
 	faultTrials := flag.Int("fault-trials", 5, "trials of each failover, handoff and detach measurement")
@@ -98,7 +102,7 @@ func main() {
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,tracing (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,mixed,tracing (default all)")
 	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
 	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
 	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
@@ -118,6 +122,18 @@ func main() {
 	flag.IntVar(&scaleFlags.shards, "scale-shards", scaleFlags.shards, "shards of the scale section's cluster")
 	flag.IntVar(&scaleFlags.tasks, "scale-tasks", scaleFlags.tasks, "noop tasks of the scale section's burn-down")
 	flag.IntVar(&scaleFlags.maxWorkers, "scale-max-workers", scaleFlags.maxWorkers, "--max-workers of each runner in the scale section")
+	flag.IntVar(&mixedFlags.runners, "mixed-runners", mixedFlags.runners, "runners of each fleet of the mixed section (uniform and mixed; one more joins)")
+	flag.IntVar(&mixedFlags.shards, "mixed-shards", mixedFlags.shards, "shards of the mixed section's clusters")
+	flag.IntVar(&mixedFlags.queues, "mixed-queues", mixedFlags.queues, "queues (q0, q1...) of the mixed section's fleets")
+	flag.IntVar(&mixedFlags.kinds, "mixed-kinds", mixedFlags.kinds, "task kinds (k00, k01...) of the mixed section's fleets")
+	flag.IntVar(&mixedFlags.maxWorkers, "mixed-max-workers", mixedFlags.maxWorkers, "--max-workers of each runner of the mixed section's cost fleets")
+	flag.IntVar(&mixedFlags.idleSeconds, "mixed-idle-seconds", mixedFlags.idleSeconds, "seconds over which the mixed section counts etcd messages of an idle fleet")
+	flag.IntVar(&mixedFlags.pagesTasks, "mixed-tasks", mixedFlags.pagesTasks, "noop tasks of each cost fleet's burn-down in the mixed section (claim pages per claimed task)")
+	flag.StringVar(&mixedFlags.tpRunners, "mixed-tp-runners", mixedFlags.tpRunners, "runner counts of the emails queue in the mixed section's throughput trials")
+	flag.IntVar(&mixedFlags.tpWorkers, "mixed-tp-max-workers", mixedFlags.tpWorkers, "--max-workers of each runner in the mixed section's throughput trials")
+	flag.IntVar(&mixedFlags.tpTasksPerRunner, "mixed-tp-tasks", mixedFlags.tpTasksPerRunner, "emails tasks per emails runner in the mixed section's throughput trials")
+	flag.IntVar(&mixedFlags.tpShards, "mixed-tp-shards", mixedFlags.tpShards, "shards of the mixed section's throughput trials (0: -mixed-shards)")
+	flag.IntVar(&mixedFlags.tpSleepMS, "mixed-tp-sleep-ms", mixedFlags.tpSleepMS, "sleep of each task in the mixed section's throughput trials, ms")
 	flag.IntVar(&featuresFlags.procs, "features-procs", featuresFlags.procs, "runner processes of the features section (--max-workers as in the throughput runs at that count)")
 	flag.IntVar(&featuresFlags.sequences, "sequences", featuresFlags.sequences, "sequences of the features section's sequence burn-down")
 	flag.IntVar(&featuresFlags.sequenceLen, "sequence-length", featuresFlags.sequenceLen, "tasks per sequence in the features section")
@@ -234,6 +250,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"steady", func() error { return e.steadySection(ctx, rep) }},
 		{"notify", func() error { return e.notifySection(ctx, rep) }},
 		{"scale", func() error { return e.scaleSection(ctx, rep) }},
+		{"mixed", func() error { return e.mixedSection(ctx, rep) }},
 		{"tracing", func() error { return e.tracingSection(ctx, rep, trials, n) }},
 	}
 	rep.SectionSeconds = map[string]float64{}
@@ -492,6 +509,9 @@ func printTable(w io.Writer, rep *Report) {
 	if sc := rep.Scale; sc != nil {
 		printScale(w, sc)
 	}
+	if m := rep.Mixed; m != nil {
+		printMixed(w, m)
+	}
 	if c := rep.Curve; c != nil {
 		printCurve(w, c)
 	}
@@ -565,7 +585,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "features", "curve", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "tracing"} {
+	for _, name := range []string{"throughput", "features", "curve", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "mixed", "tracing"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}

@@ -12,11 +12,11 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5"
 
-	srclient "github.com/shardrun/shardrun/client"
+	srclient "github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/leader"
-	"github.com/shardrun/shardrun/maintenance"
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/maintenance"
+	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -12,8 +12,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	srclient "github.com/shardrun/shardrun/client"
-	"github.com/shardrun/shardrun/store"
+	srclient "github.com/shardrun/shardrun/internal/client"
+	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -6,7 +6,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,11 +14,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	srclient "github.com/shardrun/shardrun/client"
+	srclient "github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/linewriter"
-	"github.com/shardrun/shardrun/shard"
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/shard"
+	"github.com/shardrun/shardrun/internal/store"
 )
 
 // scaleOpts are the scale section's flags.
@@ -453,8 +452,8 @@ type ownerWatch struct {
 	prefix  string
 	mu      sync.Mutex
 	owners  map[int]string
-	events  int       // shard key events applied
-	changed time.Time // receipt of the newest shard key event
+	events  int       // owner key events applied
+	changed time.Time // receipt of the newest owner key event
 	counts  watchCounts
 	err     error
 	cancel  context.CancelFunc
@@ -471,13 +470,14 @@ type watchMark struct {
 
 func (c *cluster) watchOwners(ctx context.Context) (*ownerWatch, error) {
 	w := &ownerWatch{prefix: c.prefix(), owners: map[int]string{}, done: make(chan struct{})}
-	resp, err := c.env.cli.Get(ctx, w.prefix+"shards/", clientv3.WithPrefix())
+	resp, err := c.env.cli.Get(ctx, w.prefix, clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("reading shard keys: %w", err)
+		return nil, fmt.Errorf("reading the owner keys: %w", err)
 	}
+	units := shard.NewHistory(w.prefix, c.shards)
 	for _, kv := range resp.Kvs {
-		if s, ok := w.shardOf(string(kv.Key)); ok {
-			w.owners[s] = string(kv.Value)
+		for _, u := range units.Apply(&clientv3.Event{Type: clientv3.EventTypePut, Kv: kv}) {
+			w.owners[u.Shard] = u.Runner
 		}
 	}
 	wctx, cancel := context.WithCancel(ctx)
@@ -494,17 +494,25 @@ func (c *cluster) watchOwners(ctx context.Context) (*ownerWatch, error) {
 			for _, ev := range resp.Events {
 				key := string(ev.Kv.Key)
 				put := ev.Type == clientv3.EventTypePut
-				if s, ok := w.shardOf(key); ok {
+				switch {
+				case strings.HasPrefix(key, w.prefix+"owners/"):
+					// One write of a runner's owner key acquires or
+					// releases any number of its shards.
 					if put {
-						w.owners[s] = string(ev.Kv.Value)
 						w.counts.puts++
 					} else {
-						delete(w.owners, s)
 						w.counts.deletes++
+					}
+					for _, u := range units.Apply(ev) {
+						if u.Acquired {
+							w.owners[u.Shard] = u.Runner
+						} else if w.owners[u.Shard] == u.Runner {
+							delete(w.owners, u.Shard)
+						}
 					}
 					w.events++
 					w.changed = now
-				} else if put && strings.HasPrefix(key, w.prefix+"runners/") {
+				case put && strings.HasPrefix(key, w.prefix+"runners/"):
 					w.counts.runnerPuts++
 				}
 			}
@@ -512,15 +520,6 @@ func (c *cluster) watchOwners(ctx context.Context) (*ownerWatch, error) {
 		}
 	}()
 	return w, nil
-}
-
-func (w *ownerWatch) shardOf(key string) (int, bool) {
-	rest, ok := strings.CutPrefix(key, w.prefix+"shards/")
-	if !ok {
-		return 0, false
-	}
-	s, err := strconv.Atoi(rest)
-	return s, err == nil
 }
 
 func (w *ownerWatch) stop() { w.cancel(); <-w.done }

@@ -16,8 +16,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	srclient "github.com/shardrun/shardrun/client"
-	"github.com/shardrun/shardrun/store"
+	srclient "github.com/shardrun/shardrun/internal/client"
+	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -12,10 +12,10 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 
-	srclient "github.com/shardrun/shardrun/client"
+	srclient "github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtmp"
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 
