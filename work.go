@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardrun/shardrun/internal/claims"
+	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -31,12 +32,12 @@ type Task[A Args] struct {
 
 // Workers holds the handlers a client runs, one per kind.
 type Workers struct {
-	reg    *tasks.Registry
+	reg    *executor.Registry
 	client atomic.Pointer[Client]
 }
 
 // NewWorkers returns an empty set of workers.
-func NewWorkers() *Workers { return &Workers{reg: tasks.NewRegistry()} }
+func NewWorkers() *Workers { return &Workers{reg: executor.NewRegistry()} }
 
 // AddWorker registers fn as the handler of A's kind. fn's error fails the
 // attempt (retried with backoff while attempts are left); wrap it with
@@ -137,7 +138,7 @@ func (c *Client) CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error
 	if c.runner == nil {
 		return errors.New("shardrun: CompleteTx: this client runs no task (Start)")
 	}
-	res, err := c.st.CompleteTx(ctx, tx, c.runner.ID(), claims.Completion{Ref: t.Ref(), Result: t.Result})
+	res, err := c.st.CompleteTx(ctx, tx, c.runner.ID(), claims.Completion{Ref: claims.RefOf(*t), Result: t.Result})
 	if err != nil {
 		return fmt.Errorf("shardrun: completing task %d: %w", t.ID, err)
 	}

@@ -1,10 +1,8 @@
-// Package tasks is shardrun's vocabulary of work, what producers and
-// handlers use: the task and its states, refs and shard epochs, the task to
-// enqueue and its checks (NewTask.Check), the shard of a key, the retry
-// policy, the handler registry, filters and pages, and typed errors. Of
-// shardrun's packages it imports only internal/jsonbody. The client that
-// enqueues is package client; the executor that runs tasks is package
-// executor, which speaks to the store through internal/claims.
+// Package tasks is shardrun's vocabulary of work, what producers,
+// handlers and operators use beside the client (package shardrun): the
+// task and its states, the task to enqueue and its checks
+// (NewTask.Check), the shard of a key, filters and pages of listings, and
+// typed errors.
 package tasks
 
 import (
@@ -28,9 +26,8 @@ import (
 //	dead|failed blocking its sequence --cancel (operator)--> cancelled
 //	dead|failed|cancelled --retry (operator)--> ready (attempt+1, fresh budget)
 //
-// Each move is one statement of the store (internal/store/moves.go lists them, with
-// the tables each touches and the order it locks them in), conditional on
-// the state it expects.
+// Each move is one statement of the database, conditional on the state
+// it expects.
 //
 // Completed is final. A move back to ready after a handler failed or its
 // claim went stale increments attempt. Two moves back to ready spend no
@@ -150,12 +147,6 @@ type Class struct {
 	Kind  string `json:"kind"`
 }
 
-// Ref names one claimed attempt of a task: every write about it is fenced on
-// all four fields.
-func (t *Task) Ref() Ref {
-	return Ref{ID: t.ID, Shard: t.Shard, Attempt: t.Attempt, Epoch: t.Epoch}
-}
-
 // AttemptError records why one attempt did not complete.
 type AttemptError struct {
 	Attempt int       `json:"attempt"`
@@ -165,19 +156,4 @@ type AttemptError struct {
 	// Interrupted: the attempt was cut short because its runner lost the
 	// shard (detach, handoff, shutdown); it did not spend the attempt.
 	Interrupted bool `json:"interrupted,omitempty"`
-}
-
-// Ref identifies a claimed attempt: the task, its shard, the attempt number
-// and the epoch under which it was claimed.
-type Ref struct {
-	ID      int64
-	Shard   int
-	Attempt int
-	Epoch   int64
-}
-
-// ShardEpoch is one owned shard and the epoch of its ownership.
-type ShardEpoch struct {
-	Shard int
-	Epoch int64
 }

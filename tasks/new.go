@@ -58,8 +58,7 @@ const (
 
 // Urgent reports whether priority p is more urgent than the default: an
 // urgent task's shard is marked in its notification, and runners claim
-// such tasks first (store.ClaimUrgent). The SQL function shardrun_urgent
-// says the same (checked by store's TestRulesAgree).
+// such tasks first. The database's function shardrun_urgent says the same.
 func Urgent(p int) bool { return p < DefaultPriority }
 
 // latestTime bounds run_after and deadline: RFC 3339 and the API have
@@ -116,8 +115,7 @@ type NewTask struct {
 // Check validates n against now: it refuses everything PostgreSQL would
 // refuse, so that every producer (the HTTP API, the Go client) gets a
 // FieldError naming the field instead of a database error: text must be
-// valid UTF-8 without NUL, the payload strict JSON (see internal/jsonbody:
-// no duplicate keys, no \u0000 or lone surrogate escapes, bounded numbers
+// valid UTF-8 without NUL, the payload strict JSON (no duplicate keys, no \u0000 or lone surrogate escapes, bounded numbers
 // and nesting), max_attempts and times within range. Deadlines are checked
 // against the caller's clock as a sanity check only; the sweeper enforces
 // them with the database clock.

@@ -4,9 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
-	"strings"
-	"sync"
 
 	"github.com/shardrun/shardrun/internal/jsonbody"
 )
@@ -25,20 +22,6 @@ type Handler func(ctx context.Context, t *Task) error
 // next attempt either.
 var ErrPayload = fmt.Errorf("decoding payload (%w)", ErrPermanent)
 
-// Typed adapts a handler that takes a decoded payload of type P. A payload
-// that does not decode into P fails the task at once with the decode
-// error, which wraps ErrPayload and so ErrPermanent: no retry would decode
-// it either.
-func Typed[P any](fn func(ctx context.Context, t *Task, payload P) error) Handler {
-	return func(ctx context.Context, t *Task) error {
-		var p P
-		if err := json.Unmarshal(t.Payload, &p); err != nil {
-			return fmt.Errorf("%w of %s task %d: %w", ErrPayload, t.Kind, t.ID, err)
-		}
-		return fn(ctx, t, p)
-	}
-}
-
 // SetResult stores v, as JSON, as the task's result when the attempt
 // completes. A result PostgreSQL's jsonb cannot store (a string holding
 // NUL, which encoding/json writes as \u0000; nesting deeper than
@@ -54,67 +37,4 @@ func (t *Task) SetResult(v any) error {
 	}
 	t.Result = b
 	return nil
-}
-
-// Registry maps task kinds to handlers. A runner claims only the kinds it
-// has handlers for, so tasks of other kinds wait for a runner that has one.
-type Registry struct {
-	mu       sync.RWMutex
-	handlers map[string]Handler
-}
-
-// NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{handlers: map[string]Handler{}} }
-
-// Register adds the handler for kind.
-func (r *Registry) Register(kind string, h Handler) error {
-	if err := CheckKind(kind); err != nil {
-		return err
-	}
-	if h == nil {
-		return &FieldError{Field: "handler", Problem: fmt.Sprintf("nil handler for kind %q", kind)}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.handlers[kind]; dup {
-		return &FieldError{Field: "kind", Problem: fmt.Sprintf("a handler for %q is already registered", kind)}
-	}
-	r.handlers[kind] = h
-	return nil
-}
-
-// Lookup returns the handler for kind.
-func (r *Registry) Lookup(kind string) (Handler, bool) {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	h, ok := r.handlers[kind]
-	return h, ok
-}
-
-// Kinds returns the registered kinds, sorted.
-func (r *Registry) Kinds() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	kinds := make([]string, 0, len(r.handlers))
-	for k := range r.handlers {
-		kinds = append(kinds, k)
-	}
-	slices.Sort(kinds)
-	return kinds
-}
-
-// Only returns a registry of the handlers of kinds, or an error naming the
-// first kind r has no handler for.
-func (r *Registry) Only(kinds []string) (*Registry, error) {
-	out := NewRegistry()
-	for _, kind := range kinds {
-		h, ok := r.Lookup(kind)
-		if !ok {
-			return nil, fmt.Errorf("no handler for kind %q (this runner has %s)", kind, strings.Join(r.Kinds(), ", "))
-		}
-		if _, dup := out.Lookup(kind); !dup {
-			out.handlers[kind] = h
-		}
-	}
-	return out, nil
 }

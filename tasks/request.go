@@ -70,7 +70,7 @@ func (r Request) NewTask() (NewTask, error) {
 }
 
 // UnmarshalJSON decodes a task as POST /api/tasks does (Request): strictly
-// (internal/jsonbody), and refusing a field given with the value the Go
+// (exact field names, no unknown fields, no duplicate keys), and refusing a field given with the value the Go
 // vocabulary reads as "not set" ("queue": "", "priority": 0, the zero
 // time), which would otherwise silently take the default.
 func (n *NewTask) UnmarshalJSON(data []byte) error {

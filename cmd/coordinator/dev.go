@@ -176,6 +176,10 @@ func printBanner(out io.Writer, addr string, runners []*devRunner, o options, tm
 	for _, r := range runners {
 		fmt.Fprintf(out, "  %-12s pid %d, admin http://%s  (try: curl -X POST http://%s/admin/detach)\n", r.id, r.cmd.Process.Pid, r.admin, r.admin)
 	}
+	fmt.Fprintf(out, "  database     %s\n", store.MaskDSN(o.databaseURL))
+	fmt.Fprintf(out, "  etcd         %s (cluster %q under %s, %d shards)\n", o.endpoints, o.cluster, o.prefix, o.shardCount)
+	fmt.Fprintf(out, "  your runner  ./bin/runner --etcd-endpoints %s --etcd-prefix %s --cluster %s --shard-count %d \\\n"+
+		"                 --database-url '%s' --admin-addr 127.0.0.1:0\n", o.endpoints, o.prefix, o.cluster, o.shardCount, store.MaskDSN(o.databaseURL))
 	fmt.Fprintf(out, "  faults       kill -STOP <pid> makes a zombie runner (kill -CONT it back); kill -9 <pid> a dead one:\n")
 	fmt.Fprintf(out, "               its shards move within about %s (the demo's lease TTL); a manual detach moves them at once\n", devLeaseTTL)
 	fmt.Fprintf(out, "  tasks        %d/s: 55%% sleep, 30%% noop, and on purpose 12%% that fail once then complete,\n", o.devRate)

@@ -164,6 +164,12 @@ func TestMakeDemo(t *testing.T) {
 	}
 	resp.Body.Close()
 	http.DefaultClient.CloseIdleConnections()
+	// What a user needs to attach a runner of their own.
+	for _, want := range []string{"database     postgres://", "etcd         http://127.0.0.1:", "your runner  ./bin/runner --etcd-endpoints"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the banner lacks %q:\n%s", want, out)
+		}
+	}
 	pids := regexp.MustCompile(`pid (\d+)`).FindAllStringSubmatch(out, -1)
 	tmp := regexp.MustCompile(`temporary data \((\S+)\)`).FindStringSubmatch(out)
 	if len(pids) != 3 || tmp == nil {

@@ -1,5 +1,5 @@
-// Command thumbnails shows shardrun as a library: a runner with a custom,
-// typed handler, and a producer that enqueues tasks and waits for them.
+// Command thumbnails shows shardrun as a library: one client that runs a
+// typed handler and enqueues tasks for it, then waits for their outcomes.
 //
 //	go run ./examples/thumbnails --database-url postgres://... --etcd-endpoints http://127.0.0.1:2379
 //
@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,17 +19,21 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shardrun/shardrun/internal/client"
-	"github.com/shardrun/shardrun/internal/runner"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/jackc/pgx/v5/pgxpool"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardrun/shardrun"
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// Resize is the payload of a "resize-image" task.
+// Resize is a "resize-image" task.
 type Resize struct {
 	Image string `json:"image"`
 	Width int    `json:"width"`
 }
+
+// Kind names the handler of a Resize.
+func (Resize) Kind() string { return "resize-image" }
 
 // Thumbnail is the result stored with a completed task.
 type Thumbnail struct {
@@ -38,16 +41,16 @@ type Thumbnail struct {
 	Epoch int64  `json:"epoch"`
 }
 
-func resize(ctx context.Context, t *tasks.Task, p Resize) error {
-	if p.Width <= 0 {
-		return fmt.Errorf("width must be positive, got %d", p.Width)
+func resize(ctx context.Context, t *shardrun.Task[Resize]) error {
+	if t.Args.Width <= 0 {
+		return tasks.Permanent(fmt.Errorf("width must be positive, got %d", t.Args.Width))
 	}
 	select { // stands in for real work that honours cancellation
 	case <-time.After(10 * time.Millisecond):
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	return t.SetResult(Thumbnail{Path: fmt.Sprintf("thumbs/%d/%s", p.Width, p.Image), Epoch: t.Epoch})
+	return t.SetResult(Thumbnail{Path: fmt.Sprintf("thumbs/%d/%s", t.Args.Width, t.Args.Image), Epoch: t.Epoch})
 }
 
 func main() {
@@ -63,66 +66,47 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, dsn string, etcd []string, n int, out io.Writer) error {
-	cfg := runner.DefaultConfig()
-	cfg.DatabaseURL, cfg.EtcdEndpoints = dsn, etcd
-	cfg.Cluster, cfg.ShardCount, cfg.AdminAddr = "thumbnails", 16, "127.0.0.1:0"
-	r, err := runner.New(cfg)
+func run(ctx context.Context, dsn string, endpoints []string, n int, out io.Writer) error {
+	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		return err
 	}
-	if err := runner.HandleTyped(r, "resize-image", resize); err != nil {
-		return err
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case <-r.Started():
-	case err := <-done:
-		return err
-	}
-
-	// The producer side: validated tasks, sharded by key.
-	st, err := store.Open(ctx, dsn, store.Options{})
+	defer pool.Close()
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second})
 	if err != nil {
 		return err
 	}
-	defer st.Close()
-	c, err := client.New(st, client.Config{ShardCount: cfg.ShardCount})
+	defer etcd.Close()
+	workers := shardrun.NewWorkers()
+	if err := shardrun.AddWorker(workers, resize); err != nil {
+		return err
+	}
+	c, err := shardrun.NewClient(ctx, pool, etcd, shardrun.Config{Cluster: "thumbnails", ShardCount: 16, Workers: workers})
 	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := c.Start(ctx); err != nil {
 		return err
 	}
 	ids := make([]int64, n)
 	for i := range ids {
 		image := fmt.Sprintf("photo-%03d.jpg", i)
-		payload := fmt.Sprintf(`{"image": %q, "width": 128}`, image)
-		e, err := c.Enqueue(ctx, tasks.NewTask{Kind: "resize-image", Key: image, Payload: []byte(payload)})
+		e, err := c.Enqueue(ctx, Resize{Image: image, Width: 128}, &shardrun.EnqueueOpts{Key: image})
 		if err != nil {
 			return err
 		}
 		ids[i] = e.ID
 	}
 	for _, id := range ids {
-		for {
-			t, err := st.Get(ctx, id)
-			if err != nil {
-				return err
-			}
-			if t.State == tasks.Completed {
-				fmt.Fprintf(out, "task %d (%s, shard %d): %s\n", t.ID, t.Key, t.Shard, t.Result)
-				break
-			}
-			if t.State.Terminal() {
-				return fmt.Errorf("task %d ended %s: %v", t.ID, t.State, t.Errors)
-			}
-			select {
-			case <-ctx.Done():
-				return errors.New("interrupted")
-			case <-time.After(20 * time.Millisecond):
-			}
+		t, err := c.Wait(ctx, id)
+		if err != nil {
+			return err
 		}
+		if t.State != tasks.Completed {
+			return fmt.Errorf("task %d ended %s: %v", t.ID, t.State, t.Errors)
+		}
+		fmt.Fprintf(out, "task %d (%s, shard %d): %s\n", t.ID, t.Key, t.Shard, t.Result)
 	}
 	return nil
 }

@@ -14,6 +14,28 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
+// Ref identifies a claimed attempt: the task, its shard, the attempt number
+// and the epoch under which it was claimed. Every write about the attempt
+// is fenced on all four.
+type Ref struct {
+	ID      int64
+	Shard   int
+	Attempt int
+	Epoch   int64
+}
+
+// RefOf is the attempt of t, a claimed task, that a write names.
+func RefOf(t tasks.Task) Ref {
+	return Ref{ID: t.ID, Shard: t.Shard, Attempt: t.Attempt, Epoch: t.Epoch}
+}
+
+// ShardEpoch is one owned shard (of the runner's group) and the epoch of
+// its ownership.
+type ShardEpoch struct {
+	Shard int
+	Epoch int64
+}
+
 // DefaultHeartbeatInterval is the runners' default task heartbeat
 // interval. The leader's sweeper checks its stale threshold against the
 // same default, so it is defined once, here, on the protocol between them.
@@ -56,7 +78,7 @@ func (o Outcome) String() string {
 // applied, says that an operator asked to cancel the task: a heartbeat that
 // sees it cancels the attempt.
 type WriteResult struct {
-	Ref             tasks.Ref
+	Ref             Ref
 	Outcome         Outcome
 	State           tasks.State
 	CancelRequested bool
@@ -64,14 +86,14 @@ type WriteResult struct {
 
 // Completion is a successful attempt to record.
 type Completion struct {
-	Ref    tasks.Ref
+	Ref    Ref
 	Result json.RawMessage // nil for no result
 }
 
 // Interruption is an attempt cut short because its runner lost the shard,
 // to record without spending the attempt. Reason says what ended it.
 type Interruption struct {
-	Ref    tasks.Ref
+	Ref    Ref
 	Reason string
 }
 
@@ -89,7 +111,7 @@ type Backoff struct {
 // failed, as the sweeper's deadline rule does: the task's deadline passed,
 // so no attempt may follow.
 type Failure struct {
-	Ref     tasks.Ref
+	Ref     Ref
 	Error   string
 	Backoff Backoff
 	Final   bool
@@ -99,6 +121,6 @@ type Failure struct {
 // Cancellation is an attempt cancelled on request, to record: Error is what
 // the handler returned after its context was cancelled ("" for nil).
 type Cancellation struct {
-	Ref   tasks.Ref
+	Ref   Ref
 	Error string
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
@@ -71,10 +72,10 @@ func TestTaskOperationsAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err := e.store.RaiseFences(ctx, "r", "", []tasks.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}); err != nil {
+	if _, _, _, err := e.store.RaiseFences(ctx, "r", "", []claims.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := e.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}, tasks.DefaultQueue, []string{"other"}, 1); err != nil || len(got) != 1 {
+	if got, err := e.store.Claim(ctx, "r", []claims.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}, tasks.DefaultQueue, []string{"other"}, 1); err != nil || len(got) != 1 {
 		t.Fatalf("claim: %v %v", got, err)
 	}
 

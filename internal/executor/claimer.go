@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/wake"
 	"github.com/shardrun/shardrun/tasks"
@@ -167,7 +168,7 @@ func (c *claimer) once(ctx context.Context) error {
 	// round.
 	type visit struct {
 		q            *queueClaims
-		first, order []tasks.ShardEpoch
+		first, order []claims.ShardEpoch
 	}
 	var waiting []visit
 	for _, q := range c.queues {
@@ -203,7 +204,7 @@ func (c *claimer) more() bool {
 // claimQueue claims up to share of q's tasks and starts them: first the
 // urgent tasks of the shards in first, then, with what is left, any task
 // of the shards in order.
-func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, first, order []tasks.ShardEpoch, share int) error {
+func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, first, order []claims.ShardEpoch, share int) error {
 	limit := min(c.pool.free(q.name, q.limit), claimBatch, share)
 	if len(order) == 0 || limit <= 0 {
 		return nil
@@ -227,10 +228,10 @@ func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, fir
 }
 
 // claimFunc is Store.Claim or Store.ClaimUrgent.
-type claimFunc func(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
+type claimFunc func(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
 
 // claim runs one claim statement over order and starts what it took.
-func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []tasks.ShardEpoch, limit int, claim claimFunc) ([]tasks.Task, error) {
+func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []claims.ShardEpoch, limit int, claim claimFunc) ([]tasks.Task, error) {
 	// Not cancelled by shutdown: a cancelled statement may still have
 	// committed, leaving claims nobody runs.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
@@ -249,11 +250,11 @@ func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []
 		return nil, fmt.Errorf("claiming tasks of queue %s: %w", q.name, err)
 	}
 	c.m.Claimed.Add(float64(len(claimed)))
-	var giveBack []tasks.Ref
+	var giveBack []claims.Ref
 	for i, t := range claimed {
 		termCtx, done, ok := hold.Begin(t.Shard, t.Epoch)
 		if !ok {
-			giveBack = append(giveBack, t.Ref())
+			giveBack = append(giveBack, claims.RefOf(t))
 			continue
 		}
 		var parent trace.SpanContext
@@ -283,7 +284,7 @@ func (c *claimer) fence(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("raising fences: %w", err)
 	}
-	ok := make(map[tasks.ShardEpoch]bool, len(raised))
+	ok := make(map[claims.ShardEpoch]bool, len(raised))
 	for _, t := range raised {
 		ok[t] = true
 	}
@@ -307,7 +308,7 @@ func (c *claimer) fence(ctx context.Context) error {
 // in the database but is not running: those of a claim statement that
 // committed although its answer was lost. Left alone they would go stale
 // and be requeued with their attempt spent; no handler ever saw them.
-func (c *claimer) recover(ctx context.Context, terms []tasks.ShardEpoch) error {
+func (c *claimer) recover(ctx context.Context, terms []claims.ShardEpoch) error {
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	claimed, err := c.store.Claimed(cctx, c.owner, terms)
@@ -316,11 +317,11 @@ func (c *claimer) recover(ctx context.Context, terms []tasks.ShardEpoch) error {
 	}
 	// Unclaim applies only to a claim still running under that attempt,
 	// so an outcome written since the listing is left alone.
-	mine := make(map[tasks.Ref]bool)
+	mine := make(map[claims.Ref]bool)
 	for _, r := range c.pool.refs() {
 		mine[r] = true
 	}
-	var lost []tasks.Ref
+	var lost []claims.Ref
 	for _, r := range claimed {
 		if !mine[r] {
 			lost = append(lost, r)
@@ -339,7 +340,7 @@ func (c *claimer) recover(ctx context.Context, terms []tasks.ShardEpoch) error {
 
 // unclaim gives back claims made just as their term stopped taking work.
 // If the fence has moved already, the next owner requeues them instead.
-func (c *claimer) unclaim(refs []tasks.Ref) {
+func (c *claimer) unclaim(refs []claims.Ref) {
 	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
 	defer cancel()
 	res, err := c.store.Unclaim(ctx, c.owner, refs)

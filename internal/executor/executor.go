@@ -43,16 +43,16 @@ type Store interface {
 	// RaiseFences raises the fences of terms (shards of group) and
 	// requeues, in the same transaction, what earlier owners left running
 	// on them; it returns the terms whose fence now holds their epoch.
-	RaiseFences(ctx context.Context, owner, group string, terms []tasks.ShardEpoch) (raised []tasks.ShardEpoch, requeued, dead int64, err error)
+	RaiseFences(ctx context.Context, owner, group string, terms []claims.ShardEpoch) (raised []claims.ShardEpoch, requeued, dead int64, err error)
 	// Claim claims up to limit tasks of queue and of kinds, visiting the
 	// shards of terms in the order given.
-	Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
+	Claim(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
 	// ClaimUrgent is Claim of the tasks more urgent than the default
 	// priority only.
-	ClaimUrgent(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
-	Claimed(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error)
-	Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error)
-	Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error)
+	ClaimUrgent(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
+	Claimed(ctx context.Context, owner string, terms []claims.ShardEpoch) ([]claims.Ref, error)
+	Unclaim(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error)
+	Heartbeat(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error)
 	Complete(ctx context.Context, owner string, done []claims.Completion) ([]claims.WriteResult, error)
 	Fail(ctx context.Context, owner string, failed []claims.Failure) ([]claims.WriteResult, error)
 	Interrupt(ctx context.Context, owner string, cut []claims.Interruption) ([]claims.WriteResult, error)
@@ -72,10 +72,10 @@ type Ownership interface {
 	Group() string
 	// Unfenced lists the terms whose fence is not yet raised in the
 	// database: nothing may be claimed from them until Fenced.
-	Unfenced() []tasks.ShardEpoch
+	Unfenced() []claims.ShardEpoch
 	// Fenced records that the fences of these terms are raised and their
 	// orphans requeued: their shards may be claimed from now on.
-	Fenced(terms []tasks.ShardEpoch)
+	Fenced(terms []claims.ShardEpoch)
 	// FenceLost reports a write refused because the shard's fence moved to
 	// a newer owner: all work on that term must stop.
 	FenceLost(shard int, epoch int64)
@@ -93,7 +93,7 @@ type Ownership interface {
 // tasks that nobody runs until the next owner requeues them.
 type Hold interface {
 	// Terms are the held terms, ordered by shard.
-	Terms() []tasks.ShardEpoch
+	Terms() []claims.ShardEpoch
 	// Begin registers work on a held term and returns the term's context;
 	// done must be called once the work's outcome is written. ok is false
 	// when the work must not start (the term's work was cancelled, or the
@@ -134,7 +134,7 @@ type Config struct {
 	RunnerID  string
 	Store     Store
 	Ownership Ownership
-	Registry  *tasks.Registry
+	Registry  *Registry
 	// Retry decides the backoff after a failed attempt. Default
 	// tasks.DefaultRetryPolicy().
 	Retry tasks.RetryPolicy

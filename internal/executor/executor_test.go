@@ -31,7 +31,7 @@ type env struct {
 	store *fakeStore
 	own   *fakeOwnership
 	clock *clock.Fake
-	reg   *tasks.Registry
+	reg   *Registry
 	exec  *Executor
 	stop  context.CancelFunc
 	done  chan error
@@ -39,7 +39,7 @@ type env struct {
 
 func newEnv(t *testing.T, handlers map[string]tasks.Handler, mut ...func(*Config)) *env {
 	t.Helper()
-	e := &env{t: t, store: newFakeStore(), own: newFakeOwnership(), clock: clock.NewFake(), reg: tasks.NewRegistry()}
+	e := &env{t: t, store: newFakeStore(), own: newFakeOwnership(), clock: clock.NewFake(), reg: NewRegistry()}
 	for kind, h := range handlers {
 		if err := e.reg.Register(kind, h); err != nil {
 			t.Fatal(err)
@@ -387,7 +387,7 @@ func TestFenceRefusalReportsTheTermLost(t *testing.T) {
 	e.store.setFence(0, 7, "runner-b")
 	close(release)
 	e.until("term reported lost", func() bool { return len(e.own.lostTerms()) > 0 })
-	if lost := e.own.lostTerms(); lost[0] != (tasks.ShardEpoch{Shard: 0, Epoch: 4}) {
+	if lost := e.own.lostTerms(); lost[0] != (claims.ShardEpoch{Shard: 0, Epoch: 4}) {
 		t.Fatalf("lost %v, want shard 0 epoch 4", lost)
 	}
 	if e.state(1) != tasks.Running {

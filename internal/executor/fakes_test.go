@@ -23,7 +23,7 @@ type fakeStore struct {
 	// failures[op] makes the next n calls of op fail with errDown.
 	failures map[string]int
 	calls    map[string]int
-	beats    []tasks.Ref
+	beats    []claims.Ref
 	// completing, when set, runs before a completion, outside the lock,
 	// with the statement's context.
 	completing func(ctx context.Context) error
@@ -96,13 +96,13 @@ func (s *fakeStore) enter(op string) error {
 	return nil
 }
 
-func (s *fakeStore) RaiseFences(_ context.Context, owner, _ string, terms []tasks.ShardEpoch) ([]tasks.ShardEpoch, int64, int64, error) {
+func (s *fakeStore) RaiseFences(_ context.Context, owner, _ string, terms []claims.ShardEpoch) ([]claims.ShardEpoch, int64, int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("raise"); err != nil {
 		return nil, 0, 0, err
 	}
-	var raised []tasks.ShardEpoch
+	var raised []claims.ShardEpoch
 	for _, t := range terms {
 		if f := s.fences[t.Shard]; f.epoch <= t.Epoch {
 			s.fences[t.Shard] = fence{t.Epoch, owner}
@@ -122,15 +122,15 @@ func (s *fakeStore) RaiseFences(_ context.Context, owner, _ string, terms []task
 	return raised, n, 0, nil
 }
 
-func (s *fakeStore) Claim(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+func (s *fakeStore) Claim(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	return s.claim(ctx, owner, terms, queue, kinds, limit, tasks.LeastUrgent)
 }
 
-func (s *fakeStore) ClaimUrgent(ctx context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+func (s *fakeStore) ClaimUrgent(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	return s.claim(ctx, owner, terms, queue, kinds, limit, tasks.DefaultPriority-1)
 }
 
-func (s *fakeStore) claim(_ context.Context, owner string, terms []tasks.ShardEpoch, queue string, kinds []string, limit, maxPriority int) ([]tasks.Task, error) {
+func (s *fakeStore) claim(_ context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit, maxPriority int) ([]tasks.Task, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("claim"); err != nil {
@@ -164,16 +164,16 @@ func (s *fakeStore) claim(_ context.Context, owner string, terms []tasks.ShardEp
 	return out, nil
 }
 
-func (s *fakeStore) Claimed(_ context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error) {
+func (s *fakeStore) Claimed(_ context.Context, owner string, terms []claims.ShardEpoch) ([]claims.Ref, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("claimed"); err != nil {
 		return nil, err
 	}
-	var out []tasks.Ref
+	var out []claims.Ref
 	for _, t := range s.tasks {
-		if t.State == tasks.Running && t.ClaimedBy == owner && slices.Contains(terms, tasks.ShardEpoch{Shard: t.Shard, Epoch: t.Epoch}) {
-			out = append(out, t.Ref())
+		if t.State == tasks.Running && t.ClaimedBy == owner && slices.Contains(terms, claims.ShardEpoch{Shard: t.Shard, Epoch: t.Epoch}) {
+			out = append(out, claims.RefOf(*t))
 		}
 	}
 	return out, nil
@@ -181,7 +181,7 @@ func (s *fakeStore) Claimed(_ context.Context, owner string, terms []tasks.Shard
 
 // fenced applies write to each ref still running under exactly that claim
 // with the fence still the writer's; it reports the outcome per ref.
-func (s *fakeStore) fenced(op, owner string, refs []tasks.Ref, write func(t *tasks.Task, i int)) ([]claims.WriteResult, error) {
+func (s *fakeStore) fenced(op, owner string, refs []claims.Ref, write func(t *tasks.Task, i int)) ([]claims.WriteResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter(op); err != nil {
@@ -206,12 +206,12 @@ func (s *fakeStore) fenced(op, owner string, refs []tasks.Ref, write func(t *tas
 	return out, nil
 }
 
-func (s *fakeStore) Unclaim(_ context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
+func (s *fakeStore) Unclaim(_ context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error) {
 	return s.fenced("unclaim", owner, refs, func(t *tasks.Task, _ int) { t.State, t.ClaimedBy, t.Epoch = tasks.Ready, "", 0 })
 }
 
-func (s *fakeStore) Heartbeat(_ context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
-	return s.fenced("heartbeat", owner, refs, func(t *tasks.Task, _ int) { s.beats = append(s.beats, t.Ref()) })
+func (s *fakeStore) Heartbeat(_ context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error) {
+	return s.fenced("heartbeat", owner, refs, func(t *tasks.Task, _ int) { s.beats = append(s.beats, claims.RefOf(*t)) })
 }
 
 func (s *fakeStore) Complete(ctx context.Context, owner string, done []claims.Completion) ([]claims.WriteResult, error) {
@@ -220,7 +220,7 @@ func (s *fakeStore) Complete(ctx context.Context, owner string, done []claims.Co
 			return nil, err
 		}
 	}
-	refs := make([]tasks.Ref, len(done))
+	refs := make([]claims.Ref, len(done))
 	for i, d := range done {
 		refs[i] = d.Ref
 		if s.refuse[d.Ref.ID] {
@@ -234,7 +234,7 @@ func (s *fakeStore) Complete(ctx context.Context, owner string, done []claims.Co
 }
 
 func (s *fakeStore) Fail(_ context.Context, owner string, failed []claims.Failure) ([]claims.WriteResult, error) {
-	refs := make([]tasks.Ref, len(failed))
+	refs := make([]claims.Ref, len(failed))
 	for i, f := range failed {
 		refs[i] = f.Ref
 	}
@@ -255,7 +255,7 @@ func (s *fakeStore) Fail(_ context.Context, owner string, failed []claims.Failur
 }
 
 func (s *fakeStore) Interrupt(_ context.Context, owner string, cut []claims.Interruption) ([]claims.WriteResult, error) {
-	refs := make([]tasks.Ref, len(cut))
+	refs := make([]claims.Ref, len(cut))
 	for i, c := range cut {
 		refs[i] = c.Ref
 	}
@@ -270,7 +270,7 @@ func (s *fakeStore) Interrupt(_ context.Context, owner string, cut []claims.Inte
 }
 
 func (s *fakeStore) CancelAttempts(_ context.Context, owner string, cancelled []claims.Cancellation) ([]claims.WriteResult, error) {
-	refs := make([]tasks.Ref, len(cancelled))
+	refs := make([]claims.Ref, len(cancelled))
 	for i, c := range cancelled {
 		refs[i] = c.Ref
 	}
@@ -306,7 +306,7 @@ func (s *fakeStore) retryOrBury(t *tasks.Task, msg string) {
 type fakeOwnership struct {
 	mu      sync.Mutex
 	terms   map[int]*fakeTerm
-	lost    []tasks.ShardEpoch
+	lost    []claims.ShardEpoch
 	changes chan struct{}
 	// refuseBegin makes Begin fail, as when a term stops taking work
 	// between the claim and the start.
@@ -356,25 +356,25 @@ func (o *fakeOwnership) inflight(shard int) int {
 	return -1
 }
 
-func (o *fakeOwnership) lostTerms() []tasks.ShardEpoch {
+func (o *fakeOwnership) lostTerms() []claims.ShardEpoch {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return slices.Clone(o.lost)
 }
 
-func (o *fakeOwnership) Unfenced() []tasks.ShardEpoch {
+func (o *fakeOwnership) Unfenced() []claims.ShardEpoch {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var out []tasks.ShardEpoch
+	var out []claims.ShardEpoch
 	for s, t := range o.terms {
 		if !t.fenced {
-			out = append(out, tasks.ShardEpoch{Shard: s, Epoch: t.epoch})
+			out = append(out, claims.ShardEpoch{Shard: s, Epoch: t.epoch})
 		}
 	}
 	return out
 }
 
-func (o *fakeOwnership) Fenced(terms []tasks.ShardEpoch) {
+func (o *fakeOwnership) Fenced(terms []claims.ShardEpoch) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, r := range terms {
@@ -386,7 +386,7 @@ func (o *fakeOwnership) Fenced(terms []tasks.ShardEpoch) {
 
 func (o *fakeOwnership) FenceLost(shard int, epoch int64) {
 	o.mu.Lock()
-	o.lost = append(o.lost, tasks.ShardEpoch{Shard: shard, Epoch: epoch})
+	o.lost = append(o.lost, claims.ShardEpoch{Shard: shard, Epoch: epoch})
 	o.mu.Unlock()
 	o.lose(shard)
 }
@@ -413,12 +413,12 @@ type fakeHold struct {
 	held map[int]*fakeTerm
 }
 
-func (h *fakeHold) Terms() []tasks.ShardEpoch {
-	var out []tasks.ShardEpoch
+func (h *fakeHold) Terms() []claims.ShardEpoch {
+	var out []claims.ShardEpoch
 	for s, t := range h.held {
-		out = append(out, tasks.ShardEpoch{Shard: s, Epoch: t.epoch})
+		out = append(out, claims.ShardEpoch{Shard: s, Epoch: t.epoch})
 	}
-	slices.SortFunc(out, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	slices.SortFunc(out, func(a, b claims.ShardEpoch) int { return a.Shard - b.Shard })
 	return out
 }
 

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -63,7 +64,7 @@ func (p *pending) notify(all bool, shards, urgent []int) {
 // (first, from the urgent rotation's position), which the claim loop sends
 // a claim of urgent tasks only before the rotation's claim. terms are the
 // held terms, ordered by shard.
-func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Duration) (first, order []tasks.ShardEpoch) {
+func (p *pending) order(terms []claims.ShardEpoch, now time.Time, poll time.Duration) (first, order []claims.ShardEpoch) {
 	p.mu.Lock()
 	all, woken, urgent := p.all, p.woken, p.urgent
 	p.all, p.woken, p.urgent = false, map[int]bool{}, map[int]bool{}
@@ -97,12 +98,12 @@ func (p *pending) order(terms []tasks.ShardEpoch, now time.Time, poll time.Durat
 
 // rotate returns the terms whose shard is in set, starting from the first
 // shard at or after from and wrapping around. terms are ordered by shard.
-func rotate(terms []tasks.ShardEpoch, from int, set map[int]bool) []tasks.ShardEpoch {
+func rotate(terms []claims.ShardEpoch, from int, set map[int]bool) []claims.ShardEpoch {
 	if len(set) == 0 {
 		return nil
 	}
-	out := make([]tasks.ShardEpoch, 0, len(set))
-	start, _ := slices.BinarySearchFunc(terms, from, func(t tasks.ShardEpoch, s int) int { return t.Shard - s })
+	out := make([]claims.ShardEpoch, 0, len(set))
+	start, _ := slices.BinarySearchFunc(terms, from, func(t claims.ShardEpoch, s int) int { return t.Shard - s })
 	for i := range terms {
 		if t := terms[(start+i)%len(terms)]; set[t.Shard] {
 			out = append(out, t)
@@ -116,7 +117,7 @@ func rotate(terms []tasks.ShardEpoch, from int, set map[int]bool) []tasks.ShardE
 // limit, len(order)-1 — and the shards it drained of what it claims: those
 // before that last one, and that one too when the claim took fewer than
 // limit (it visited every shard and found no more).
-func visited(order []tasks.ShardEpoch, got []tasks.Task, limit int) (last int, drained []tasks.ShardEpoch) {
+func visited(order []claims.ShardEpoch, got []tasks.Task, limit int) (last int, drained []claims.ShardEpoch) {
 	if len(got) < limit {
 		return len(order) - 1, order
 	}
@@ -137,7 +138,7 @@ func visited(order []tasks.ShardEpoch, got []tasks.Task, limit int) (last int, d
 // urgentClaimed records what a claim of urgent tasks over first took: the
 // shards it drained have no urgent tasks left, and the next claim of
 // urgent tasks starts after the last shard it visited.
-func (p *pending) urgentClaimed(first []tasks.ShardEpoch, got []tasks.Task, limit int) {
+func (p *pending) urgentClaimed(first []claims.ShardEpoch, got []tasks.Task, limit int) {
 	if len(first) == 0 {
 		return
 	}
@@ -152,7 +153,7 @@ func (p *pending) urgentClaimed(first []tasks.ShardEpoch, got []tasks.Task, limi
 // shards in order and moves to the next one only when a shard has no more
 // due tasks, so the shards it drained (visited) are no longer pending.
 // The next claim starts after the last shard visited.
-func (p *pending) claimed(order []tasks.ShardEpoch, got []tasks.Task, limit int) {
+func (p *pending) claimed(order []claims.ShardEpoch, got []tasks.Task, limit int) {
 	if len(order) == 0 {
 		return
 	}

@@ -5,10 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/tasks"
 )
 
-func shards(terms []tasks.ShardEpoch) []int {
+func shards(terms []claims.ShardEpoch) []int {
 	out := make([]int, len(terms))
 	for i, t := range terms {
 		out[i] = t.Shard
@@ -25,7 +26,7 @@ func shards(terms []tasks.ShardEpoch) []int {
 func TestPendingShardsOrder(t *testing.T) {
 	now := time.Unix(0, 0)
 	p := newPending(now)
-	held := []tasks.ShardEpoch{{Shard: 1, Epoch: 1}, {Shard: 2, Epoch: 1}, {Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}}
+	held := []claims.ShardEpoch{{Shard: 1, Epoch: 1}, {Shard: 2, Epoch: 1}, {Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}}
 	first, order := p.order(held, now, time.Second)
 	if got := shards(order); !slices.Equal(got, []int{1, 2, 3, 4}) || len(first) != 0 {
 		t.Fatalf("first order %v (urgent %v), want every held shard and none urgent", got, shards(first))
@@ -37,7 +38,7 @@ func TestPendingShardsOrder(t *testing.T) {
 		t.Fatalf("after a full claim %v, want [3 4 2]", shards(got))
 	}
 	// A claim that took fewer than it asked drained all it visited.
-	p.claimed([]tasks.ShardEpoch{{Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}, {Shard: 2, Epoch: 1}}, []tasks.Task{{Shard: 4}}, 5)
+	p.claimed([]claims.ShardEpoch{{Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}, {Shard: 2, Epoch: 1}}, []tasks.Task{{Shard: 4}}, 5)
 	if _, got := p.order(held, now, time.Second); len(got) != 0 || p.any() {
 		t.Fatalf("after a short claim %v, want nothing pending", shards(got))
 	}
@@ -65,7 +66,7 @@ func TestPendingShardsOrder(t *testing.T) {
 	p.claimed(order, nil, 5)
 	// The poll makes every held shard pending; a shard no longer held is
 	// forgotten, a newly held one is pending.
-	held = append(held[1:], tasks.ShardEpoch{Shard: 9, Epoch: 1})
+	held = append(held[1:], claims.ShardEpoch{Shard: 9, Epoch: 1})
 	if _, got := p.order(held, now.Add(time.Second), time.Second); len(got) != 4 || !slices.Contains(shards(got), 9) || slices.Contains(shards(got), 1) {
 		t.Fatalf("after the poll %v, want 2, 3, 4 and 9", shards(got))
 	}
@@ -78,7 +79,7 @@ func TestPendingShardsOrder(t *testing.T) {
 func TestUrgentClaimsRotate(t *testing.T) {
 	now := time.Unix(0, 0)
 	p := newPending(now)
-	held := []tasks.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 5, Epoch: 1}, {Shard: 7, Epoch: 1}}
+	held := []claims.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 5, Epoch: 1}, {Shard: 7, Epoch: 1}}
 	p.notify(false, nil, []int{0, 5, 7})
 	var served []int
 	for range 6 {

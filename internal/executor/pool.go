@@ -12,6 +12,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/internal/tracing"
@@ -79,7 +80,7 @@ type Stuck struct {
 // knows every attempt from its start until its outcome is written, so that
 // heartbeats can name them and cancel those taken back.
 type pool struct {
-	registry   *tasks.Registry
+	registry   *Registry
 	max        int
 	results    chan<- result
 	stuckAfter time.Duration
@@ -96,12 +97,12 @@ type pool struct {
 	byQueue map[string]int
 	// attempts is keyed by the whole claim: a sweep may requeue a task
 	// whose handler still runs here, and this runner may claim it again.
-	attempts map[tasks.Ref]*attempt
+	attempts map[claims.Ref]*attempt
 }
 
-func newPool(registry *tasks.Registry, max int, results chan<- result, stuckAfter time.Duration, clk clock.Clock, m *Metrics, tr *tracer) *pool {
+func newPool(registry *Registry, max int, results chan<- result, stuckAfter time.Duration, clk clock.Clock, m *Metrics, tr *tracer) *pool {
 	return &pool{registry: registry, max: max, results: results, stuckAfter: stuckAfter, clock: clk, m: m, tr: tr,
-		freed: wake.New(), attempts: map[tasks.Ref]*attempt{}, byQueue: map[string]int{}}
+		freed: wake.New(), attempts: map[claims.Ref]*attempt{}, byQueue: map[string]int{}}
 }
 
 func (p *pool) inFlight() int { return int(p.inflight.Load()) }
@@ -128,7 +129,7 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), par
 	if t.Deadline != nil {
 		handlerCtx, stopDeadline = context.WithDeadline(ctx, *t.Deadline)
 	}
-	ref := t.Ref()
+	ref := claims.RefOf(t)
 	a := &attempt{task: t, ctx: ctx, cancel: cancel}
 	p.mu.Lock()
 	p.attempts[ref] = a
@@ -191,10 +192,10 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), par
 
 // refs names every attempt whose outcome is not written yet: running
 // handlers and outcomes waiting for their write.
-func (p *pool) refs() []tasks.Ref {
+func (p *pool) refs() []claims.Ref {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	refs := make([]tasks.Ref, 0, len(p.attempts))
+	refs := make([]claims.Ref, 0, len(p.attempts))
 	for ref := range p.attempts {
 		refs = append(refs, ref)
 	}
@@ -204,7 +205,7 @@ func (p *pool) refs() []tasks.Ref {
 // cancel cancels the handler of attempt ref, if it is still running; it
 // reports whether this call ended the handler's context (false when the
 // handler returned or its context ended before).
-func (p *pool) cancel(ref tasks.Ref, cause error) bool {
+func (p *pool) cancel(ref claims.Ref, cause error) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	a := p.attempts[ref]

@@ -100,13 +100,13 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 		case r.cancelled:
 			cancelled = append(cancelled, r)
 		case r.err == nil:
-			completions = append(completions, claims.Completion{Ref: r.task.Ref(), Result: r.task.Result})
+			completions = append(completions, claims.Completion{Ref: claims.RefOf(r.task), Result: r.task.Result})
 			cItems = append(cItems, r)
 		case r.interrupted != nil:
-			interruptions = append(interruptions, claims.Interruption{Ref: r.task.Ref(), Reason: "interrupted: " + r.interrupted.Error()})
+			interruptions = append(interruptions, claims.Interruption{Ref: claims.RefOf(r.task), Reason: "interrupted: " + r.interrupted.Error()})
 			iItems = append(iItems, r)
 		default:
-			failures = append(failures, claims.Failure{Ref: r.task.Ref(), Error: r.err.Error(), Backoff: claims.Backoff{Base: w.retry.Base, Cap: w.retry.Cap},
+			failures = append(failures, claims.Failure{Ref: claims.RefOf(r.task), Error: r.err.Error(), Backoff: claims.Backoff{Base: w.retry.Base, Cap: w.retry.Cap},
 				Final: errors.Is(r.err, tasks.ErrPermanent), Expired: r.expired})
 			fItems = append(fItems, r)
 		}
@@ -263,7 +263,7 @@ func (w *writer) writeCancelled(ctx context.Context, items []result) {
 	}
 	cs := make([]claims.Cancellation, len(items))
 	for i, r := range items {
-		cs[i].Ref = r.task.Ref()
+		cs[i].Ref = claims.RefOf(r.task)
 		if r.err != nil {
 			cs[i].Error = r.err.Error()
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/httpauth"
@@ -38,13 +39,13 @@ type Status struct {
 	Sticky bool `json:"sticky,omitempty"`
 	// LeaseTimeLeft is how long until the earliest possible expiry of the
 	// lease, from keep-alive send times.
-	LeaseTimeLeft float64            `json:"lease_time_left_seconds"`
-	LeaseID       string             `json:"lease_id"`
-	Assigned      []int              `json:"assigned"`
-	Owned         []tasks.ShardEpoch `json:"owned"`
-	Releasing     []int              `json:"releasing,omitempty"`
-	InFlight      int                `json:"in_flight"`
-	Kinds         []string           `json:"kinds"`
+	LeaseTimeLeft float64             `json:"lease_time_left_seconds"`
+	LeaseID       string              `json:"lease_id"`
+	Assigned      []int               `json:"assigned"`
+	Owned         []claims.ShardEpoch `json:"owned"`
+	Releasing     []int               `json:"releasing,omitempty"`
+	InFlight      int                 `json:"in_flight"`
+	Kinds         []string            `json:"kinds"`
 	// Stuck lists handlers that ignored their cancellation for longer
 	// than the handoff timeout.
 	Stuck []executor.Stuck `json:"stuck"`
@@ -69,7 +70,7 @@ func (r *Runner) Status() Status {
 		st.Stalled = why
 	}
 	if st.Owned == nil {
-		st.Owned = []tasks.ShardEpoch{}
+		st.Owned = []claims.ShardEpoch{}
 	}
 	if ds.Detached {
 		st.DetachReason, st.DetachKind = ds.Reason.String(), ds.Reason.Kind.String()

@@ -33,10 +33,9 @@ const (
 //
 // Payloads are decoded strictly (internal/jsonbody: exact field names, no
 // unknown fields); {} means zero. A payload that does not decode or is out
-// of bounds fails the attempt with an error wrapping tasks.ErrPayload. The
-// executor retries it like any failed attempt until max_attempts (each
-// attempt fails at once, the same way): it has no notion of a failure that
-// no retry can fix.
+// of bounds ends the task dead at its first attempt: the error wraps
+// tasks.ErrPayload, which wraps tasks.ErrPermanent, since no retry would
+// decode it either.
 func Builtins(log hclog.Logger) map[string]tasks.Handler {
 	return map[string]tasks.Handler{
 		"noop": func(context.Context, *tasks.Task) error { return nil },

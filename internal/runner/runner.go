@@ -28,7 +28,7 @@ import (
 type Runner struct {
 	cfg      Config
 	log      hclog.Logger
-	handlers *tasks.Registry
+	handlers *executor.Registry
 	reg      *prometheus.Registry
 	started  chan struct{}
 
@@ -52,7 +52,7 @@ func New(cfg Config) (*Runner, error) {
 	return &Runner{
 		cfg:      cfg,
 		log:      cfg.Logger.With("runner_id", cfg.RunnerID),
-		handlers: tasks.NewRegistry(),
+		handlers: executor.NewRegistry(),
 		reg:      reg,
 		started:  make(chan struct{}),
 	}, nil
@@ -66,7 +66,7 @@ func (r *Runner) Handle(kind string, h tasks.Handler) error { return r.handlers.
 // into P; a payload that does not decode fails the task at once (dead)
 // with the decode error, which wraps tasks.ErrPayload: it is permanent.
 func HandleTyped[P any](r *Runner, kind string, fn func(ctx context.Context, t *tasks.Task, payload P) error) error {
-	return r.Handle(kind, tasks.Typed(fn))
+	return r.Handle(kind, executor.Typed(fn))
 }
 
 // Started is closed once the runner has joined the cluster and serves.

@@ -12,9 +12,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/detach"
-	"github.com/shardrun/shardrun/tasks"
 )
 
 // Runner states published in runners/<id>.
@@ -82,7 +82,7 @@ type Manager struct {
 	groupRev      int64
 	published     string
 	publishedGen  int
-	lastClaimable []tasks.ShardEpoch
+	lastClaimable []claims.ShardEpoch
 	// unansweredSent records when an acquiring Txn that got no answer was
 	// sent, per shard: if it committed, the shard is adopted from the watch,
 	// and its ownership began no earlier than that.
@@ -386,7 +386,7 @@ func (m *Manager) mayWork() bool {
 func (m *Manager) Group() string { return m.group }
 
 // Unfenced lists the terms whose fence is not raised yet (executor).
-func (m *Manager) Unfenced() []tasks.ShardEpoch {
+func (m *Manager) Unfenced() []claims.ShardEpoch {
 	if m.machine.IsDetached() {
 		return nil
 	}
@@ -394,7 +394,7 @@ func (m *Manager) Unfenced() []tasks.ShardEpoch {
 }
 
 // Fenced records that the fences of these terms are raised (executor).
-func (m *Manager) Fenced(terms []tasks.ShardEpoch) { m.ledger.markFenced(terms) }
+func (m *Manager) Fenced(terms []claims.ShardEpoch) { m.ledger.markFenced(terms) }
 
 // Hold pins the fenced terms for one claim (executor). It holds nothing
 // while detached or once the lease clock has passed its detach point, and
@@ -428,7 +428,7 @@ type Status struct {
 	LeaseTimeLeft time.Duration
 	Assigned      []int
 	// Owned are the terms that may work (acquired or fenced).
-	Owned     []tasks.ShardEpoch
+	Owned     []claims.ShardEpoch
 	Releasing []int
 }
 

@@ -10,6 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
@@ -254,7 +255,7 @@ func TestHandoffWaitsForInflightWork(t *testing.T) {
 	})
 	releasing := a.mgr.Status().Releasing
 	again := a.mgr.Hold()
-	if slices.ContainsFunc(again.Terms(), func(se tasks.ShardEpoch) bool { return se.Shard == releasing[0] }) {
+	if slices.ContainsFunc(again.Terms(), func(se claims.ShardEpoch) bool { return se.Shard == releasing[0] }) {
 		t.Fatal("a new hold pins a shard being released")
 	}
 	again.Release()

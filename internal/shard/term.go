@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/wake"
@@ -85,7 +86,7 @@ type term struct {
 	gen int
 }
 
-func (t *term) ref() tasks.ShardEpoch { return tasks.ShardEpoch{Shard: t.shard, Epoch: t.epoch} }
+func (t *term) ref() claims.ShardEpoch { return claims.ShardEpoch{Shard: t.shard, Epoch: t.epoch} }
 
 // ended reports whether the term's work can no longer run.
 func (t *term) ended() bool { return t.state == cancelled || t.state == released || t.state == lost }
@@ -185,19 +186,19 @@ func (l *ledger) get(shard int, epoch int64) *term {
 }
 
 // unfenced lists the acquired terms, ordered by shard.
-func (l *ledger) unfenced() []tasks.ShardEpoch { return l.list(acquired) }
+func (l *ledger) unfenced() []claims.ShardEpoch { return l.list(acquired) }
 
 // list returns the terms in one of states, ordered by shard.
-func (l *ledger) list(states ...termState) []tasks.ShardEpoch {
+func (l *ledger) list(states ...termState) []claims.ShardEpoch {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var out []tasks.ShardEpoch
+	var out []claims.ShardEpoch
 	for _, t := range l.terms {
 		if slices.Contains(states, t.state) {
 			out = append(out, t.ref())
 		}
 	}
-	slices.SortFunc(out, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	slices.SortFunc(out, func(a, b claims.ShardEpoch) int { return a.Shard - b.Shard })
 	return out
 }
 
@@ -219,7 +220,7 @@ func (l *ledger) current(gen int) map[int]int64 {
 }
 
 // markFenced moves acquired terms to fenced.
-func (l *ledger) markFenced(refs []tasks.ShardEpoch) {
+func (l *ledger) markFenced(refs []claims.ShardEpoch) {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -291,12 +292,12 @@ type Hold struct {
 }
 
 // Terms are the held terms, ordered by shard.
-func (h *Hold) Terms() []tasks.ShardEpoch {
-	out := make([]tasks.ShardEpoch, 0, len(h.held))
+func (h *Hold) Terms() []claims.ShardEpoch {
+	out := make([]claims.ShardEpoch, 0, len(h.held))
 	for _, t := range h.held {
 		out = append(out, t.ref())
 	}
-	slices.SortFunc(out, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	slices.SortFunc(out, func(a, b claims.ShardEpoch) int { return a.Shard - b.Shard })
 	return out
 }
 
@@ -405,7 +406,7 @@ func (l *ledger) setAssigned(shards []int) {
 
 // snapshot returns the assigned shards, the terms that may work (acquired
 // or fenced) ordered by shard, and the shards of the others.
-func (l *ledger) snapshot() (assigned []int, owned []tasks.ShardEpoch, releasing []int) {
+func (l *ledger) snapshot() (assigned []int, owned []claims.ShardEpoch, releasing []int) {
 	l.mu.Lock()
 	assigned = slices.Clone(l.assigned)
 	for _, t := range l.terms {
@@ -418,7 +419,7 @@ func (l *ledger) snapshot() (assigned []int, owned []tasks.ShardEpoch, releasing
 	}
 	l.mu.Unlock()
 	slices.Sort(releasing)
-	slices.SortFunc(owned, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	slices.SortFunc(owned, func(a, b claims.ShardEpoch) int { return a.Shard - b.Shard })
 	return assigned, owned, releasing
 }
 

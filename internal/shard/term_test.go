@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/testsignal"
@@ -75,7 +76,7 @@ func TestHoldPinsFencedTermsOnly(t *testing.T) {
 	l.adopt(1, 10, now, 0)
 	l.adopt(2, 20, now, 0)
 	l.adopt(3, 30, now, 0)
-	l.markFenced([]tasks.ShardEpoch{{Shard: 1, Epoch: 10}, {Shard: 2, Epoch: 20}})
+	l.markFenced([]claims.ShardEpoch{{Shard: 1, Epoch: 10}, {Shard: 2, Epoch: 20}})
 	if got := l.unfenced(); len(got) != 1 || got[0].Shard != 3 {
 		t.Fatalf("unfenced %v, want shard 3", got)
 	}
@@ -128,7 +129,7 @@ func TestNoTermOfAnotherLeaseWorks(t *testing.T) {
 	l.mu.Unlock()
 	detached = false
 	l.adopt(2, 20, now, 1)
-	l.markFenced([]tasks.ShardEpoch{{Shard: 1, Epoch: 10}, {Shard: 2, Epoch: 20}})
+	l.markFenced([]claims.ShardEpoch{{Shard: 1, Epoch: 10}, {Shard: 2, Epoch: 20}})
 	always := func() bool { return true }
 	if got := l.hold(always, 1).Terms(); len(got) != 1 || got[0].Shard != 2 {
 		t.Fatalf("held %v under lease 1, want shard 2 only", got)
@@ -151,7 +152,7 @@ func TestNoWorkPastTheDetachPoint(t *testing.T) {
 	}
 	m.keeper.lc = detach.NewLeaseClock(c.Now(), 3*time.Second, time.Second, 2)
 	m.ledger.adopt(1, 7, c.Now(), 0)
-	m.Fenced([]tasks.ShardEpoch{{Shard: 1, Epoch: 7}})
+	m.Fenced([]claims.ShardEpoch{{Shard: 1, Epoch: 7}})
 	h := m.Hold()
 	if len(h.Terms()) != 1 {
 		t.Fatalf("held %v before the detach point", h.Terms())

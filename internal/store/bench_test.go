@@ -78,9 +78,9 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 			}
 		}
 	}
-	owned := make([]tasks.ShardEpoch, 64)
+	owned := make([]claims.ShardEpoch, 64)
 	for i := range owned {
-		owned[i] = tasks.ShardEpoch{Shard: i, Epoch: 1}
+		owned[i] = claims.ShardEpoch{Shard: i, Epoch: 1}
 	}
 	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
 		b.Fatal(err)
@@ -110,7 +110,7 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 		}
 		done := make([]claims.Completion, len(got))
 		for i, t := range got {
-			done[i] = claims.Completion{Ref: t.Ref()}
+			done[i] = claims.Completion{Ref: claims.RefOf(t)}
 		}
 		if _, err := s.Complete(ctx, "r", done); err != nil {
 			b.Fatal(err)
@@ -128,10 +128,10 @@ func BenchmarkClaimOverManyShards(b *testing.B) {
 	s := setup(b)
 	ctx := context.Background()
 	const shards = 4096
-	owned := make([]tasks.ShardEpoch, shards)
-	other := make([]tasks.ShardEpoch, shards)
+	owned := make([]claims.ShardEpoch, shards)
+	other := make([]claims.ShardEpoch, shards)
 	for i := range owned {
-		owned[i], other[i] = tasks.ShardEpoch{Shard: i, Epoch: 10}, tasks.ShardEpoch{Shard: i, Epoch: 11}
+		owned[i], other[i] = claims.ShardEpoch{Shard: i, Epoch: 10}, claims.ShardEpoch{Shard: i, Epoch: 11}
 	}
 	if _, _, _, err := s.RaiseFences(ctx, "r", "ga", owned); err != nil {
 		b.Fatal(err)
@@ -163,9 +163,9 @@ func BenchmarkClaimOverManyShards(b *testing.B) {
 func BenchmarkCompleteBatch(b *testing.B) {
 	s := setup(b)
 	ctx := context.Background()
-	owned := make([]tasks.ShardEpoch, 64)
+	owned := make([]claims.ShardEpoch, 64)
 	for i := range owned {
-		owned[i] = tasks.ShardEpoch{Shard: i, Epoch: 1}
+		owned[i] = claims.ShardEpoch{Shard: i, Epoch: 1}
 	}
 	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
 		b.Fatal(err)
@@ -187,7 +187,7 @@ func BenchmarkCompleteBatch(b *testing.B) {
 				b.Fatal(len(got), err)
 			}
 			for _, t := range got {
-				done = append(done, claims.Completion{Ref: t.Ref()})
+				done = append(done, claims.Completion{Ref: claims.RefOf(t)})
 			}
 		}
 		began := time.Now()

@@ -20,9 +20,9 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 		b.Run(fmt.Sprintf("unhandled=%d", unhandled), func(b *testing.B) {
 			s := setup(b)
 			ctx := context.Background()
-			var owned []tasks.ShardEpoch
+			var owned []claims.ShardEpoch
 			for sh := 0; sh < 256; sh += 3 {
-				owned = append(owned, tasks.ShardEpoch{Shard: sh, Epoch: 1})
+				owned = append(owned, claims.ShardEpoch{Shard: sh, Epoch: 1})
 			}
 			if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
 				b.Fatal(err)
@@ -52,7 +52,7 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 				}
 				done := make([]claims.Completion, len(got))
 				for i, t := range got {
-					done[i] = claims.Completion{Ref: t.Ref()}
+					done[i] = claims.Completion{Ref: claims.RefOf(t)}
 				}
 				if _, err := s.Complete(ctx, "r", done); err != nil {
 					b.Fatal(err)

@@ -142,7 +142,7 @@ func TestFailureMessagesAreStorable(t *testing.T) {
 	id := enqueue(t, s, insert("k", 3, 2))
 	raise(t, s, "r1", 3, 10)
 	task := claim(t, s, "r1", 3, 10, 1)[0]
-	res := one(t)(s.Fail(ctx, "r1", []claims.Failure{{Ref: task.Ref(), Error: "bad\x00news\xff" + strings.Repeat("x", store.MaxMessage)}}))
+	res := one(t)(s.Fail(ctx, "r1", []claims.Failure{{Ref: claims.RefOf(task), Error: "bad\x00news\xff" + strings.Repeat("x", store.MaxMessage)}}))
 	if res.Outcome != claims.Applied {
 		t.Fatalf("failure not recorded: %+v", res)
 	}

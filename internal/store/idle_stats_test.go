@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -27,7 +28,7 @@ func TestClaimAfterIdleAnalyze(t *testing.T) {
 	// sessions, as a runner's pooled connections do over time.
 	const conns = 2
 	s, _ := pgtest.NewStore(t, store.Options{MaxConns: conns})
-	owned := []tasks.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 1, Epoch: 1}}
+	owned := []claims.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 1, Epoch: 1}}
 	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func TestRetentionKeepsABlockedHead(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	head, waiting := sequenceOf(t, s, "blocked", 3, 2, 1)
-	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: head.Ref(), Error: "boom"}})); r.State != tasks.Dead {
+	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(head), Error: "boom"}})); r.State != tasks.Dead {
 		t.Fatalf("the head's last attempt failed: %v, want dead", r.State)
 	}
 	exec(t, s, `UPDATE tasks SET finished_at = now() - interval '1 day' WHERE id = $1`, head.ID)
@@ -98,7 +98,7 @@ func TestCancelOfAWaitingTaskWhileTheHeadCompletes(t *testing.T) {
 	head, waiting := sequenceOf(t, s, "race2", 4, 2, 3)
 	g := newGate(t, s, dsn, head.ID)
 	completed := async(func() error {
-		_, err := s.Complete(ctx, "a", []claims.Completion{{Ref: head.Ref()}})
+		_, err := s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(head)}})
 		return err
 	})
 	awaitWaiting(t, s, 1) // the completion waits at its commit
@@ -147,7 +147,7 @@ func TestCancelOfAWaitingTaskClaimedInBetween(t *testing.T) {
 		return err
 	})
 	awaitWaiting(t, s, 1)
-	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: head.Ref()}}))
+	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(head)}}))
 	if ids := claimedIDs(t, s, 5); len(ids) != 1 || ids[0] != w {
 		t.Fatalf("after the head completed, claimed %v, want %d", ids, w)
 	}
@@ -189,7 +189,7 @@ func TestABatchKeepsItsSequenceInOrder(t *testing.T) {
 			t.Fatalf("the sequence's second task (no run_after) ran first: %+v", got[0])
 		}
 		ids = append(ids, got[0].ID)
-		one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: got[0].Ref()}}))
+		one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(got[0])}}))
 	}
 }
 
@@ -205,7 +205,7 @@ func TestCancelRacingARequeue(t *testing.T) {
 	running := claim(t, s, "a", 7, 1, 1)
 	g := newGate(t, s, dsn, id)
 	failed := async(func() error {
-		_, err := s.Fail(ctx, "a", []claims.Failure{{Ref: running[0].Ref(), Error: "boom"}})
+		_, err := s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(running[0]), Error: "boom"}})
 		return err
 	})
 	awaitWaiting(t, s, 1)
@@ -263,7 +263,7 @@ func TestAnOpenProducerStallsNoOutcome(t *testing.T) {
 	// The raise requeues the head (its one attempt spent: dead) while the
 	// producer's transaction is open.
 	raiseDone := async(func() error {
-		_, _, _, err := s.RaiseFences(ctx, "b", "", []tasks.ShardEpoch{{Shard: 8, Epoch: 2}})
+		_, _, _, err := s.RaiseFences(ctx, "b", "", []claims.ShardEpoch{{Shard: 8, Epoch: 2}})
 		return err
 	})
 	if err, done := awaitDoneOrWaiting(t, s, raiseDone, 1); !done || err != nil {
@@ -293,7 +293,7 @@ func TestAnOpenProducerStallsNoOutcome(t *testing.T) {
 		t.Fatalf("claim: %+v", run)
 	}
 	completed := async(func() error {
-		_, err := s.Complete(ctx, "a", []claims.Completion{{Ref: head2.Ref()}, {Ref: run[0].Ref()}})
+		_, err := s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(head2)}, {Ref: claims.RefOf(run[0])}})
 		return err
 	})
 	if err, done := awaitDoneOrWaiting(t, s, completed, 1); !done || err != nil {
@@ -331,7 +331,7 @@ func TestCompletionAndProducerDoNotDeadlock(t *testing.T) {
 	// The completion stops after settling its first head.
 	g := newGate(t, s, dsn, hb)
 	completed := async(func() error {
-		_, err := s.Complete(ctx, "a", []claims.Completion{{Ref: run[0].Ref()}, {Ref: run[1].Ref()}})
+		_, err := s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(run[0])}, {Ref: claims.RefOf(run[1])}})
 		return err
 	})
 	awaitWaiting(t, s, 1)
@@ -392,12 +392,12 @@ func TestFenceRaiseAndOldOwnersWritesDoNotDeadlock(t *testing.T) {
 	}
 	release := holdRow(t, dsn, `SELECT 1 FROM task_claims WHERE id = $1 FOR UPDATE`, low)
 	completed := async(func() error {
-		_, err := s.Complete(ctx, "a", []claims.Completion{{Ref: second[0].Ref()}, {Ref: first[0].Ref()}})
+		_, err := s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(second[0])}, {Ref: claims.RefOf(first[0])}})
 		return err
 	})
 	awaitWaiting(t, s, 1)
 	raised := async(func() error {
-		_, _, _, err := newOwner.RaiseFences(ctx, "b", "", []tasks.ShardEpoch{{Shard: 11, Epoch: 2}})
+		_, _, _, err := newOwner.RaiseFences(ctx, "b", "", []claims.ShardEpoch{{Shard: 11, Epoch: 2}})
 		return err
 	})
 	awaitWaiting(t, s, 2)
@@ -457,7 +457,7 @@ func TestAWaitingTasksDeadlineIsEnforced(t *testing.T) {
 	if st := get(t, s, waiting[0]).State; st != tasks.Failed {
 		t.Fatalf("the waiting task past its deadline is %s, want failed", st)
 	}
-	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: head.Ref()}}))
+	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(head)}}))
 	if ids := claimedIDs(t, s, 13); len(ids) != 0 {
 		t.Fatalf("claimed %v: the sequence had nothing left", ids)
 	}
@@ -505,7 +505,7 @@ func TestAPauseIsABarrierForClaimsUnderWay(t *testing.T) {
 	var got []tasks.Task
 	claimed := async(func() error {
 		var err error
-		got, err = s.Claim(ctx, "a", []tasks.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10)
+		got, err = s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10)
 		return err
 	})
 	awaitWaiting(t, s, 1)
@@ -535,7 +535,7 @@ func TestAPauseIsABarrierForClaimsUnderWay(t *testing.T) {
 	if err := result(t, paused); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := s.Claim(ctx, "a", []tasks.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10); err != nil || len(again) != 0 {
+	if again, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10); err != nil || len(again) != 0 {
 		t.Fatalf("claimed %+v after the pause (%v)", again, err)
 	}
 }
@@ -556,7 +556,7 @@ func TestAWaitingTaskPastItsDeadlineBlocksWhenItsTurnComes(t *testing.T) {
 	if counts, err := s.CountByState(ctx); err != nil || counts[tasks.Ready] != 1 || counts[tasks.Failed] != 2 {
 		t.Fatalf("counts %v (%v): want the last task ready, two failed (and the head running)", counts, err)
 	}
-	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: head.Ref()}}))
+	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(head)}}))
 	if ids := claimedIDs(t, s, 15); len(ids) != 0 {
 		t.Fatalf("claimed %v behind a task that failed while it waited", ids)
 	}
@@ -576,7 +576,7 @@ func TestAWaitingTaskPastItsDeadlineBlocksWhenItsTurnComes(t *testing.T) {
 	if _, err := s.CancelTask(ctx, waiting[1]); err != nil {
 		t.Fatal(err)
 	}
-	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: tasks.Ref{ID: waiting[0], Shard: 15, Epoch: 1, Attempt: 2}}}))
+	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.Ref{ID: waiting[0], Shard: 15, Epoch: 1, Attempt: 2}}}))
 	if ids := claimedIDs(t, s, 15); len(ids) != 1 || ids[0] != waiting[2] {
 		t.Fatalf("after the cancel of the second claimed %v, want the last, %d", ids, waiting[2])
 	}

@@ -205,7 +205,7 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.seque
 // locks the row FOR UPDATE) is a barrier: it waits for the claims under way,
 // and a claim that locks the row after it sees the queue paused (the lock
 // reads the row's newest version) and takes nothing.
-func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+func (s *Store) Claim(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.LeastUrgent)
 }
 
@@ -214,12 +214,12 @@ func (s *Store) Claim(ctx context.Context, owner string, owned []tasks.ShardEpoc
 // they got such tasks: Claim fills its limit from the first shard it
 // visits, default-priority backlog included, so a round would serve one
 // urgent shard and leave the others' urgent tasks behind whole backlogs.
-func (s *Store) ClaimUrgent(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
+func (s *Store) ClaimUrgent(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.DefaultPriority-1)
 }
 
 // claim is Claim of the tasks of priority maxPriority or more urgent.
-func (s *Store) claim(ctx context.Context, owner string, owned []tasks.ShardEpoch, queue string, kinds []string, limit, maxPriority int) ([]tasks.Task, error) {
+func (s *Store) claim(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit, maxPriority int) ([]tasks.Task, error) {
 	if len(owned) == 0 || len(kinds) == 0 || limit <= 0 {
 		return nil, nil
 	}
@@ -278,7 +278,7 @@ func permuted(values any, order []int) any {
 // to u: looking each row's values up by its position in the arrays
 // (array_position) made a batch quadratic (a completion of 5,000 tasks
 // took 0.6 to 1.9 s), and a join without the ANY read the whole table.
-func claimMatch(owner string, refs []tasks.Ref, extra []inputCol) (input, locked, returning string, args []any) {
+func claimMatch(owner string, refs []claims.Ref, extra []inputCol) (input, locked, returning string, args []any) {
 	order := make([]int, len(refs))
 	for i := range order {
 		order[i] = i
@@ -331,18 +331,18 @@ const claimEvidence = `claimed_by = k.owner, claim_epoch = k.epoch, claimed_at =
 // endClaimsOf is the shape of the runner's own writes that end attempts:
 // its claims matching refs (task, owner, epoch, attempt) are deleted, and
 // their tasks updated with set (see endClaims), in one statement.
-func (s *Store) endClaimsOf(ctx context.Context, what, name, owner string, refs []tasks.Ref,
+func (s *Store) endClaimsOf(ctx context.Context, what, name, owner string, refs []claims.Ref,
 	set string, extra ...inputCol) ([]claims.WriteResult, error) {
 	return s.endClaimsOn(ctx, s.pool, what, name, owner, refs, set, extra...)
 }
 
-func (s *Store) endClaimsOn(ctx context.Context, q querier, what, name, owner string, refs []tasks.Ref,
+func (s *Store) endClaimsOn(ctx context.Context, q querier, what, name, owner string, refs []claims.Ref,
 	set string, extra ...inputCol) ([]claims.WriteResult, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
 	if rounds := distinctRounds(refs); len(rounds) > 1 {
-		return s.inRounds(ctx, refs, extra, rounds, func(refs []tasks.Ref, extra []inputCol) ([]claims.WriteResult, error) {
+		return s.inRounds(ctx, refs, extra, rounds, func(refs []claims.Ref, extra []inputCol) ([]claims.WriteResult, error) {
 			return s.endClaimsOn(ctx, q, what, name, owner, refs, set, extra...)
 		})
 	}
@@ -364,7 +364,7 @@ func (s *Store) endClaimsOn(ctx context.Context, q querier, what, name, owner st
 // batch may hold a stale attempt and the current one of the same task (a
 // handler of an old epoch that returned late), of which at most one can
 // match. Almost every batch is one round.
-func distinctRounds(refs []tasks.Ref) [][]int {
+func distinctRounds(refs []claims.Ref) [][]int {
 	var rounds [][]int
 	seen := make([]map[int64]bool, 0, 1)
 	for i, r := range refs {
@@ -382,11 +382,11 @@ func distinctRounds(refs []tasks.Ref) [][]int {
 
 // inRounds runs write once per round of refs (and of the extra columns'
 // values) and puts the results back in refs' order.
-func (s *Store) inRounds(ctx context.Context, refs []tasks.Ref, extra []inputCol, rounds [][]int,
-	write func([]tasks.Ref, []inputCol) ([]claims.WriteResult, error)) ([]claims.WriteResult, error) {
+func (s *Store) inRounds(ctx context.Context, refs []claims.Ref, extra []inputCol, rounds [][]int,
+	write func([]claims.Ref, []inputCol) ([]claims.WriteResult, error)) ([]claims.WriteResult, error) {
 	results := make([]claims.WriteResult, len(refs))
 	for _, round := range rounds {
-		sub := make([]tasks.Ref, len(round))
+		sub := make([]claims.Ref, len(round))
 		for j, i := range round {
 			sub[j] = refs[i]
 		}
@@ -409,11 +409,11 @@ func (s *Store) inRounds(ctx context.Context, refs []tasks.Ref, extra []inputCol
 // row: a count to ignore, then the ids, attempts, epochs, states and
 // cancel requests of the claims it applied to, as arrays; and says, for
 // each of refs, whether it applied and why not.
-func (s *Store) claimResults(ctx context.Context, what, owner string, refs []tasks.Ref, sql string, args []any) ([]claims.WriteResult, error) {
+func (s *Store) claimResults(ctx context.Context, what, owner string, refs []claims.Ref, sql string, args []any) ([]claims.WriteResult, error) {
 	return s.claimResultsOn(ctx, s.pool, what, owner, refs, sql, args)
 }
 
-func (s *Store) claimResultsOn(ctx context.Context, q querier, what, owner string, refs []tasks.Ref, sql string, args []any) ([]claims.WriteResult, error) {
+func (s *Store) claimResultsOn(ctx context.Context, q querier, what, owner string, refs []claims.Ref, sql string, args []any) ([]claims.WriteResult, error) {
 	var filed int64
 	var ids, epochs []int64
 	var attempts []int32
@@ -510,12 +510,12 @@ func (s *Store) classify(ctx context.Context, owner string, results []claims.Wri
 // whether an operator asked to cancel the task meanwhile (CancelRequested):
 // that is how a cancel request reaches whichever runner runs the task,
 // within one heartbeat interval.
-func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
+func (s *Store) Heartbeat(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
 	if rounds := distinctRounds(refs); len(rounds) > 1 {
-		return s.inRounds(ctx, refs, nil, rounds, func(refs []tasks.Ref, _ []inputCol) ([]claims.WriteResult, error) {
+		return s.inRounds(ctx, refs, nil, rounds, func(refs []claims.Ref, _ []inputCol) ([]claims.WriteResult, error) {
 			return s.Heartbeat(ctx, owner, refs)
 		})
 	}
@@ -535,7 +535,7 @@ func (s *Store) Heartbeat(ctx context.Context, owner string, refs []tasks.Ref) (
 // After a claim statement whose answer was lost (it may have committed),
 // the runner gives back those it is not running, with Unclaim, instead of
 // leaving them to go stale and spend an attempt.
-func (s *Store) Claimed(ctx context.Context, owner string, terms []tasks.ShardEpoch) ([]tasks.Ref, error) {
+func (s *Store) Claimed(ctx context.Context, owner string, terms []claims.ShardEpoch) ([]claims.Ref, error) {
 	if len(terms) == 0 {
 		return nil, nil
 	}
@@ -548,8 +548,8 @@ func (s *Store) Claimed(ctx context.Context, owner string, terms []tasks.ShardEp
 	if err != nil {
 		return nil, fmt.Errorf("listing the claims of %d shards: %w", len(terms), err)
 	}
-	refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Ref, error) {
-		var ref tasks.Ref
+	refs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claims.Ref, error) {
+		var ref claims.Ref
 		return ref, r.Scan(&ref.ID, &ref.Shard, &ref.Attempt, &ref.Epoch)
 	})
 	if err != nil {
@@ -577,7 +577,7 @@ func requeueOrCancel(runAfter string) string {
 // to move between the claim and the start): ready again with the same
 // attempt, since no attempt was made; or cancelled when an operator asked
 // to cancel the task meanwhile.
-func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]claims.WriteResult, error) {
+func (s *Store) Unclaim(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error) {
 	return s.endClaimsOf(ctx, "unclaiming", "unclaim", owner, refs, requeueOrCancel("t.run_after"))
 }
 
@@ -589,7 +589,7 @@ func (s *Store) Unclaim(ctx context.Context, owner string, refs []tasks.Ref) ([]
 // attempt has exactly one outcome. The attempt is recorded in the task's
 // errors with what the handler returned.
 func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []claims.Cancellation) ([]claims.WriteResult, error) {
-	refs := make([]tasks.Ref, len(cancelled))
+	refs := make([]claims.Ref, len(cancelled))
 	msgs := make([]string, len(cancelled))
 	for i, c := range cancelled {
 		refs[i], msgs[i] = c.Ref, "cancelled on request"
@@ -610,7 +610,7 @@ func (s *Store) CancelAttempts(ctx context.Context, owner string, cancelled []cl
 // appended to the task's history. If a newer owner has the shard already,
 // its orphan requeue took the claim and this changes nothing.
 func (s *Store) Interrupt(ctx context.Context, owner string, cut []claims.Interruption) ([]claims.WriteResult, error) {
-	refs := make([]tasks.Ref, len(cut))
+	refs := make([]claims.Ref, len(cut))
 	msgs := make([]string, len(cut))
 	for i, c := range cut {
 		refs[i], msgs[i] = c.Ref, StorableText(c.Reason)
@@ -644,7 +644,7 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, owner string, done cl
 }
 
 func (s *Store) complete(ctx context.Context, q querier, owner string, done []claims.Completion) ([]claims.WriteResult, error) {
-	refs := make([]tasks.Ref, len(done))
+	refs := make([]claims.Ref, len(done))
 	results := make([]*string, len(done))
 	for i, d := range done {
 		refs[i] = d.Ref
@@ -664,7 +664,7 @@ func (s *Store) complete(ctx context.Context, q querier, owner string, done []cl
 // failure is Final), or to failed when its deadline passed (Expired). The
 // error text is appended to the task's errors.
 func (s *Store) Fail(ctx context.Context, owner string, failed []claims.Failure) ([]claims.WriteResult, error) {
-	refs := make([]tasks.Ref, len(failed))
+	refs := make([]claims.Ref, len(failed))
 	msgs := make([]string, len(failed))
 	bases, caps := make([]int64, len(failed)), make([]int64, len(failed))
 	finals := make([]bool, len(failed))
@@ -737,7 +737,7 @@ func retryOrBuryUnless(final, expired, runAfter, errExpr string) string {
 // a claim under the old epoch and the requeue then sees what it claimed.
 // The requeue locks the old claims in id order, as the old owner's writes
 // do: in the takeover race the two wait for each other, never deadlock.
-func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []tasks.ShardEpoch) (raised []tasks.ShardEpoch, requeued, dead int64, err error) {
+func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []claims.ShardEpoch) (raised []claims.ShardEpoch, requeued, dead int64, err error) {
 	if len(owned) == 0 {
 		return nil, 0, 0, nil
 	}
@@ -752,8 +752,8 @@ func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []ta
 		if err != nil {
 			return err
 		}
-		raised, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.ShardEpoch, error) {
-			var se tasks.ShardEpoch
+		raised, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (claims.ShardEpoch, error) {
+			var se claims.ShardEpoch
 			err := r.Scan(&se.Shard, &se.Epoch)
 			return se, err
 		})
@@ -788,9 +788,9 @@ func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []ta
 
 // splitSorted returns the shards and epochs of owned ordered by shard, so
 // that every statement locks fence rows in the same order.
-func splitSorted(owned []tasks.ShardEpoch) ([]int32, []int64) {
+func splitSorted(owned []claims.ShardEpoch) ([]int32, []int64) {
 	sorted := slices.Clone(owned)
-	slices.SortFunc(sorted, func(a, b tasks.ShardEpoch) int { return a.Shard - b.Shard })
+	slices.SortFunc(sorted, func(a, b claims.ShardEpoch) int { return a.Shard - b.Shard })
 	shards := make([]int32, len(sorted))
 	epochs := make([]int64, len(sorted))
 	for i, se := range sorted {

@@ -61,10 +61,10 @@ func TestCancel(t *testing.T) {
 	if again, err := s.CancelTask(ctx, run.ID); err != nil || !again.CancelRequestedAt.Equal(first) {
 		t.Fatalf("a second cancel of a running task: %+v %v", again, err)
 	}
-	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{run.Ref()})); r.Outcome != claims.Applied || !r.CancelRequested {
+	if r := one(t)(s.Heartbeat(ctx, "a", []claims.Ref{claims.RefOf(run)})); r.Outcome != claims.Applied || !r.CancelRequested {
 		t.Fatalf("the heartbeat must carry the cancel request: %+v", r)
 	}
-	r := one(t)(s.CancelAttempts(ctx, "a", []claims.Cancellation{{Ref: run.Ref(), Error: "context canceled"}}))
+	r := one(t)(s.CancelAttempts(ctx, "a", []claims.Cancellation{{Ref: claims.RefOf(run), Error: "context canceled"}}))
 	if r.Outcome != claims.Applied || r.State != tasks.Cancelled {
 		t.Fatalf("recording the cancelled attempt: %+v", r)
 	}
@@ -73,7 +73,7 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("cancelled task: %+v", got)
 	}
 	// Exactly one outcome: a completion arriving later changes nothing.
-	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: run.Ref()}})); r.Outcome != claims.TaskMoved {
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(run)}})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("completion after the cancellation: %+v", r)
 	}
 
@@ -86,7 +86,7 @@ func TestCancel(t *testing.T) {
 	}
 	// A heartbeat of a task nobody asked to cancel says so.
 	other := runningTask(t, s, 3)
-	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{other.Ref()})); r.Outcome != claims.Applied || r.CancelRequested {
+	if r := one(t)(s.Heartbeat(ctx, "a", []claims.Ref{claims.RefOf(other)})); r.Outcome != claims.Applied || r.CancelRequested {
 		t.Fatalf("heartbeat without a request: %+v", r)
 	}
 }
@@ -113,19 +113,19 @@ func TestCancelRequestedTaskIsNeverRequeued(t *testing.T) {
 	}
 
 	failed := requested()
-	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: failed.Ref(), Error: "boom"}})); r.State != tasks.Cancelled {
+	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(failed), Error: "boom"}})); r.State != tasks.Cancelled {
 		t.Errorf("a failure with attempts left: %+v", r)
 	}
 	check("failed", failed.ID)
 
 	given := requested()
-	if r := one(t)(s.Unclaim(ctx, "a", []tasks.Ref{given.Ref()})); r.State != tasks.Cancelled {
+	if r := one(t)(s.Unclaim(ctx, "a", []claims.Ref{claims.RefOf(given)})); r.State != tasks.Cancelled {
 		t.Errorf("unclaim: %+v", r)
 	}
 	check("unclaimed", given.ID)
 
 	cut := requested()
-	if r := one(t)(s.Interrupt(ctx, "a", []claims.Interruption{{Ref: cut.Ref(), Reason: "interrupted: detached"}})); r.State != tasks.Cancelled {
+	if r := one(t)(s.Interrupt(ctx, "a", []claims.Interruption{{Ref: claims.RefOf(cut), Reason: "interrupted: detached"}})); r.State != tasks.Cancelled {
 		t.Errorf("interrupt: %+v", r)
 	}
 	check("interrupted", cut.ID)
@@ -138,7 +138,7 @@ func TestCancelRequestedTaskIsNeverRequeued(t *testing.T) {
 	check("stale", stale.ID)
 
 	orphan := requested()
-	if _, requeued, _, err := s.RaiseFences(ctx, "b", "", []tasks.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
+	if _, requeued, _, err := s.RaiseFences(ctx, "b", "", []claims.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
 		t.Errorf("orphan requeue of a cancel-requested claim: requeued %d %v", requeued, err)
 	}
 	check("orphaned", orphan.ID)
@@ -169,7 +169,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 		stages := []chan struct{}{start, make(chan struct{}), make(chan struct{})}
 		wg.Go(func() {
 			<-stages[i%3]
-			completed[i] = outcome(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: task.Ref(), Result: []byte(`{"ok": true}`)}}))
+			completed[i] = outcome(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(task), Result: []byte(`{"ok": true}`)}}))
 		})
 		wg.Go(func() {
 			<-start
@@ -182,7 +182,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			beat, err := s.Heartbeat(ctx, "a", []tasks.Ref{task.Ref()})
+			beat, err := s.Heartbeat(ctx, "a", []claims.Ref{claims.RefOf(task)})
 			close(stages[2])
 			if err != nil {
 				t.Error(err)
@@ -192,7 +192,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 				cancelled[i] = claims.TaskMoved // the completion landed first
 				return
 			}
-			cancelled[i] = outcome(t)(s.CancelAttempts(ctx, "a", []claims.Cancellation{{Ref: task.Ref()}}))
+			cancelled[i] = outcome(t)(s.CancelAttempts(ctx, "a", []claims.Cancellation{{Ref: claims.RefOf(task)}}))
 		})
 	}
 	close(start)
@@ -231,9 +231,9 @@ func TestRetry(t *testing.T) {
 	ctx := context.Background()
 	raise(t, s, "a", 1, 5)
 	task := runningTask(t, s, 2)
-	one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: task.Ref(), Error: "first"}}))
+	one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(task), Error: "first"}}))
 	task = claim(t, s, "a", 1, 5, 1)[0]
-	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: task.Ref(), Error: "second"}})); r.State != tasks.Dead {
+	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(task), Error: "second"}})); r.State != tasks.Dead {
 		t.Fatalf("want dead after two attempts: %+v", r)
 	}
 	got, err := s.RetryTask(ctx, task.ID)
@@ -250,7 +250,7 @@ func TestRetry(t *testing.T) {
 		if len(c) != 1 || c[0].ID != task.ID {
 			t.Fatalf("the retried task was not claimed: %+v", c)
 		}
-		one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: c[0].Ref(), Error: msg}}))
+		one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(c[0]), Error: msg}}))
 	}
 	if got = get(t, s, task.ID); got.State != tasks.Dead || got.Attempt != 4 || len(got.Errors) != 4 {
 		t.Fatalf("after the second budget: %+v", got)
@@ -385,7 +385,7 @@ func TestUniqueKeyWindow(t *testing.T) {
 	if again, err := s.EnqueueIn(ctx, nil, uniqueInsert("u")); err != nil || !again.Duplicate || again.ID != first.ID {
 		t.Fatalf("enqueue while running: %+v %v", again, err)
 	}
-	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: c[0].Ref()}}))
+	one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(c[0])}}))
 	second, err := s.EnqueueIn(ctx, nil, uniqueInsert("u"))
 	if err != nil || second.Duplicate || second.ID == first.ID {
 		t.Fatalf("enqueue after completion: %+v %v", second, err)

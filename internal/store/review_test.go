@@ -41,7 +41,7 @@ func TestCancelRequestFreesTheUniqueKey(t *testing.T) {
 	if err != nil || again.Duplicate || again.ID == old.ID {
 		t.Fatalf("enqueueing the key again while its holder is being cancelled: %+v %v", again, err)
 	}
-	if r := one(t)(s.CancelAttempts(ctx, "a", []claims.Cancellation{{Ref: running[0].Ref(), Error: "context canceled"}})); r.State != tasks.Cancelled {
+	if r := one(t)(s.CancelAttempts(ctx, "a", []claims.Cancellation{{Ref: claims.RefOf(running[0]), Error: "context canceled"}})); r.State != tasks.Cancelled {
 		t.Fatalf("the old task's attempt: %+v", r)
 	}
 	if got := claim(t, s, "a", 2, 1, 1); len(got) != 1 || got[0].ID != again.ID {
@@ -159,7 +159,7 @@ func TestStaleBackoffCountsFromTheLastRetry(t *testing.T) {
 	raise(t, s, "a", 4, 1)
 	for range 2 {
 		got := claim(t, s, "a", 4, 1, 1)
-		one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "boom"}}))
+		one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(got[0]), Error: "boom"}}))
 	}
 	if _, err := s.RetryTask(ctx, id); err != nil { // attempt 3 of 4
 		t.Fatal(err)
@@ -197,7 +197,7 @@ func TestPausedQueueIsNotClaimed(t *testing.T) {
 	if _, err := s.SetQueuePaused(ctx, "mail", true); err != nil {
 		t.Fatal(err)
 	}
-	terms := []tasks.ShardEpoch{{Shard: 6, Epoch: 1}}
+	terms := []claims.ShardEpoch{{Shard: 6, Epoch: 1}}
 	if got, err := s.Claim(ctx, "a", terms, "mail", []string{"k"}, 10); err != nil || len(got) != 0 {
 		t.Fatalf("claimed from a paused queue: %+v %v", got, err)
 	}
@@ -236,7 +236,7 @@ func TestClaimsTakeTheMostUrgentFirst(t *testing.T) {
 	want = append(want, first, mid1, mid2, late)
 	var ids []int64
 	for range want {
-		got, err := s.Claim(ctx, "a", []tasks.ShardEpoch{{Shard: 7, Epoch: 1}}, tasks.DefaultQueue, []string{"j", "k"}, 1)
+		got, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 7, Epoch: 1}}, tasks.DefaultQueue, []string{"j", "k"}, 1)
 		if err != nil || len(got) != 1 {
 			t.Fatalf("claim: %+v %v", got, err)
 		}
@@ -263,7 +263,7 @@ func TestClaimUrgentTakesOnlyUrgentTasks(t *testing.T) {
 	}
 	backlog := []int64{add(3, 3), add(3, 3), add(4, 5)}
 	urgent := []int64{add(3, 2), add(4, 1)}
-	terms := []tasks.ShardEpoch{{Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}}
+	terms := []claims.ShardEpoch{{Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}}
 	got, err := s.ClaimUrgent(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10)
 	if err != nil {
 		t.Fatal(err)

@@ -47,7 +47,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 		epoch := map[int]int64{10: int64(round * 100), 11: int64(round * 100)}
 		owner := fmt.Sprintf("r%d", round)
 		for _, sh := range []int{10, 11} {
-			if _, _, _, err := s.RaiseFences(ctx, owner, "", []tasks.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
+			if _, _, _, err := s.RaiseFences(ctx, owner, "", []claims.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
 				rt.Fatal(err)
 			}
 		}
@@ -58,7 +58,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 		ran := map[string][]int64{}
 		claimAll := func() {
 			for _, sh := range []int{10, 11} {
-				got, err := s.Claim(ctx, owner, []tasks.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}, tasks.DefaultQueue, []string{"k"}, 10)
+				got, err := s.Claim(ctx, owner, []claims.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}, tasks.DefaultQueue, []string{"k"}, 10)
 				if err != nil {
 					rt.Fatal(err)
 				}
@@ -95,19 +95,19 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 				claimAll()
 			case 3: // complete
 				if task, ok := pickRunning("complete"); ok {
-					if r := one(rt)(s.Complete(ctx, owner, []claims.Completion{{Ref: task.Ref()}})); r.Outcome == claims.Applied {
+					if r := one(rt)(s.Complete(ctx, owner, []claims.Completion{{Ref: claims.RefOf(task)}})); r.Outcome == claims.Applied {
 						ran[task.SequenceKey] = append(ran[task.SequenceKey], task.ID)
 					}
 					delete(running, task.ID)
 				}
 			case 4: // fail (retried, or dead once its attempts are used up)
 				if task, ok := pickRunning("fail"); ok {
-					one(rt)(s.Fail(ctx, owner, []claims.Failure{{Ref: task.Ref(), Error: "boom"}}))
+					one(rt)(s.Fail(ctx, owner, []claims.Failure{{Ref: claims.RefOf(task), Error: "boom"}}))
 					delete(running, task.ID)
 				}
 			case 5: // interrupt
 				if task, ok := pickRunning("interrupt"); ok {
-					one(rt)(s.Interrupt(ctx, owner, []claims.Interruption{{Ref: task.Ref(), Reason: "detached"}}))
+					one(rt)(s.Interrupt(ctx, owner, []claims.Interruption{{Ref: claims.RefOf(task), Reason: "detached"}}))
 					delete(running, task.ID)
 				}
 			case 6: // an operator cancels any task
@@ -125,7 +125,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 			case 8: // a shard moves: a new epoch, its claims requeued
 				sh := rapid.SampledFrom([]int{10, 11}).Draw(rt, "move")
 				epoch[sh]++
-				if _, _, _, err := s.RaiseFences(ctx, owner, "", []tasks.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
+				if _, _, _, err := s.RaiseFences(ctx, owner, "", []claims.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
 					rt.Fatal(err)
 				}
 				for id, task := range running {
@@ -144,7 +144,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 				break
 			}
 			for id, task := range running {
-				if r := one(rt)(s.Complete(ctx, owner, []claims.Completion{{Ref: task.Ref()}})); r.Outcome == claims.Applied {
+				if r := one(rt)(s.Complete(ctx, owner, []claims.Completion{{Ref: claims.RefOf(task)}})); r.Outcome == claims.Applied {
 					ran[task.SequenceKey] = append(ran[task.SequenceKey], task.ID)
 				}
 				delete(running, id)
@@ -273,7 +273,7 @@ func TestSequenceEnqueueRacingItsRelease(t *testing.T) {
 	go func() { wg.Wait(); close(produced) }()
 	deadline := time.Now().Add(time.Minute)
 	for completed < producers*each && time.Now().Before(deadline) {
-		got, err := s.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: 12, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 10)
+		got, err := s.Claim(ctx, "r", []claims.ShardEpoch{{Shard: 12, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -288,7 +288,7 @@ func TestSequenceEnqueueRacingItsRelease(t *testing.T) {
 				t.Fatalf("task %d ran after task %d, which its producer enqueued after it", task.ID, last[p])
 			}
 			last[p] = task.ID
-			one(t)(s.Complete(ctx, "r", []claims.Completion{{Ref: task.Ref()}}))
+			one(t)(s.Complete(ctx, "r", []claims.Completion{{Ref: claims.RefOf(task)}}))
 			completed++
 		}
 		select {
@@ -326,7 +326,7 @@ func TestSequenceReleaseNotifiesTheNextTasksShard(t *testing.T) {
 		t.Fatalf("claimed %d tasks of a sequence of two, want its head only", len(head))
 	}
 	conn := listenConn(ctx, t, dsn)
-	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: head[0].Ref()}})); r.Outcome != claims.Applied {
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(head[0])}})); r.Outcome != claims.Applied {
 		t.Fatalf("completing the head: %v", r.Outcome)
 	}
 	n, err := conn.WaitForNotification(ctx)

@@ -53,7 +53,7 @@ func enqueue(t testing.TB, s *store.Store, in store.Insert) int64 {
 
 func raise(t testing.TB, s *store.Store, owner string, shard int, epoch int64) {
 	t.Helper()
-	raised, _, _, err := s.RaiseFences(context.Background(), owner, "", []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}})
+	raised, _, _, err := s.RaiseFences(context.Background(), owner, "", []claims.ShardEpoch{{Shard: shard, Epoch: epoch}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func raise(t testing.TB, s *store.Store, owner string, shard int, epoch int64) {
 
 func claim(t testing.TB, s *store.Store, owner string, shard int, epoch int64, limit int) []tasks.Task {
 	t.Helper()
-	got, err := s.Claim(context.Background(), owner, []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}}, tasks.DefaultQueue, []string{"k"}, limit)
+	got, err := s.Claim(context.Background(), owner, []claims.ShardEpoch{{Shard: shard, Epoch: epoch}}, tasks.DefaultQueue, []string{"k"}, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestLegalMoves(t *testing.T) {
 		if len(got) != 1 || got[0].ID != id || got[0].State != tasks.Running || got[0].Epoch != 5 || got[0].Attempt != 1 {
 			t.Fatalf("claim: %+v", got)
 		}
-		r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: got[0].Ref(), Result: json.RawMessage(`{"ok":true}`)}}))
+		r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(got[0]), Result: json.RawMessage(`{"ok":true}`)}}))
 		if r.Outcome != claims.Applied || r.State != tasks.Completed {
 			t.Fatalf("complete: %+v", r)
 		}
@@ -225,7 +225,7 @@ func TestLegalMoves(t *testing.T) {
 	t.Run("running to ready with backoff then dead", func(t *testing.T) {
 		id := enqueue(t, s, insert("k", 1, 2))
 		got := claim(t, s, "a", 1, 5, 10)
-		r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "boom", Backoff: claims.Backoff{Base: 2 * time.Hour, Cap: 2 * time.Hour}}}))
+		r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(got[0]), Error: "boom", Backoff: claims.Backoff{Base: 2 * time.Hour, Cap: 2 * time.Hour}}}))
 		if r.Outcome != claims.Applied || r.State != tasks.Ready {
 			t.Fatalf("fail with attempts left: %+v", r)
 		}
@@ -242,7 +242,7 @@ func TestLegalMoves(t *testing.T) {
 		if len(got) != 1 || got[0].Attempt != 2 {
 			t.Fatalf("claim after backoff: %+v", got)
 		}
-		r = one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "boom again"}}))
+		r = one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(got[0]), Error: "boom again"}}))
 		if r.Outcome != claims.Applied || r.State != tasks.Dead {
 			t.Fatalf("fail with no attempts left: %+v", r)
 		}
@@ -261,7 +261,7 @@ func TestLegalMoves(t *testing.T) {
 		if len(got) != 2 {
 			t.Fatalf("claim: %+v", got)
 		}
-		r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: got[0].Ref(), Error: "x"}})) // back to ready
+		r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: claims.RefOf(got[0]), Error: "x"}})) // back to ready
 		if r.State != tasks.Ready {
 			t.Fatalf("fail: %+v", r)
 		}
@@ -304,7 +304,7 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	ctx := context.Background()
 	raise(t, s, "a", 1, 5)
 	readyID := enqueue(t, s, insert("k", 1, 3))
-	readyRef := tasks.Ref{ID: readyID, Shard: 1, Attempt: 1, Epoch: 5}
+	readyRef := claims.Ref{ID: readyID, Shard: 1, Attempt: 1, Epoch: 5}
 
 	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: readyRef}})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("completing a ready task: %v", r.Outcome)
@@ -312,11 +312,11 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	if r := one(t)(s.Fail(ctx, "a", []claims.Failure{{Ref: readyRef, Error: "x"}})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("failing a ready task: %v", r.Outcome)
 	}
-	if r := one(t)(s.Heartbeat(ctx, "a", []tasks.Ref{readyRef})); r.Outcome != claims.TaskMoved {
+	if r := one(t)(s.Heartbeat(ctx, "a", []claims.Ref{readyRef})); r.Outcome != claims.TaskMoved {
 		t.Fatalf("heartbeating a ready task: %v", r.Outcome)
 	}
 	got := claim(t, s, "a", 1, 5, 1)
-	ref := got[0].Ref()
+	ref := claims.RefOf(got[0])
 	if r := one(t)(s.Complete(ctx, "b", []claims.Completion{{Ref: ref}})); r.Outcome != claims.FenceLost {
 		t.Fatalf("completing another runner's claim: %v", r.Outcome)
 	}
@@ -339,7 +339,7 @@ func TestIllegalMovesAreRefused(t *testing.T) {
 	if task := get(t, s, ref.ID); task.State != tasks.Completed || len(task.Errors) != 0 {
 		t.Fatalf("the completed task after the late writes: %s, errors %+v", task.State, task.Errors)
 	}
-	gone := tasks.Ref{ID: 999999, Shard: 1, Attempt: 1, Epoch: 5}
+	gone := claims.Ref{ID: 999999, Shard: 1, Attempt: 1, Epoch: 5}
 	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: gone}})); r.Outcome != claims.TaskGone {
 		t.Fatalf("completing a missing task: %v", r.Outcome)
 	}
@@ -378,27 +378,27 @@ func TestFencing(t *testing.T) {
 	}
 	// The shard moves: the new owner raises the fence, and in the same
 	// transaction requeues what the old owner left running.
-	raised, requeued, dead, err := s.RaiseFences(ctx, "new", "", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}})
+	raised, requeued, dead, err := s.RaiseFences(ctx, "new", "", []claims.ShardEpoch{{Shard: 3, Epoch: 20}})
 	if err != nil || len(raised) != 1 || requeued != 3 || dead != 0 {
 		t.Fatalf("new owner raised %v, requeued %d dead %d err %v", raised, requeued, dead, err)
 	}
 	// A zombie cannot lower the fence, nor requeue the new owner's work.
-	if raised, n, d, err := s.RaiseFences(ctx, "old", "", []tasks.ShardEpoch{{Shard: 3, Epoch: 10}}); err != nil || len(raised) != 0 || n+d != 0 {
+	if raised, n, d, err := s.RaiseFences(ctx, "old", "", []claims.ShardEpoch{{Shard: 3, Epoch: 10}}); err != nil || len(raised) != 0 || n+d != 0 {
 		t.Fatalf("an older epoch lowered the fence: %v %d/%d %v", raised, n, d, err)
 	}
-	if raised, _, _, err := s.RaiseFences(ctx, "new", "", []tasks.ShardEpoch{{Shard: 3, Epoch: 20}}); err != nil || len(raised) != 1 {
+	if raised, _, _, err := s.RaiseFences(ctx, "new", "", []claims.ShardEpoch{{Shard: 3, Epoch: 20}}); err != nil || len(raised) != 1 {
 		t.Fatalf("re-raising the current epoch is not idempotent: %v %v", raised, err)
 	}
 	if got := claim(t, s, "old", 3, 10, 10); len(got) != 0 {
 		t.Fatalf("old epoch claimed %d tasks after the fence moved", len(got))
 	}
-	if r := one(t)(s.Heartbeat(ctx, "old", []tasks.Ref{mine[0].Ref()})); r.Outcome != claims.FenceLost {
+	if r := one(t)(s.Heartbeat(ctx, "old", []claims.Ref{claims.RefOf(mine[0])})); r.Outcome != claims.FenceLost {
 		t.Fatalf("old heartbeat: %v", r.Outcome)
 	}
-	if r := one(t)(s.Complete(ctx, "old", []claims.Completion{{Ref: mine[1].Ref()}})); r.Outcome != claims.FenceLost {
+	if r := one(t)(s.Complete(ctx, "old", []claims.Completion{{Ref: claims.RefOf(mine[1])}})); r.Outcome != claims.FenceLost {
 		t.Fatalf("old complete: %v", r.Outcome)
 	}
-	if r := one(t)(s.Fail(ctx, "old", []claims.Failure{{Ref: mine[2].Ref(), Error: "x"}})); r.Outcome != claims.FenceLost {
+	if r := one(t)(s.Fail(ctx, "old", []claims.Failure{{Ref: claims.RefOf(mine[2]), Error: "x"}})); r.Outcome != claims.FenceLost {
 		t.Fatalf("old fail: %v", r.Outcome)
 	}
 	got := claim(t, s, "new", 3, 20, 10)
@@ -431,7 +431,7 @@ func TestOverlappingGroupsShareALane(t *testing.T) {
 		owner, group string
 		epoch        int64
 	}{{"a", "gA", 10}, {"b", "gB", 11}} {
-		if raised, _, _, err := s.RaiseFences(ctx, g.owner, g.group, []tasks.ShardEpoch{{Shard: 3, Epoch: g.epoch}}); err != nil || len(raised) != 1 {
+		if raised, _, _, err := s.RaiseFences(ctx, g.owner, g.group, []claims.ShardEpoch{{Shard: 3, Epoch: g.epoch}}); err != nil || len(raised) != 1 {
 			t.Fatalf("group %s raising its fence: %v %v", g.group, raised, err)
 		}
 	}
@@ -448,16 +448,16 @@ func TestOverlappingGroupsShareALane(t *testing.T) {
 		seen[task.ID] = true
 	}
 	// Group B's unit moves to b2: B's claims go back to the lane, A's stay.
-	_, requeued, _, err := s.RaiseFences(ctx, "b2", "gB", []tasks.ShardEpoch{{Shard: 3, Epoch: 12}})
+	_, requeued, _, err := s.RaiseFences(ctx, "b2", "gB", []claims.ShardEpoch{{Shard: 3, Epoch: 12}})
 	if err != nil || requeued != 6 {
 		t.Fatalf("b2 raising group B's fence requeued %d (want b's 6): %v", requeued, err)
 	}
 	for _, task := range byA {
-		if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: task.Ref()}})); r.Outcome != claims.Applied {
+		if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(task)}})); r.Outcome != claims.Applied {
 			t.Fatalf("a completing %d after group B moved: %v", task.ID, r.Outcome)
 		}
 	}
-	if r := one(t)(s.Complete(ctx, "b", []claims.Completion{{Ref: byB[0].Ref()}})); r.Outcome != claims.FenceLost {
+	if r := one(t)(s.Complete(ctx, "b", []claims.Completion{{Ref: claims.RefOf(byB[0])}})); r.Outcome != claims.FenceLost {
 		t.Fatalf("b completing after its unit moved: %v", r.Outcome)
 	}
 	if got := claim(t, s, "b2", 3, 12, 10); len(got) != 6 {
@@ -497,7 +497,7 @@ func TestFenceRaiseWaitsForClaimsInFlight(t *testing.T) {
 	}
 	raised := make(chan raiseResult, 1)
 	go func() {
-		_, requeued, _, err := s.RaiseFences(ctx, "new", "", []tasks.ShardEpoch{{Shard: 4, Epoch: 2}})
+		_, requeued, _, err := s.RaiseFences(ctx, "new", "", []claims.ShardEpoch{{Shard: 4, Epoch: 2}})
 		raised <- raiseResult{requeued, err}
 	}()
 	waitForLock(t, s, raised, "INSERT INTO shard_fences")
@@ -510,7 +510,7 @@ func TestFenceRaiseWaitsForClaimsInFlight(t *testing.T) {
 	if task := get(t, s, late); task.State != tasks.Ready || task.Attempt != 2 {
 		t.Fatalf("the claim made during the raise was not requeued: %+v", task)
 	}
-	if r := one(t)(s.Complete(ctx, "old", []claims.Completion{{Ref: mine[0].Ref()}})); r.Outcome != claims.FenceLost {
+	if r := one(t)(s.Complete(ctx, "old", []claims.Completion{{Ref: claims.RefOf(mine[0])}})); r.Outcome != claims.FenceLost {
 		t.Fatalf("completion after the raise: %v", r.Outcome)
 	}
 }
@@ -545,7 +545,7 @@ func TestWriteHoldingItsClaimCommitsBeforeTheRaise(t *testing.T) {
 	}
 	raised := make(chan raiseResult, 1)
 	go func() {
-		_, requeued, _, err := s.RaiseFences(ctx, "new", "", []tasks.ShardEpoch{{Shard: 5, Epoch: 2}})
+		_, requeued, _, err := s.RaiseFences(ctx, "new", "", []claims.ShardEpoch{{Shard: 5, Epoch: 2}})
 		raised <- raiseResult{requeued, err}
 	}()
 	waitForLock(t, s, raised, "requeue_orphans")
@@ -586,13 +586,13 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	const total, shards = 10000, 16
-	owned := make([]tasks.ShardEpoch, shards)
+	owned := make([]claims.ShardEpoch, shards)
 	ins := make([]store.Insert, total)
 	for i := range ins {
 		ins[i] = insert("k", i%shards, 3)
 	}
 	for i := range owned {
-		owned[i] = tasks.ShardEpoch{Shard: i, Epoch: 7}
+		owned[i] = claims.ShardEpoch{Shard: i, Epoch: 7}
 	}
 	if n, err := s.EnqueueBatch(ctx, ins); err != nil || n != total {
 		t.Fatalf("enqueue: %d %v", n, err)
@@ -619,7 +619,7 @@ func TestConcurrentClaimersNeverShareATask(t *testing.T) {
 				mu.Lock()
 				for i, task := range got {
 					seen[task.ID]++
-					done[i] = claims.Completion{Ref: task.Ref()}
+					done[i] = claims.Completion{Ref: claims.RefOf(task)}
 				}
 				mu.Unlock()
 				rs, err := s.Complete(ctx, "r", done)
@@ -810,7 +810,7 @@ func TestBatchWithStaleAndCurrentAttemptOfOneTask(t *testing.T) {
 	old := claim(t, s, "a", 6, 1, 1)[0]
 	raise(t, s, "a", 6, 2)
 	cur := claim(t, s, "a", 6, 2, 1)[0]
-	rs, err := s.Complete(ctx, "a", []claims.Completion{{Ref: old.Ref()}, {Ref: cur.Ref()}})
+	rs, err := s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(old)}, {Ref: claims.RefOf(cur)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -863,7 +863,7 @@ func TestFinalFailureBuries(t *testing.T) {
 	got := claim(t, s, "a", 3, 1, 2)
 	var fs []claims.Failure
 	for _, task := range got {
-		fs = append(fs, claims.Failure{Ref: task.Ref(), Error: "no", Backoff: claims.Backoff{Base: time.Millisecond, Cap: time.Millisecond}, Final: task.ID == final})
+		fs = append(fs, claims.Failure{Ref: claims.RefOf(task), Error: "no", Backoff: claims.Backoff{Base: time.Millisecond, Cap: time.Millisecond}, Final: task.ID == final})
 	}
 	if _, err := s.Fail(ctx, "a", fs); err != nil {
 		t.Fatal(err)
@@ -896,7 +896,7 @@ func TestFailBatchInAnyOrderKeepsEachTasksColumns(t *testing.T) {
 	var failed []claims.Failure
 	for i := len(claimed) - 1; i >= 0; i-- { // descending ids
 		c := claimed[i]
-		failed = append(failed, claims.Failure{Ref: c.Ref(), Error: fmt.Sprint("error of ", c.ID), Final: i%2 == 0})
+		failed = append(failed, claims.Failure{Ref: claims.RefOf(c), Error: fmt.Sprint("error of ", c.ID), Final: i%2 == 0})
 	}
 	rs, err := s.Fail(ctx, "a", failed)
 	if err != nil {
@@ -934,14 +934,14 @@ func TestClaimedListsTheOwnersClaimsUnderItsTerms(t *testing.T) {
 	if len(mine) != 2 {
 		t.Fatalf("claimed %d on shard 4", len(mine))
 	}
-	got, err := s.Claimed(ctx, "a", []tasks.ShardEpoch{{Shard: 4, Epoch: 1}, {Shard: 5, Epoch: 1}})
+	got, err := s.Claimed(ctx, "a", []claims.ShardEpoch{{Shard: 4, Epoch: 1}, {Shard: 5, Epoch: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 2 || got[0].Shard != 4 || got[1].Shard != 4 {
 		t.Fatalf("claims of a: %+v", got)
 	}
-	if got, err := s.Claimed(ctx, "a", []tasks.ShardEpoch{{Shard: 4, Epoch: 2}}); err != nil || len(got) != 0 {
+	if got, err := s.Claimed(ctx, "a", []claims.ShardEpoch{{Shard: 4, Epoch: 2}}); err != nil || len(got) != 0 {
 		t.Fatalf("under another epoch: %+v %v", got, err)
 	}
 }
@@ -960,8 +960,8 @@ func TestFailExpiredEndsFailedAndFinalEndsDead(t *testing.T) {
 	}
 	c := claim(t, s, "a", 6, 1, 2)
 	rs, err := s.Fail(ctx, "a", []claims.Failure{
-		{Ref: c[0].Ref(), Error: "deadline exceeded", Expired: true},
-		{Ref: c[1].Ref(), Error: "bad payload", Final: true},
+		{Ref: claims.RefOf(c[0]), Error: "deadline exceeded", Expired: true},
+		{Ref: claims.RefOf(c[1]), Error: "bad payload", Final: true},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -157,7 +157,7 @@ func (w *stress) raise(shard int) {
 	epoch := w.epochs[shard] + 1
 	owner := fmt.Sprintf("runner-%d", epoch%3)
 	w.mu.Unlock()
-	raised, _, _, err := w.s.RaiseFences(w.ctx, owner, "", []tasks.ShardEpoch{{Shard: shard, Epoch: epoch}})
+	raised, _, _, err := w.s.RaiseFences(w.ctx, owner, "", []claims.ShardEpoch{{Shard: shard, Epoch: epoch}})
 	w.check("raise", err)
 	if err != nil || len(raised) != 1 {
 		return
@@ -277,7 +277,7 @@ func (w *stress) step(rnd *rand.Rand) {
 		if rnd.IntN(3) == 0 {
 			claimFn = w.s.ClaimUrgent
 		}
-		got, err := claimFn(ctx, owner, []tasks.ShardEpoch{{Shard: sh, Epoch: epoch}}, stressQueues[rnd.IntN(len(stressQueues))], stressKinds, 1+rnd.IntN(5))
+		got, err := claimFn(ctx, owner, []claims.ShardEpoch{{Shard: sh, Epoch: epoch}}, stressQueues[rnd.IntN(len(stressQueues))], stressKinds, 1+rnd.IntN(5))
 		w.check("claim", err)
 		w.mu.Lock()
 		for _, task := range got {
@@ -292,16 +292,16 @@ func (w *stress) step(rnd *rand.Rand) {
 		var err error
 		switch rnd.IntN(6) {
 		case 0, 1:
-			_, err = w.s.Complete(ctx, owner, []claims.Completion{{Ref: task.Ref()}})
+			_, err = w.s.Complete(ctx, owner, []claims.Completion{{Ref: claims.RefOf(task)}})
 		case 2:
-			_, err = w.s.Fail(ctx, owner, []claims.Failure{{Ref: task.Ref(), Error: "boom", Final: rnd.IntN(3) == 0,
+			_, err = w.s.Fail(ctx, owner, []claims.Failure{{Ref: claims.RefOf(task), Error: "boom", Final: rnd.IntN(3) == 0,
 				Backoff: claims.Backoff{Base: time.Millisecond, Cap: 10 * time.Millisecond}}})
 		case 3:
-			_, err = w.s.Interrupt(ctx, owner, []claims.Interruption{{Ref: task.Ref(), Reason: "detached"}})
+			_, err = w.s.Interrupt(ctx, owner, []claims.Interruption{{Ref: claims.RefOf(task), Reason: "detached"}})
 		case 4:
-			_, err = w.s.Unclaim(ctx, owner, []tasks.Ref{task.Ref()})
+			_, err = w.s.Unclaim(ctx, owner, []claims.Ref{claims.RefOf(task)})
 		case 5:
-			_, err = w.s.CancelAttempts(ctx, owner, []claims.Cancellation{{Ref: task.Ref()}})
+			_, err = w.s.CancelAttempts(ctx, owner, []claims.Cancellation{{Ref: claims.RefOf(task)}})
 		}
 		w.check("write", err)
 	case 11: // heartbeat (the task stays claimed)
@@ -309,7 +309,7 @@ func (w *stress) step(rnd *rand.Rand) {
 		if !ok {
 			return
 		}
-		_, err := w.s.Heartbeat(ctx, owner, []tasks.Ref{task.Ref()})
+		_, err := w.s.Heartbeat(ctx, owner, []claims.Ref{claims.RefOf(task)})
 		w.check("heartbeat", err)
 		w.mu.Lock()
 		w.running[task.ID] = task

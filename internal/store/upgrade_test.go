@@ -208,9 +208,9 @@ func TestUpgradeToTheTaskLayout(t *testing.T) {
 	// claims of the previous build belong to no group of this one (their
 	// units are the group ''), so the leader's stale sweep requeues them,
 	// and the runner runs what is due.
-	terms := make([]tasks.ShardEpoch, shards)
+	terms := make([]claims.ShardEpoch, shards)
 	for i := range terms {
-		terms[i] = tasks.ShardEpoch{Shard: i, Epoch: 8}
+		terms[i] = claims.ShardEpoch{Shard: i, Epoch: 8}
 	}
 	raised, requeued, dead, err := s.RaiseFences(ctx, "new-runner", "gnew", terms)
 	if err != nil || len(raised) != shards || requeued+dead != 0 {
@@ -252,7 +252,7 @@ func TestUpgradeToTheTaskLayout(t *testing.T) {
 				t.Fatalf("task %d claimed twice", task.ID)
 			}
 			seen[task.ID] = true
-			done[i] = claims.Completion{Ref: task.Ref()}
+			done[i] = claims.Completion{Ref: claims.RefOf(task)}
 		}
 		res, err := s.Complete(ctx, "new-runner", done)
 		if err != nil {
@@ -342,7 +342,7 @@ func TestUpgradeRepairsSequences(t *testing.T) {
 		t.Fatal(err)
 	}
 	raise(t, s, "a", 1, 1)
-	got, err := s.Claim(ctx, "a", []tasks.ShardEpoch{{Shard: 1, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 100)
+	got, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 1, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 100)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ func setup(t testing.TB) *fixture {
 	if ok, err := st.RaiseLeaderFence(ctx, "test", epoch); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if _, _, _, err := st.RaiseFences(ctx, "r", "", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
+	if _, _, _, err := st.RaiseFences(ctx, "r", "", []claims.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{t: t, store: st, dsn: dsn, clock: clock.NewFake()}
@@ -120,7 +120,7 @@ func (f *fixture) running(n, maxAttempts int) []tasks.Task {
 			f.t.Fatal(err)
 		}
 	}
-	got, err := f.store.Claim(ctx, "r", []tasks.ShardEpoch{{Shard: 0, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, n)
+	got, err := f.store.Claim(ctx, "r", []claims.ShardEpoch{{Shard: 0, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, n)
 	if err != nil || len(got) != n {
 		f.t.Fatalf("claimed %d of %d: %v", len(got), n, err)
 	}
@@ -187,7 +187,7 @@ func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
 	if r.DeadlineFailed != 1 || r.Requeued != 0 {
 		t.Fatalf("a task past its deadline and stale: %+v", r)
 	}
-	if rs, err := f.store.Complete(context.Background(), "r", []claims.Completion{{Ref: recent.Ref()}}); err != nil || rs[0].Outcome != claims.Applied {
+	if rs, err := f.store.Complete(context.Background(), "r", []claims.Completion{{Ref: claims.RefOf(recent)}}); err != nil || rs[0].Outcome != claims.Applied {
 		t.Fatalf("the late completion of a task within the deadline grace: %v %v", rs, err)
 	}
 	if got := f.state(both.ID); got.State != tasks.Failed || got.Errors[len(got.Errors)-1].Error != "deadline exceeded" {
@@ -336,7 +336,9 @@ func TestSweepRacingCompletionHasOneWinner(t *testing.T) {
 		var res []claims.WriteResult
 		var err error
 		wg.Go(func() { r = s.Pass(context.Background()) })
-		wg.Go(func() { res, err = f.store.Complete(context.Background(), "r", []claims.Completion{{Ref: task.Ref()}}) })
+		wg.Go(func() {
+			res, err = f.store.Complete(context.Background(), "r", []claims.Completion{{Ref: claims.RefOf(task)}})
+		})
 		wg.Wait()
 		if err != nil || r.Err != nil {
 			t.Fatal(err, r.Err)
