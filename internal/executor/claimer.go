@@ -180,7 +180,11 @@ func (c *claimer) once(ctx context.Context) error {
 		return nil
 	}
 	c.turn = (c.turn + 1) % len(waiting)
-	share := (c.pool.idle() + len(waiting) - 1) / len(waiting)
+	room := 0
+	for _, v := range waiting {
+		room += c.pool.room(v.q.name, v.q.limit)
+	}
+	share := (room + len(waiting) - 1) / len(waiting)
 	for i := range waiting {
 		v := waiting[(c.turn+i)%len(waiting)]
 		if err := c.claimQueue(ctx, hold, v.q, v.first, v.order, share); err != nil {
@@ -194,7 +198,7 @@ func (c *claimer) once(ctx context.Context) error {
 // queue may have due tasks and room for them.
 func (c *claimer) more() bool {
 	for _, q := range c.queues {
-		if q.pending.any() && c.pool.free(q.name, q.limit) > 0 {
+		if q.pending.any() && c.pool.room(q.name, q.limit) > 0 {
 			return true
 		}
 	}
@@ -205,7 +209,7 @@ func (c *claimer) more() bool {
 // urgent tasks of the shards in first, then, with what is left, any task
 // of the shards in order.
 func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, first, order []claims.ShardEpoch, share int) error {
-	limit := min(c.pool.free(q.name, q.limit), claimBatch, share)
+	limit := min(c.pool.room(q.name, q.limit), claimBatch, share)
 	if len(order) == 0 || limit <= 0 {
 		return nil
 	}
@@ -261,7 +265,7 @@ func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []
 		if parents != nil {
 			parent = parents[i]
 		}
-		c.pool.start(termCtx, t, done, parent)
+		c.pool.submit(termCtx, t, done, parent)
 	}
 	if len(giveBack) > 0 {
 		c.unclaim(giveBack)

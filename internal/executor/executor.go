@@ -237,12 +237,14 @@ func New(cfg Config) (*Executor, error) {
 	}
 	results := make(chan result, cfg.MaxWorkers) // a finishing handler never blocks
 	tr := newTracer(cfg.TracerProvider, cfg.RunnerID)
-	p := newPool(cfg.Registry, cfg.MaxWorkers, results, cfg.StuckAfter, cfg.Clock, cfg.Metrics, tr)
+	p := newPool(cfg.Registry, cfg.MaxWorkers, cfg.Queues, results, cfg.StuckAfter, cfg.Clock, cfg.Metrics, tr)
+	c := newClaimer(cfg, p, tr)
+	p.giveBack = c.unclaim
 	return &Executor{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		pool:    p,
-		claimer: newClaimer(cfg, p, tr),
+		claimer: c,
 		writer: &writer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, retry: cfg.Retry, in: results,
 			delay: cfg.FlushDelay, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr},
 		beats: &heartbeater{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
@@ -297,6 +299,9 @@ func (e *Executor) Run(ctx context.Context) error {
 	beats.Go(func() { e.beats.Run(beatCtx) })
 
 	e.claimer.Run(ctx)
+	// What was claimed ahead goes back to the lanes at once: no new
+	// handler starts during the drain.
+	e.pool.close()
 
 	if !e.pool.wait(e.cfg.ShutdownTimeout) {
 		e.log.Warn("handlers still running after the shutdown timeout; leaving them", "running", e.pool.inFlight())

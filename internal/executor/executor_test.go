@@ -855,3 +855,134 @@ func TestUrgentTasksOfSeveralShardsGoFirst(t *testing.T) {
 		return true
 	})
 }
+
+// Tasks are claimed ahead of need: when a handler returns, the next task
+// starts on its slot without another claim statement.
+func TestATaskClaimedAheadStartsWithoutAClaim(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{}, 16)
+	var started atomic.Int32
+	e := newEnv(t, map[string]tasks.Handler{"block": func(ctx context.Context, _ *tasks.Task) error {
+		started.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}, func(c *Config) { c.MaxWorkers, c.Queues = 4, map[string]int{tasks.DefaultQueue: 4} })
+	for id := int64(1); id <= 5; id++ {
+		e.store.add(id, "block", 0, 3)
+	}
+	e.own.own(0, 1)
+	e.run()
+	e.until("four running and one claimed ahead", func() bool {
+		return started.Load() == 4 && len(e.exec.pool.refs()) == 5
+	})
+	// From now on every claim fails: the fifth task can start only from
+	// what was claimed ahead.
+	e.store.failNext("claim", 1_000_000)
+	release <- struct{}{}
+	e.until("the fifth started", func() bool { return started.Load() == 5 })
+	e.store.failNext("claim", 0)
+	for range 4 {
+		release <- struct{}{}
+	}
+	e.until("all completed", func() bool {
+		for id := int64(1); id <= 5; id++ {
+			if e.state(id) != tasks.Completed {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A task claimed ahead whose shard moves before a slot frees goes back to
+// its lane without spending its attempt, and at once: the handoff does not
+// wait for a slot.
+func TestATaskClaimedAheadIsGivenBackWhenItsShardMoves(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, map[string]tasks.Handler{"block": func(ctx context.Context, _ *tasks.Task) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}}, func(c *Config) { c.MaxWorkers, c.Queues = 1, map[string]int{tasks.DefaultQueue: 1} })
+	e.store.add(1, "block", 0, 3) // runs on shard 0 until it is lost
+	e.store.add(2, "block", 1, 3) // claimed ahead from shard 1
+	e.own.own(0, 1)
+	e.own.own(1, 1)
+	e.run()
+	e.until("one running, one ahead", func() bool { return e.exec.InFlight() == 1 && len(e.exec.pool.refs()) == 2 })
+	ahead := int64(2)
+	if e.store.get(1).State == tasks.Ready {
+		ahead = 1
+	}
+	e.own.lose(e.store.get(ahead).Shard)
+	e.until("the task ahead given back", func() bool {
+		return e.store.count("unclaim") == 1 && e.state(ahead) == tasks.Ready
+	})
+	if task := e.store.get(ahead); task.Attempt != 1 || len(task.Errors) != 0 {
+		t.Fatalf("the task given back: attempt %d, errors %+v; want its attempt unspent and no history", task.Attempt, task.Errors)
+	}
+	e.own.lose(0) // ends the running handler
+	e.own.lose(1)
+}
+
+// An operator's cancel reaches a task claimed ahead through the heartbeat:
+// it never starts and ends cancelled.
+func TestACancelReachesATaskClaimedAhead(t *testing.T) {
+	t.Parallel()
+	var ran sync.Map
+	e := newEnv(t, map[string]tasks.Handler{"block": func(ctx context.Context, task *tasks.Task) error {
+		ran.Store(task.ID, true)
+		<-ctx.Done()
+		return ctx.Err()
+	}}, func(c *Config) { c.MaxWorkers, c.Queues = 1, map[string]int{tasks.DefaultQueue: 1} })
+	e.store.add(1, "block", 0, 3)
+	e.store.add(2, "block", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("one running, one ahead", func() bool { return e.exec.InFlight() == 1 && len(e.exec.pool.refs()) == 2 })
+	ahead := int64(2)
+	if _, ok := ran.Load(int64(2)); ok {
+		ahead = 1
+	}
+	e.store.requestCancel(ahead)
+	e.until("the task ahead cancelled", func() bool { return e.state(ahead) == tasks.Cancelled })
+	if _, ok := ran.Load(ahead); ok {
+		t.Fatal("the cancelled task ran")
+	}
+	e.own.lose(0) // ends the running handler
+}
+
+// Stopping gives back what was claimed ahead: nothing new starts during
+// the drain.
+func TestStoppingGivesBackTasksClaimedAhead(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	e := newEnv(t, map[string]tasks.Handler{"block": func(ctx context.Context, _ *tasks.Task) error {
+		<-release
+		return nil
+	}}, func(c *Config) { c.MaxWorkers, c.Queues = 1, map[string]int{tasks.DefaultQueue: 1} })
+	e.store.add(1, "block", 0, 3)
+	e.store.add(2, "block", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("one running, one ahead", func() bool { return e.exec.InFlight() == 1 && len(e.exec.pool.refs()) == 2 })
+	e.stop()
+	e.until("the task ahead given back", func() bool { return e.store.count("unclaim") == 1 })
+	close(release)
+	e.stop = func() {}
+	e.until("Run returned", func() bool {
+		select {
+		case err := <-e.done:
+			return err == nil
+		default:
+			return false
+		}
+	})
+	e.stop = nil
+	states := []tasks.State{e.state(1), e.state(2)}
+	if !slices.Contains(states, tasks.Completed) || !slices.Contains(states, tasks.Ready) {
+		t.Fatalf("states after the drain %v, want the running one completed and the one ahead ready", states)
+	}
+}
