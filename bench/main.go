@@ -73,6 +73,7 @@ type Report struct {
 	Curve       *curveResult      `json:"scale_curve,omitempty"`
 	Features    *featuresResult   `json:"features,omitempty"`
 	Tracing     *tracingCost      `json:"tracing,omitempty"`
+	Idle        []idleRun         `json:"idle_queues,omitempty"`
 	// Targets are the targets of issues 23, 26 and 31, judged from this run.
 	Targets []target `json:"targets"`
 	// Seconds each section took.
@@ -102,7 +103,7 @@ func main() {
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,mixed,tracing (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,mixed,tracing,idle (default all)")
 	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
 	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
 	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
@@ -140,6 +141,8 @@ func main() {
 	flag.IntVar(&featuresFlags.backlog, "priority-backlog", featuresFlags.backlog, "default-priority tasks draining while the features section enqueues urgent ones")
 	flag.IntVar(&featuresFlags.rate, "priority-rate", featuresFlags.rate, "tasks/s of each priority (1 and 3) enqueued one by one during the drain")
 	flag.IntVar(&featuresFlags.seconds, "priority-seconds", featuresFlags.seconds, "seconds of the one-by-one enqueue during the drain")
+	flag.StringVar(&idleFlags.queues, "idle-queues", idleFlags.queues, "queue counts the idle section's runner serves in turn (default, then q0001...)")
+	flag.IntVar(&idleFlags.seconds, "idle-seconds", idleFlags.seconds, "measured window of each idle run, seconds")
 	flag.IntVar(&tracingFlags.procs, "tracing-procs", tracingFlags.procs, "runner processes of the tracing section (--max-workers as in the throughput runs at that count)")
 	flag.Parse()
 	if *redraw != "" {
@@ -252,6 +255,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"scale", func() error { return e.scaleSection(ctx, rep) }},
 		{"mixed", func() error { return e.mixedSection(ctx, rep) }},
 		{"tracing", func() error { return e.tracingSection(ctx, rep, trials, n) }},
+		{"idle", func() error { return e.idleSection(ctx, rep) }},
 	}
 	rep.SectionSeconds = map[string]float64{}
 	benchStart := time.Now()
@@ -505,6 +509,9 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	if n := rep.Notify; n != nil {
 		printNotify(w, n)
+	}
+	if len(rep.Idle) > 0 {
+		printIdle(w, rep.Idle)
 	}
 	if sc := rep.Scale; sc != nil {
 		printScale(w, sc)
