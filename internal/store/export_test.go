@@ -7,3 +7,11 @@ func SetBetweenListStatements(f func()) (restore func()) {
 	betweenListStatements = f
 	return func() { betweenListStatements = nil }
 }
+
+// ReadyQueuesSQL and ReadyQueuesArgs are ReadyQueues' statement and
+// arguments, for the test that reads its plan.
+var ReadyQueuesSQL = readyQueuesSQL
+
+func ReadyQueuesArgs(shards []int, queues, kinds []string) []any {
+	return readyQueuesArgs(shards, queues, kinds)
+}
