@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,19 @@ import (
 
 // claimTimeout bounds one claim or fence statement.
 const claimTimeout = 10 * time.Second
+
+// probeAbove is the most queues a runner claims from directly. Each served
+// queue's claim reads every lane of the queue in the shards it visits, and
+// every poll visits every held shard: an idle runner serving 2,000 queues
+// over 256 shards sent 2,000 claims a poll, 56% of a core of PostgreSQL
+// (finding 5 of the hostile-input review; bench section idle). A runner
+// serving more queues than this first asks which queues have tasks in
+// which shards, in one statement for them all (Store.ReadyQueues, a loose
+// scan of the lanes: one index descent when nothing is ready), at each
+// poll and for the shards each notification names, and claims only from
+// those. A runner serving this many or fewer claims as before: the probe
+// would add a statement to every round of the single-queue hot path.
+const probeAbove = 4
 
 // claimer is the claim loop: it fences newly owned shards, claims ready
 // tasks of the held ones and starts them on the pool.
@@ -39,6 +53,10 @@ type claimer struct {
 	// limit and its pending shards; turn rotates which claims first.
 	queues []*queueClaims
 	turn   int
+	// probe, when more than probeAbove queues are served, decides which
+	// queues' pending sets learn of which shards (nil: every queue's set
+	// marks shards itself).
+	probe *prober
 	// held are the shards of the last hold, to filter notifications.
 	held atomic.Pointer[map[int]bool]
 	// round is when the last claim round completed (unix nanoseconds on
@@ -61,8 +79,15 @@ type queueClaims struct {
 func newClaimer(cfg Config, p *pool, tr *tracer) *claimer {
 	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
 		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr, wake: wake.New()}
+	probed := len(cfg.Queues) > probeAbove
+	if probed {
+		c.probe = newProber(cfg.Clock.Now())
+	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Queues)) {
-		c.queues = append(c.queues, &queueClaims{name: name, limit: cfg.Queues[name], pending: newPending(cfg.Clock.Now())})
+		c.queues = append(c.queues, &queueClaims{name: name, limit: cfg.Queues[name], pending: newPending(cfg.Clock.Now(), probed)})
+		if probed {
+			c.probe.names = append(c.probe.names, name)
+		}
 	}
 	c.round.Store(cfg.Clock.Now().UnixNano())
 	return c
@@ -81,8 +106,12 @@ func (c *claimer) heldCount() int {
 // shards that got tasks more urgent than the default). It never blocks;
 // wake-ups coalesce.
 func (c *claimer) Wake(all bool, shards, urgent []int) {
-	for _, q := range c.queues {
-		q.pending.notify(all, shards, urgent)
+	if c.probe != nil {
+		c.probe.notify(all, shards, urgent)
+	} else {
+		for _, q := range c.queues {
+			q.pending.notify(all, shards, urgent)
+		}
 	}
 	if !all {
 		held := c.held.Load()
@@ -162,6 +191,11 @@ func (c *claimer) once(ctx context.Context) error {
 	if len(terms) == 0 {
 		return nil
 	}
+	if c.probe != nil {
+		if err := c.probeLanes(ctx, terms); err != nil {
+			return err
+		}
+	}
 	// Queues with work waiting share the free workers: one queue's backlog
 	// must not take every worker from another queue's tasks. The first to
 	// claim rotates, and a share a queue leaves unused goes to the next
@@ -172,6 +206,9 @@ func (c *claimer) once(ctx context.Context) error {
 	}
 	var waiting []visit
 	for _, q := range c.queues {
+		if q.pending.quiet() {
+			continue
+		}
 		if first, order := q.pending.order(terms, c.clock.Now(), c.poll); len(order) > 0 {
 			waiting = append(waiting, visit{q, first, order})
 		}
@@ -190,6 +227,52 @@ func (c *claimer) once(ctx context.Context) error {
 		if err := c.claimQueue(ctx, hold, v.q, v.first, v.order, share); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// probeLanes asks which served queues have tasks in the held shards that
+// may have some — all of them at each poll, else those notifications named
+// and those newly held — and tells each queue's pending set. Nothing is
+// asked while no worker is free: the requests wait for the next round.
+func (c *claimer) probeLanes(ctx context.Context, terms []claims.ShardEpoch) error {
+	if c.pool.idle() <= 0 {
+		return nil
+	}
+	shards, urgent := c.probe.take(terms, c.clock.Now(), c.poll)
+	if len(shards) == 0 {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	found, truncatedFrom, err := c.store.ReadyQueues(cctx, shards, c.probe.names, c.kinds)
+	cancel()
+	if err != nil {
+		c.probe.retry(urgent)
+		return fmt.Errorf("asking which of %d queues have tasks in %d shards: %w", len(c.probe.names), len(shards), err)
+	}
+	var rest []int // shards the probe did not read to the end: every queue may have tasks there
+	if truncatedFrom >= 0 {
+		for _, s := range shards {
+			if s >= truncatedFrom {
+				rest = append(rest, s)
+			}
+		}
+	}
+	for _, q := range c.queues {
+		mine := found[q.name]
+		if len(rest) > 0 {
+			mine = append(slices.Clone(mine), rest...)
+		}
+		if len(mine) == 0 {
+			continue
+		}
+		var hot []int
+		for _, s := range mine {
+			if urgent[s] {
+				hot = append(hot, s)
+			}
+		}
+		q.pending.notify(false, mine, hot)
 	}
 	return nil
 }
@@ -354,5 +437,74 @@ func (c *claimer) unclaim(refs []claims.Ref) {
 	}
 	for _, r := range res {
 		c.log.Debug("gave back a claim on a moving shard", "task", r.Ref.ID, "shard", r.Ref.Shard, "outcome", r.Outcome.String())
+	}
+}
+
+// prober collects what the probe must look at: the shards enqueue
+// notifications named (urgent: those that got tasks more urgent than the
+// default) and, at each poll interval, every held shard. Notifications
+// arrive from the listener's goroutine; the rest belongs to the claim loop.
+type prober struct {
+	mu     sync.Mutex
+	all    bool
+	shards map[int]bool
+	urgent map[int]bool
+
+	// names are the served queues, in name order.
+	names    []string
+	lastPoll time.Time
+	// known are the shards held at the last take: newly held ones are
+	// probed at once.
+	known map[int]bool
+}
+
+func newProber(now time.Time) *prober {
+	return &prober{shards: map[int]bool{}, urgent: map[int]bool{}, known: map[int]bool{}, lastPoll: now}
+}
+
+// notify records an enqueue notification (all: every shard).
+func (p *prober) notify(all bool, shards, urgent []int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.all = p.all || all
+	for _, s := range shards {
+		p.shards[s] = true
+	}
+	for _, s := range urgent {
+		p.shards[s], p.urgent[s] = true, true
+	}
+}
+
+// take returns the held shards (terms, ordered by shard) to probe now —
+// every one when the poll interval has passed or a notification said
+// "every shard", else those notified and those newly held — and which
+// shards got urgent tasks, and forgets them.
+func (p *prober) take(terms []claims.ShardEpoch, now time.Time, poll time.Duration) (shards []int, urgent map[int]bool) {
+	p.mu.Lock()
+	all, notified, urgent := p.all, p.shards, p.urgent
+	p.all, p.shards, p.urgent = false, map[int]bool{}, map[int]bool{}
+	p.mu.Unlock()
+	if now.Sub(p.lastPoll) >= poll {
+		all, p.lastPoll = true, now
+	}
+	held := make(map[int]bool, len(terms))
+	for _, t := range terms {
+		held[t.Shard] = true
+		if all || notified[t.Shard] || !p.known[t.Shard] {
+			shards = append(shards, t.Shard)
+		}
+	}
+	p.known = held
+	return shards, urgent
+}
+
+// retry makes the next take probe every held shard, after a probe that
+// failed (with the urgent marks it took).
+func (p *prober) retry(urgent map[int]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.all = true
+	for s := range urgent {
+		p.urgent[s] = true
 	}
 }

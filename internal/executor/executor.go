@@ -50,6 +50,11 @@ type Store interface {
 	// ClaimUrgent is Claim of the tasks more urgent than the default
 	// priority only.
 	ClaimUrgent(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
+	// ReadyQueues says which of queues have tasks of kinds in the lanes of
+	// shards, each with those shards: a hint read without locks, one
+	// statement for every queue. truncatedFrom >= 0 says it stopped in that
+	// shard, so that the lanes from there on were not all read.
+	ReadyQueues(ctx context.Context, shards []int, queues, kinds []string) (found map[string][]int, truncatedFrom int, err error)
 	Claimed(ctx context.Context, owner string, terms []claims.ShardEpoch) ([]claims.Ref, error)
 	Unclaim(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error)
 	Heartbeat(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error)

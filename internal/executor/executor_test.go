@@ -127,6 +127,9 @@ func TestClaimRunComplete(t *testing.T) {
 	if n := e.store.count("raise"); n != 1 {
 		t.Errorf("fences raised %d times, want once for both new terms", n)
 	}
+	if n := e.store.count("probe"); n != 0 {
+		t.Errorf("a runner of one queue asked %d times which queues have tasks, want never: it claims directly", n)
+	}
 	e.until("every hold and attempt ended", func() bool { return e.own.inflight(0) == 0 && e.own.inflight(1) == 0 })
 }
 
@@ -809,6 +812,16 @@ func TestQueueWorkerLimits(t *testing.T) {
 // behind it.
 func TestUrgentTasksOfSeveralShardsGoFirst(t *testing.T) {
 	t.Parallel()
+	// One queue, claimed directly, and more than probeAbove, probed first.
+	for _, n := range []int{1, probeAbove + 1} {
+		t.Run(fmt.Sprint(n, " queues"), func(t *testing.T) {
+			t.Parallel()
+			urgentFirst(t, n)
+		})
+	}
+}
+
+func urgentFirst(t *testing.T, queues int) {
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var started []int64
@@ -819,7 +832,12 @@ func TestUrgentTasksOfSeveralShardsGoFirst(t *testing.T) {
 		<-release
 		return nil
 	}
-	e := newEnv(t, map[string]tasks.Handler{"block": block}, func(c *Config) { c.MaxWorkers = 2 })
+	e := newEnv(t, map[string]tasks.Handler{"block": block}, func(c *Config) {
+		c.MaxWorkers, c.Queues = 2, map[string]int{tasks.DefaultQueue: 2}
+		for i := 1; i < queues; i++ {
+			c.Queues[fmt.Sprint("q", i)] = 2
+		}
+	})
 	for id := int64(1); id <= 12; id++ {
 		e.store.add(id, "block", int(id%4), 3)
 	}
@@ -985,4 +1003,66 @@ func TestStoppingGivesBackTasksClaimedAhead(t *testing.T) {
 	if !slices.Contains(states, tasks.Completed) || !slices.Contains(states, tasks.Ready) {
 		t.Fatalf("states after the drain %v, want the running one completed and the one ahead ready", states)
 	}
+}
+
+// An idle runner that serves 2,000 queues over 256 shards sends O(1)
+// statements per poll, not one claim per queue (finding 5 of the
+// hostile-input review: idle PostgreSQL CPU grew with the queues served, to
+// 70% of a core at 2,000); and a task in its 1,999th queue still starts at
+// once after its enqueue notification, and by the poll without one.
+func TestIdleStatementsDoNotGrowWithTheQueuesServed(t *testing.T) {
+	t.Parallel()
+	const shards = 256
+	queues := map[string]int{}
+	for i := range 2000 {
+		queues[fmt.Sprintf("q%04d", i)] = 4
+	}
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop}, func(c *Config) { c.MaxWorkers, c.Queues = 4, queues })
+	for s := range shards {
+		e.own.own(s, 1)
+	}
+	e.run()
+	e.until("holding every shard", func() bool { return e.exec.claimer.heldCount() == shards })
+	statements := func() int { return e.store.count("claim") + e.store.count("probe") }
+	// poll advances the fake clock by one poll interval and waits for the
+	// round it starts to complete.
+	poll := func() {
+		t.Helper()
+		at := e.clock.Now().Add(e.exec.cfg.PollInterval)
+		e.clock.Advance(e.exec.cfg.PollInterval)
+		if !settle(func(time.Duration) {}, func() bool { return !e.exec.claimer.lastRound().Before(at) }) {
+			t.Fatal("no claim round after a poll interval")
+		}
+	}
+	poll() // the first rounds of the newly held shards are behind
+	before := statements()
+	const polls = 5
+	for range polls {
+		poll()
+	}
+	if n := statements() - before; n > 2*polls {
+		t.Fatalf("%d statements over %d idle polls with 2,000 queues, want at most %d", n, polls, 2*polls)
+	}
+
+	// A notified task of the 1,999th queue is claimed without the clock
+	// moving: no poll needed.
+	e.store.add(1, "noop", 17, 3)
+	e.store.mu.Lock()
+	e.store.tasks[1].Queue = "q1998"
+	e.store.mu.Unlock()
+	e.exec.Wake(false, []int{17}, nil)
+	if !settle(func(time.Duration) {}, func() bool { return e.state(1) != tasks.Ready }) {
+		t.Fatal("a notified task of queue q1998 was not claimed without a poll")
+	}
+	e.until("the notified task of q1998 completed", func() bool { return e.state(1) == tasks.Completed })
+	// One nobody notified starts at the next poll.
+	e.store.add(2, "noop", 200, 3)
+	e.store.mu.Lock()
+	e.store.tasks[2].Queue = "q1999"
+	e.store.mu.Unlock()
+	poll()
+	if !settle(func(time.Duration) {}, func() bool { return e.state(2) != tasks.Ready }) {
+		t.Fatal("a task of queue q1999 nobody notified was not claimed by the poll")
+	}
+	e.until("the unnotified task of q1999 completed", func() bool { return e.state(2) == tasks.Completed })
 }

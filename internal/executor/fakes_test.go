@@ -164,6 +164,25 @@ func (s *fakeStore) claim(_ context.Context, owner string, terms []claims.ShardE
 	return out, nil
 }
 
+func (s *fakeStore) ReadyQueues(_ context.Context, shards []int, queues, kinds []string) (map[string][]int, int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.enter("probe"); err != nil {
+		return nil, -1, err
+	}
+	found := map[string][]int{}
+	for _, t := range s.tasks {
+		if t.State == tasks.Ready && slices.Contains(shards, t.Shard) && slices.Contains(queues, t.Queue) &&
+			slices.Contains(kinds, t.Kind) && !slices.Contains(found[t.Queue], t.Shard) {
+			found[t.Queue] = append(found[t.Queue], t.Shard)
+		}
+	}
+	for _, shards := range found {
+		slices.Sort(shards)
+	}
+	return found, -1, nil
+}
+
 func (s *fakeStore) Claimed(_ context.Context, owner string, terms []claims.ShardEpoch) ([]claims.Ref, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

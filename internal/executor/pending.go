@@ -22,6 +22,11 @@ import (
 // nobody); it stops being pending when a claim finds no more of its tasks
 // due. Notifications arrive from the listener's goroutine; everything else
 // belongs to the claim loop.
+//
+// A probed pending set (a runner serving many queues: claimer.go, prober)
+// is told exactly which shards have its queue's tasks, by notify after
+// each probe: it marks no shard on its own, neither when first held nor at
+// the poll.
 type pending struct {
 	mu     sync.Mutex
 	woken  map[int]bool
@@ -38,11 +43,13 @@ type pending struct {
 	// shard's backlog starves the others.
 	next, nextUrgent int
 	lastPoll         time.Time
+	// probed: shards are marked by notify only (see above).
+	probed bool
 }
 
-func newPending(now time.Time) *pending {
+func newPending(now time.Time, probed bool) *pending {
 	return &pending{woken: map[int]bool{}, urgent: map[int]bool{}, shards: map[int]bool{}, known: map[int]bool{},
-		first: map[int]bool{}, lastPoll: now}
+		first: map[int]bool{}, lastPoll: now, probed: probed}
 }
 
 // notify records an enqueue notification (all: every shard; urgent: the
@@ -72,13 +79,13 @@ func (p *pending) order(terms []claims.ShardEpoch, now time.Time, poll time.Dura
 	for s := range urgent {
 		p.first[s] = true
 	}
-	if now.Sub(p.lastPoll) >= poll {
+	if !p.probed && now.Sub(p.lastPoll) >= poll {
 		all, p.lastPoll = true, now
 	}
 	held := make(map[int]bool, len(terms))
 	for _, t := range terms {
 		held[t.Shard] = true
-		if all || woken[t.Shard] || !p.known[t.Shard] {
+		if all || woken[t.Shard] || (!p.probed && !p.known[t.Shard]) {
 			p.shards[t.Shard] = true
 		}
 	}
@@ -167,3 +174,12 @@ func (p *pending) claimed(order []claims.ShardEpoch, got []tasks.Task, limit int
 
 // any reports whether some held shard may have due tasks.
 func (p *pending) any() bool { return len(p.shards) > 0 }
+
+// quiet reports whether a probed pending set has nothing to claim and was
+// told of nothing since: order would return nothing, and need not be
+// called.
+func (p *pending) quiet() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.probed && !p.all && len(p.woken) == 0 && len(p.shards) == 0 && len(p.first) == 0
+}

@@ -25,7 +25,7 @@ func shards(terms []claims.ShardEpoch) []int {
 // poll makes every shard pending.
 func TestPendingShardsOrder(t *testing.T) {
 	now := time.Unix(0, 0)
-	p := newPending(now)
+	p := newPending(now, false)
 	held := []claims.ShardEpoch{{Shard: 1, Epoch: 1}, {Shard: 2, Epoch: 1}, {Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}}
 	first, order := p.order(held, now, time.Second)
 	if got := shards(order); !slices.Equal(got, []int{1, 2, 3, 4}) || len(first) != 0 {
@@ -78,7 +78,7 @@ func TestPendingShardsOrder(t *testing.T) {
 // lowest-numbered shard with urgent work starved the others).
 func TestUrgentClaimsRotate(t *testing.T) {
 	now := time.Unix(0, 0)
-	p := newPending(now)
+	p := newPending(now, false)
 	held := []claims.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 5, Epoch: 1}, {Shard: 7, Epoch: 1}}
 	p.notify(false, nil, []int{0, 5, 7})
 	var served []int
