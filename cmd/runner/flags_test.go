@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -56,6 +57,8 @@ func TestEveryFlagIsBounded(t *testing.T) {
 		{[]string{"--runner-id", "a b"}, nil, "--runner-id"},
 		{nil, map[string]string{"SHARDRUN_MAX_WORKERS": "99999999"}, "--max-workers"},
 		{nil, map[string]string{"SHARDRUN_LOG_LEVEL": "loud"}, "--log-level"},
+		{[]string{"--queues", queueNames(executor.MaxQueues + 1)}, nil, "--queues"},
+		{nil, map[string]string{"SHARDRUN_QUEUES": queueNames(executor.MaxQueues + 1)}, "--queues"},
 	} {
 		var out, errOut bytes.Buffer
 		env := map[string]string{"DATABASE_URL": dsn}
@@ -67,6 +70,27 @@ func TestEveryFlagIsBounded(t *testing.T) {
 		if code != 2 || !strings.Contains(msg, tc.want) || strings.Contains(msg, "\n") {
 			t.Errorf("%v %v: exit %d, %q; want exit 2 and one line naming %s", tc.args, tc.env, code, msg, tc.want)
 		}
+	}
+}
+
+// queueNames is a --queues of n names.
+func queueNames(n int) string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("q%d", i)
+	}
+	return strings.Join(names, ",")
+}
+
+// --queues takes up to executor.MaxQueues queues (finding 5 of the
+// hostile-input review: the idle cost grew with them, unbounded).
+func TestQueuesAreBounded(t *testing.T) {
+	if q, err := runner.ParseQueues(queueNames(executor.MaxQueues)); err != nil || len(q) != executor.MaxQueues {
+		t.Fatalf("%d queues: %d parsed, %v", executor.MaxQueues, len(q), err)
+	}
+	_, err := runner.ParseQueues(queueNames(executor.MaxQueues + 1))
+	if err == nil || !strings.HasPrefix(err.Error(), "--queues: ") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("%d queues: %v, want one line naming --queues", executor.MaxQueues+1, err)
 	}
 }
 

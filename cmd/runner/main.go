@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -77,7 +78,7 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	fs.Duration(&cfg.HeartbeatInterval, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", cfg.HeartbeatInterval, "interval between heartbeats of running tasks, 10ms to 1h (keep below the coordinator's --stale-threshold)")
 	fs.Duration(&cfg.PollInterval, "poll-interval", "SHARDRUN_POLL_INTERVAL", cfg.PollInterval, "claim poll interval when no notification arrives, 10ms to 1h")
 	fs.Int(&cfg.MaxWorkers, "max-workers", "SHARDRUN_MAX_WORKERS", cfg.MaxWorkers, fmt.Sprintf("tasks running at once, 1 to %d", executor.MaxMaxWorkers))
-	fs.String(&queues, "queues", "SHARDRUN_QUEUES", tasks.DefaultQueue, "queues to claim from, comma-separated, each with an optional limit of its tasks running at once (emails=8); --max-workers bounds them all")
+	fs.String(&queues, "queues", "SHARDRUN_QUEUES", tasks.DefaultQueue, "queues to claim from, comma-separated, each with an optional limit of its tasks running at once (emails=8), at most "+strconv.Itoa(executor.MaxQueues)+"; --max-workers bounds them all")
 	fs.String(&kinds, "kinds", "SHARDRUN_KINDS", "", "task kinds to handle, comma-separated, of this binary's (noop, sleep, fail); default all")
 	fs.Duration(&cfg.HandoffTimeout, "handoff-timeout", "SHARDRUN_HANDOFF_TIMEOUT", cfg.HandoffTimeout, "how long a moving shard's running tasks may finish before they are cancelled, up to 1h")
 	fs.Duration(&cfg.RetryBase, "retry-base", "SHARDRUN_RETRY_BASE", cfg.RetryBase, "backoff after a task's first failed attempt (doubles per attempt, with jitter), 1ms to 24h")

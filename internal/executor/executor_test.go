@@ -518,12 +518,22 @@ func TestConfigNamesTheFlag(t *testing.T) {
 		"--max-workers":        {MaxWorkers: MaxMaxWorkers + 1},
 		"--heartbeat-interval": {HeartbeatInterval: time.Millisecond},
 		"--poll-interval":      {PollInterval: 2 * time.Hour},
+		"--queues":             {Queues: manyQueues(MaxQueues + 1)},
 	} {
 		c.fill()
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), flag) {
 			t.Errorf("%s: %v", flag, err)
 		}
 	}
+}
+
+// manyQueues is n queues, each with a limit of one worker.
+func manyQueues(n int) map[string]int {
+	q := make(map[string]int, n)
+	for i := range n {
+		q[fmt.Sprint("q", i)] = 1
+	}
+	return q
 }
 
 // An operator cancels a running task: the next heartbeat carries the
@@ -1005,16 +1015,17 @@ func TestStoppingGivesBackTasksClaimedAhead(t *testing.T) {
 	}
 }
 
-// An idle runner that serves 2,000 queues over 256 shards sends O(1)
-// statements per poll, not one claim per queue (finding 5 of the
+// An idle runner that serves 1,000 queues (MaxQueues) over 256 shards
+// sends O(1) statements per poll, not one claim per queue (finding 5 of the
 // hostile-input review: idle PostgreSQL CPU grew with the queues served, to
-// 70% of a core at 2,000); and a task in its 1,999th queue still starts at
-// once after its enqueue notification, and by the poll without one.
+// 70% of a core at 2,000); and a task of one of its last queues still
+// starts at once after its enqueue notification, and by the poll without
+// one.
 func TestIdleStatementsDoNotGrowWithTheQueuesServed(t *testing.T) {
 	t.Parallel()
 	const shards = 256
 	queues := map[string]int{}
-	for i := range 2000 {
+	for i := range MaxQueues {
 		queues[fmt.Sprintf("q%04d", i)] = 4
 	}
 	e := newEnv(t, map[string]tasks.Handler{"noop": noop}, func(c *Config) { c.MaxWorkers, c.Queues = 4, queues })
@@ -1041,28 +1052,28 @@ func TestIdleStatementsDoNotGrowWithTheQueuesServed(t *testing.T) {
 		poll()
 	}
 	if n := statements() - before; n > 2*polls {
-		t.Fatalf("%d statements over %d idle polls with 2,000 queues, want at most %d", n, polls, 2*polls)
+		t.Fatalf("%d statements over %d idle polls with %d queues, want at most %d", n, polls, MaxQueues, 2*polls)
 	}
 
-	// A notified task of the 1,999th queue is claimed without the clock
+	// A notified task of the 999th queue is claimed without the clock
 	// moving: no poll needed.
 	e.store.add(1, "noop", 17, 3)
 	e.store.mu.Lock()
-	e.store.tasks[1].Queue = "q1998"
+	e.store.tasks[1].Queue = "q0998"
 	e.store.mu.Unlock()
 	e.exec.Wake(false, []int{17}, nil)
 	if !settle(func(time.Duration) {}, func() bool { return e.state(1) != tasks.Ready }) {
-		t.Fatal("a notified task of queue q1998 was not claimed without a poll")
+		t.Fatal("a notified task of queue q0998 was not claimed without a poll")
 	}
-	e.until("the notified task of q1998 completed", func() bool { return e.state(1) == tasks.Completed })
+	e.until("the notified task of q0998 completed", func() bool { return e.state(1) == tasks.Completed })
 	// One nobody notified starts at the next poll.
 	e.store.add(2, "noop", 200, 3)
 	e.store.mu.Lock()
-	e.store.tasks[2].Queue = "q1999"
+	e.store.tasks[2].Queue = "q0999"
 	e.store.mu.Unlock()
 	poll()
 	if !settle(func(time.Duration) {}, func() bool { return e.state(2) != tasks.Ready }) {
-		t.Fatal("a task of queue q1999 nobody notified was not claimed by the poll")
+		t.Fatal("a task of queue q0999 nobody notified was not claimed by the poll")
 	}
-	e.until("the unnotified task of q1999 completed", func() bool { return e.state(2) == tasks.Completed })
+	e.until("the unnotified task of q0999 completed", func() bool { return e.state(2) == tasks.Completed })
 }

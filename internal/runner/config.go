@@ -188,6 +188,7 @@ func (c Config) executorConfig() executor.Config {
 
 // ParseQueues reads --queues: comma-separated queue names, each with an
 // optional worker limit (name=N); a name without one may use every worker.
+// At most executor.MaxQueues names.
 func ParseQueues(spec string) (map[string]int, error) {
 	queues := map[string]int{}
 	for _, part := range strings.Split(spec, ",") {
@@ -207,6 +208,9 @@ func ParseQueues(spec string) (map[string]int, error) {
 			}
 		}
 		queues[name] = n
+		if len(queues) > executor.MaxQueues {
+			return nil, fmt.Errorf("--queues: more than %d queues: every served queue is claimed on its own and published in the runner's etcd key; run more runners, each serving some of them", executor.MaxQueues)
+		}
 	}
 	return queues, nil
 }

@@ -4,10 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"github.com/hashicorp/go-hclog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/internal/testutil"
