@@ -130,12 +130,12 @@ func claimQuery(n int) string {
 		lanes = `SELECT x.tid FROM (` + strings.Join(parts, " UNION ALL ") + `) x ORDER BY x.priority, x.run_after, x.id LIMIT $5`
 	}
 	q := `/* shardrun.claim */
-		WITH open AS (
-			SELECT 1 FROM queues q WHERE q.name = $6 AND q.paused_at IS NULL FOR KEY SHARE
+		WITH queue AS (
+			SELECT q.paused_at FROM queues q WHERE q.name = $6 FOR KEY SHARE
 		), cand AS MATERIALIZED (
 			SELECT c.tid, s.shard, s.epoch FROM unnest($2::int[], $3::bigint[]) AS s(shard, epoch)
 			CROSS JOIN LATERAL (` + lanes + `) c
-			WHERE EXISTS (SELECT 1 FROM open)
+			WHERE NOT EXISTS (SELECT 1 FROM queue WHERE paused_at IS NOT NULL)
 			LIMIT $5
 		), fence AS (
 			-- The fences of the shards the candidates came from, found by
@@ -204,7 +204,11 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.seque
 // and its queue's row FOR KEY SHARE, so that a pause (SetQueuePaused, which
 // locks the row FOR UPDATE) is a barrier: it waits for the claims under way,
 // and a claim that locks the row after it sees the queue paused (the lock
-// reads the row's newest version) and takes nothing.
+// reads the row's newest version) and takes nothing. A queue without a row
+// is not paused: the claim does not need the row to exist, so that no task
+// can be stranded by a row removed under it (finding 7 of the hostile-input
+// review: queues are to be removable, and a producer's task committed
+// after a removal that could not see it would never be claimed).
 func (s *Store) Claim(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.LeastUrgent)
 }

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/internal/store"
 )
 
 // ReadyQueues finds exactly the (queue, shard) pairs of the held shards,
