@@ -18,10 +18,11 @@ package store
 //
 //	move              from -> to                        statement            locks, in order
 //	----------------  --------------------------------  -------------------  ------------------------------------------
-//	insert            -> lane | waiting | finished      INSERT INTO tasks    records (new), keys; at commit: sequences,
-//	                                                    (trigger, at commit: waiting, lanes
-//	                                                    tasks_settle)
-//	claim             lane -> claim                     Claim, ClaimUrgent   fences (share), lanes, claims (new)
+//	insert            -> lane | waiting | finished      INSERT INTO tasks    records (new), keys, queue (removal lock
+//	                                                    (trigger, at commit: shared, row); at commit: sequences,
+//	                                                    tasks_settle)        waiting, lanes
+//	claim             lane -> claim                     Claim, ClaimUrgent   queue row (key share), fences (share),
+//	                                                                         lanes, claims (new)
 //	heartbeat         claim (touched)                   Heartbeat            claims
 //	complete, fail,   claim -> finished | lane |        endClaimsOf          claims, records, sequences, lanes and
 //	interrupt,        waiting (a sequence moves on)                          waiting, finished and keys
@@ -34,9 +35,13 @@ package store
 //	unrunnable rule                                                          lanes, waiting, finished and keys
 //	cancel            lane | waiting -> finished;       shardrun_cancel      records, sequences, lanes, waiting,
 //	                  claim: a request                                       finished and keys
-//	retry             finished -> lane | waiting        shardrun_retry       records, finished, keys, sequences, lanes
+//	retry             finished -> lane | waiting        shardrun_retry       records, finished, keys, queue (removal
+//	                                                                         lock shared, row), sequences, lanes
 //	retention         finished -> (deleted)             DeleteFinished       leader fence (share), records, finished
 //	promotion         waiting -> lane                   shardrun_settle      sequences, waiting, lanes
+//	(pause, resume)   no task moves                     SetQueuePaused       queue row
+//	(queue removal)   no task moves                     shardrun_remove_     queue row, then its removal lock, never
+//	                                                    queue                waiting for it
 //
 // The one lock order: shard fences, then claims, then records, then
 // sequences, then lanes and waiting lines, then finished entries and the
@@ -56,6 +61,16 @@ package store
 // producer's: two transactions that insert the same unique keys in
 // opposite orders can deadlock, as with any unique index (a batch takes
 // its keys in key order).
+//
+// A queue's row (queues) is locked by a claim FOR KEY SHARE before anything
+// else, and by a pause or a removal FOR UPDATE, holding nothing else.
+// Producers and retries take the queue's removal lock (an advisory lock,
+// shared) and insert its row if it is missing (shardrun_register_queues)
+// after their unique keys; a removal takes the removal lock after the row,
+// without waiting (refusing when it is held), and then waits for nothing:
+// it never holds what another waits for while it waits itself. A missing
+// row inserted by a producer whose transaction is still open is waited for
+// by every other insert of it, as any new unique row is.
 //
 // Operators' and the leader's moves of tasks no runner holds lock the
 // records first and then look (shardrun_lock_tasks): a look before the
@@ -207,8 +222,9 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.seque
 // reads the row's newest version) and takes nothing. A queue without a row
 // is not paused: the claim does not need the row to exist, so that no task
 // can be stranded by a row removed under it (finding 7 of the hostile-input
-// review: queues are to be removable, and a producer's task committed
-// after a removal that could not see it would never be claimed).
+// review: a producer's task committed after a removal that could not see
+// it was never claimed). DeleteQueue and the producers keep a row for
+// every queue with unfinished tasks anyway (shardrun_register_queues).
 func (s *Store) Claim(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
 	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.LeastUrgent)
 }

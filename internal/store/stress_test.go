@@ -25,7 +25,7 @@ import (
 // priorities, unique keys and run_after), claims, heartbeats, completions,
 // failures, interruptions, cancelled attempts and unclaims, fence raises of
 // a new owner, operators' cancels and retries (one task and in bulk),
-// queue pauses, the leader's sweeps, the unhandled-kind rule and
+// queue pauses and removals, the leader's sweeps, the unhandled-kind rule and
 // retention — and checks that no statement deadlocked, and that the
 // layout's invariants hold in consistent snapshots taken while it runs
 // and at the end (shardrun_layout_violations).
@@ -197,7 +197,10 @@ func (w *stress) takeRunning(rnd *rand.Rand) (tasks.Task, string, bool) {
 }
 
 var (
-	stressQueues = []string{"default", "mail"}
+	// rare gets few tasks, in no sequence, and no runner claims it: a
+	// removal that cancels its tasks first often finds it idle while
+	// producers and retries race it.
+	stressQueues = []string{"default", "mail", "rare"}
 	stressKinds  = []string{"k", "other"}
 	stressSeqs   = []string{"s1", "s2", "s3", "s4"}
 )
@@ -206,7 +209,8 @@ var (
 // one one in four, a unique key one in five, due later one in six.
 func (w *stress) newInsert(rnd *rand.Rand) store.Insert {
 	in := insert(stressKinds[rnd.IntN(len(stressKinds))], rnd.IntN(stressShards), 1+rnd.IntN(3))
-	in.Queue = stressQueues[rnd.IntN(len(stressQueues))]
+	in.Queue = stressQueues[rnd.IntN(2)]
+	rare := rnd.IntN(10) == 0
 	in.Priority = 1 + rnd.IntN(5)
 	if rnd.IntN(2) == 0 {
 		in.SequenceKey, in.SequenceBlocks = stressSeqs[rnd.IntN(len(stressSeqs))], rnd.IntN(2) == 0
@@ -221,6 +225,9 @@ func (w *stress) newInsert(rnd *rand.Rand) store.Insert {
 	if rnd.IntN(8) == 0 {
 		soon := time.Now().Add(time.Duration(rnd.IntN(500)) * time.Millisecond)
 		in.Deadline = &soon
+	}
+	if rare { // in no sequence: a bulk cancel drains it
+		in.Queue, in.SequenceKey, in.RunAfter = "rare", "", nil
 	}
 	return in
 }
@@ -277,7 +284,7 @@ func (w *stress) step(rnd *rand.Rand) {
 		if rnd.IntN(3) == 0 {
 			claimFn = w.s.ClaimUrgent
 		}
-		got, err := claimFn(ctx, owner, []claims.ShardEpoch{{Shard: sh, Epoch: epoch}}, stressQueues[rnd.IntN(len(stressQueues))], stressKinds, 1+rnd.IntN(5))
+		got, err := claimFn(ctx, owner, []claims.ShardEpoch{{Shard: sh, Epoch: epoch}}, stressQueues[rnd.IntN(2)], stressKinds, 1+rnd.IntN(5))
 		w.check("claim", err)
 		w.mu.Lock()
 		for _, task := range got {
@@ -335,9 +342,23 @@ func (w *stress) step(rnd *rand.Rand) {
 			_, err := w.s.RetryMatching(ctx, tasks.Filter{Queue: stressQueues[rnd.IntN(len(stressQueues))]}, 0, time.Second)
 			w.check("bulk retry", err)
 		}
-	case 16: // pause or resume a queue
-		_, err := w.s.SetQueuePaused(ctx, "mail", rnd.IntN(2) == 0)
-		w.check("pause", err)
+	case 16: // pause or resume a queue, or remove one
+		if rnd.IntN(2) == 0 {
+			_, err := w.s.SetQueuePaused(ctx, "mail", rnd.IntN(2) == 0)
+			w.check("pause", err)
+			return
+		}
+		queue := stressQueues[1+rnd.IntN(len(stressQueues)-1)]
+		if queue == "rare" && rnd.IntN(2) == 0 { // no runner claims it: cancel what it holds, then remove it
+			_, err := w.s.CancelMatching(ctx, tasks.Filter{Queue: "rare", States: []tasks.State{tasks.Ready}}, 0, time.Second)
+			w.check("bulk cancel", err)
+		}
+		_, err := w.s.DeleteQueue(ctx, queue)
+		if e := (*store.QueueInUseError)(nil); errors.As(err, &e) || errors.Is(err, store.ErrNoSuchQueue) {
+			w.count("remove a queue (refused)")
+			return
+		}
+		w.check("remove a queue", err)
 	case 17: // the leader's sweeps
 		_, err := w.s.SweepDeadlines(ctx, leaderEpoch, 0, 50)
 		w.check("deadline sweep", err)

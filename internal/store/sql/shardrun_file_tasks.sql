@@ -3,7 +3,8 @@
 -- files its tasks (shardrun_file; a sequence's tasks at the commit),
 -- registers their unique keys (unless the store registered them first, to
 -- insert idempotently; a key another task holds makes the insert fail)
--- and their queues, and notifies the runners of the shards that got tasks
+-- and their queues (shardrun_register_queues), and
+-- notifies the runners of the shards that got tasks
 -- claimable now, unless the transaction is quiet (shardrun.notify off: the
 -- store's own inserts, notified after their commit).
 CREATE OR REPLACE FUNCTION shardrun_file_tasks() RETURNS trigger
@@ -20,8 +21,7 @@ BEGIN
     SELECT n.unique_key, n.id FROM new_rows n
     WHERE n.unique_key IS NOT NULL AND n.state = 'ready'
       AND NOT EXISTS (SELECT 1 FROM task_unique_keys k WHERE k.unique_key = n.unique_key AND k.id = n.id);
-    INSERT INTO queues (name) SELECT DISTINCT queue FROM new_rows WHERE queue <> 'default'
-    ON CONFLICT (name) DO NOTHING;
+    PERFORM shardrun_register_queues(ARRAY(SELECT DISTINCT queue FROM new_rows));
     IF current_setting('shardrun.notify', true) = 'off' THEN
         RETURN NULL;
     END IF;

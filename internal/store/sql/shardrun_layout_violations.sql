@@ -16,6 +16,9 @@
 --             unfinished task of it, or a dead or failed one that blocks
 --             it (blocked_at); the rest wait; at most one of its tasks is
 --             claimable or running; a row has a head and something to do
+--   queue     a queue other than the default one that has a task in a
+--             lane, a claim or a waiting line has a row (the listing
+--             shows it, and its removal is refused)
 CREATE OR REPLACE FUNCTION shardrun_layout_violations()
 RETURNS TABLE (task_id bigint, sequence_key text, problem text)
 LANGUAGE sql STABLE AS $$
@@ -107,4 +110,9 @@ UNION ALL
 SELECT NULL, sequence_key, format('%s tasks of one sequence claimable or running', n)
 FROM (SELECT sequence_key, count(*) AS n FROM place WHERE state = 'ready' AND sequence_key IS NOT NULL AND lanes + claims > 0
       GROUP BY sequence_key) x WHERE n > 1
+UNION ALL
+SELECT min(x.id), NULL, format('%s tasks of queue %s, which has no row', count(*), x.queue)
+FROM (SELECT id, queue FROM task_ready UNION ALL SELECT id, queue FROM task_claims UNION ALL SELECT id, queue FROM task_waiting) x
+WHERE x.queue <> 'default' AND NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = x.queue)
+GROUP BY x.queue
 $$;

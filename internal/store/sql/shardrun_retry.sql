@@ -7,7 +7,8 @@
 -- since it would fail the task again at once; the history (errors) is
 -- kept. The task holds its unique key again (a key another unfinished task
 -- holds fails the statement: unique violation on task_unique_keys_pkey),
--- and is filed (shardrun_file: its lane, or its sequence's turn); the
+-- its queue gets its row again if it was removed (shardrun_register_queues),
+-- and it is filed (shardrun_file: its lane, or its sequence's turn); the
 -- runners of the shards that got claimable tasks are woken.
 -- Outcomes, per id: retried, unfinished (refused: not dead, failed or
 -- cancelled), locked (skip_locked: try again), missing.
@@ -57,6 +58,9 @@ BEGIN
            array_agg(r.shard) FILTER (WHERE r.sequence_key IS NULL),
            array_agg(shardrun_urgent(r.priority)) FILTER (WHERE r.sequence_key IS NULL)
     INTO retried, placed, shards, urgent FROM r;
+    -- Their queues may have been removed since they finished: after the
+    -- keys, as a producer takes them.
+    PERFORM shardrun_register_queues(ARRAY(SELECT x.queue FROM unnest(placed) x));
     PERFORM shardrun_file(placed, true);
     IF shards IS NOT NULL THEN
         PERFORM shardrun_notify(shards, urgent);
