@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -202,11 +203,16 @@ func FuzzListingQuery(f *testing.F) {
 				t.Fatalf("schedules %q: %+v", raw, req)
 			}
 		}
-		// Queues take no parameter.
-		if _, err := query(requestWithQuery(raw), nil); err != nil {
+		// Queues: idle, true or false.
+		if q, err := query(requestWithQuery(raw), queueParams); err != nil {
 			mustNameAField(t, raw, err)
-		} else if names, _ := givenParams(raw); len(names) > 0 {
-			t.Fatalf("queues %q: accepted %v", raw, names)
+		} else if idle, err := parseQueueQuery(q); err != nil {
+			mustNameAField(t, raw, err)
+		} else {
+			std := acceptedQuery(t, raw, queueParams)
+			if v := std.Get("idle"); std.Has("idle") != (idle != nil) || idle != nil && v != fmt.Sprint(*idle) {
+				t.Fatalf("queues %q: idle %v", raw, idle)
+			}
 		}
 	})
 }
