@@ -139,8 +139,11 @@ function render(v) {
     const tr = node("tr");
     tr.dataset.queue = q.name;
     tr.dataset.paused = q.paused_at ? "true" : "false";
+    tr.dataset.idle = q.idle ? "true" : "false";
+    // Idle: no unfinished task; an operator may remove it (DELETE /api/queues/{name}).
     const st = node("td");
-    st.append(text(node("span", "badge " + (q.paused_at ? "detached" : "attached")), q.paused_at ? "paused" : "active"));
+    st.append(text(node("span", "badge " + (q.paused_at ? "detached" : q.idle ? "left" : "attached")),
+      q.paused_at ? "paused" : q.idle ? "idle" : "active"));
     tr.append(text(node("td"), q.name), text(node("td", "num"), (q.ready_at_least ? "≥" : "") + q.ready.toLocaleString()),
       text(node("td", "num"), q.running.toLocaleString()), text(node("td", "num"), q.completed_per_second.toFixed(1)), st);
     return tr;
