@@ -12,6 +12,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/tasks"
@@ -484,5 +485,49 @@ func TestRunnerUsesTheGivenEtcdClientAndStore(t *testing.T) {
 	}
 	if err := e.store.Pool().Ping(context.Background()); err != nil {
 		t.Fatalf("the runner closed the store it was given: %v", err)
+	}
+}
+
+// A runner serving the most queues it may (1,000) claims a task of its last
+// queue when its enqueue is notified, with no poll to help (the poll
+// interval an hour), and one nobody notified (a quiet insert) by the next
+// poll of a runner that polls: with more than four queues it asks which
+// have tasks instead of claiming each (finding 5 of the hostile-input
+// review), and must miss neither.
+func TestManyQueuesClaimOnNotificationAndPoll(t *testing.T) {
+	t.Parallel()
+	queues := map[string]int{}
+	for i := range executor.MaxQueues {
+		queues[fmt.Sprintf("q%04d", i)] = 0
+	}
+	last := fmt.Sprintf("q%04d", executor.MaxQueues-1)
+	for _, tc := range []struct {
+		name  string
+		poll  time.Duration
+		quiet bool
+	}{{"notified, no poll", time.Hour, false}, {"by the poll, not notified", 200 * time.Millisecond, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			r := e.start("r", func(c *Config, _ *Runner) { c.Queues, c.PollInterval = queues, tc.poll })
+			testutil.Until(t, 10*time.Second, "every shard owned", func() (bool, string) {
+				return len(r.Status().Owned) == testShards, fmt.Sprintf("%d owned", len(r.Status().Owned))
+			})
+			ctx := context.Background()
+			var id int64
+			insert := `INSERT INTO tasks (kind, shard, key, queue) VALUES ('noop', 5, 'k', $1) RETURNING id`
+			if tc.quiet {
+				insert = `WITH q AS (SELECT set_config('shardrun.notify', 'off', true))
+					INSERT INTO tasks (kind, shard, key, queue) SELECT 'noop', 5, 'k', $1 FROM q RETURNING id`
+			}
+			if err := e.store.Pool().QueryRow(ctx, insert, last).Scan(&id); err != nil {
+				t.Fatal(err)
+			}
+			took := testutil.Until(t, 10*time.Second, "the task of queue "+last+" completed", func() (bool, string) {
+				got := e.task(id)
+				return got.State == tasks.Completed, string(got.State)
+			})
+			t.Logf("completed %s after the insert", took)
+		})
 	}
 }
