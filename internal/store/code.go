@@ -32,6 +32,7 @@ var codeFiles = []string{
 	"shardrun_settle.sql",
 	"shardrun_file.sql",
 	"shardrun_settle_at_commit.sql",
+	"shardrun_queue_lock.sql",
 	"shardrun_register_queues.sql",
 	"shardrun_file_tasks.sql",
 	"shardrun_lock_tasks.sql",

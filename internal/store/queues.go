@@ -146,7 +146,8 @@ var ErrDefaultQueue = errors.New("the default queue cannot be removed: every tas
 // QueueInUseError is DeleteQueue's refusal of a queue that has unfinished
 // tasks (Work), or that a transaction is enqueueing into right now
 // (Enqueueing: an enqueue, or a retry of one of its tasks, not yet
-// committed).
+// committed — or one into a queue whose name shares its removal lock, one
+// of 64: try again).
 type QueueInUseError struct {
 	Queue      string
 	Work       QueueWork
@@ -155,7 +156,7 @@ type QueueInUseError struct {
 
 func (e *QueueInUseError) Error() string {
 	if e.Enqueueing {
-		return fmt.Sprintf("queue %s is being enqueued into: a transaction that enqueues into it or retries one of its tasks is open", e.Queue)
+		return fmt.Sprintf("queue %s is being enqueued into: a transaction that enqueues into it (or into a queue that shares its removal lock, one of 64) or retries one of its tasks is open; try again", e.Queue)
 	}
 	return fmt.Sprintf("queue %s has unfinished tasks (%d ready, %d waiting in a sequence, %d running; each counted up to %d): "+
 		"let them finish, or cancel them, before removing it", e.Queue, e.Work.Ready, e.Work.Waiting, e.Work.Running, QueueWorkCap)

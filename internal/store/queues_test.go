@@ -268,3 +268,29 @@ func TestLayoutViolationOfAQueueWithoutItsRow(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A producer's transaction that enqueues into many queues takes few
+// removal locks: the locks are shared by the queue names that hash alike,
+// 64 in all, so a batch (or a COPY) over thousands of queue names cannot
+// fill the server's lock table, which every session's locks share
+// (max_locks_per_transaction × max_connections entries).
+func TestEnqueueIntoManyQueuesTakesFewLocks(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	tx, err := s.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO tasks (kind, shard, key, queue) SELECT 'k', 0, g::text, 'q' || g FROM generate_series(1, 1000) g`); err != nil {
+		t.Fatal(err)
+	}
+	var locks int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&locks); err != nil {
+		t.Fatal(err)
+	}
+	if locks > 64 {
+		t.Fatalf("an insert into 1,000 queues holds %d advisory locks, want at most 64", locks)
+	}
+}

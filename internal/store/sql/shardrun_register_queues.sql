@@ -11,9 +11,8 @@
 -- row, and the listing shows it. Without the lock, an insert that found
 -- the row (ON CONFLICT DO NOTHING takes no lock) could commit its tasks
 -- after a removal that could not see them had committed.
--- The lock's key is (1936879217 ('srnq'), hashtext(name)), in
--- shardrun_remove_queue too; two names that hash alike share a lock, which
--- costs a removal a refusal at worst.
+-- The lock's key is (1936879217 ('srnq'), shardrun_queue_lock(name)): 64
+-- locks in all, shared by the names that hash alike.
 CREATE OR REPLACE FUNCTION shardrun_register_queues(names text[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -23,7 +22,8 @@ BEGIN
     IF cardinality(wanted) = 0 THEN
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock_shared(1936879217, hashtext(n)) FROM unnest(wanted) n;
+    PERFORM pg_advisory_xact_lock_shared(1936879217, k)
+    FROM (SELECT DISTINCT shardrun_queue_lock(n) AS k FROM unnest(wanted) n ORDER BY 1) x;
     INSERT INTO queues (name) SELECT n FROM unnest(wanted) n ON CONFLICT (name) DO NOTHING;
 END
 $$;

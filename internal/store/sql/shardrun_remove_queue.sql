@@ -3,7 +3,8 @@
 -- lanes, none waiting in a sequence's line, none claimed. Outcomes:
 -- removed (with the row as it was), work (the counts, each up to cap),
 -- enqueueing (a transaction that enqueues into the queue, or retries one
--- of its tasks, is open), missing, default (never removed: the insert
+-- of its tasks, is open: or into a queue that shares its removal lock,
+-- shardrun_queue_lock), missing, default (never removed: the insert
 -- trigger files no row for it).
 -- Locks: the row first, FOR UPDATE (claims under way hold it FOR KEY
 -- SHARE: they commit first), holding nothing else; then the queue's
@@ -31,7 +32,7 @@ BEGIN
         RETURN QUERY SELECT 'missing', 0::bigint, 0::bigint, 0::bigint, NULL::timestamptz, NULL::timestamptz;
         RETURN;
     END IF;
-    IF NOT pg_try_advisory_xact_lock(1936879217, hashtext(queue_name)) THEN
+    IF NOT pg_try_advisory_xact_lock(1936879217, shardrun_queue_lock(queue_name)) THEN
         RETURN QUERY SELECT 'enqueueing', 0::bigint, 0::bigint, 0::bigint, q.created_at, q.paused_at;
         RETURN;
     END IF;
