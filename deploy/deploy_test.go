@@ -37,7 +37,7 @@ import (
 // The deploy test runs docker-compose.yml on a Docker engine through the
 // faults an operator meets, checks that every task enqueued through the
 // API reaches a terminal state exactly once, and logs the figures the
-// README's deploy section quotes (lines starting with FIGURE). `make
+// deploy test's section of docs/development.md quotes (lines starting with FIGURE). `make
 // deploy-test` builds the images it needs first (deploy/standins/build.sh).
 
 const (

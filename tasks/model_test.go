@@ -21,7 +21,7 @@ func TestStates(t *testing.T) {
 	}
 }
 
-// The vectors in the README; computed independently (Python), so a change
+// The vectors in docs/tasks.md; computed independently (Python), so a change
 // to ShardOf that breaks other producers fails here.
 func TestShardOfVectors(t *testing.T) {
 	for _, v := range []struct {

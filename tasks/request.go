@@ -13,7 +13,7 @@ import (
 // NewTask is Go's vocabulary, in which a zero field means "left out"
 // (Queue "" is the default queue, Priority 0 the default priority), while
 // in JSON a field left out is absent: one given empty, zero or null must
-// be valid or refused, never read as left out (README, one rule for
+// be valid or refused, never read as left out (docs/reference.md, one rule for
 // optional values). So every optional field here is a pointer, nil only
 // when the field is absent (jsonbody refuses null for them), and NewTask
 // refuses the values the Go vocabulary would read as "not set".

@@ -54,7 +54,7 @@ type Config struct {
 	// TracerProvider, when set, traces every enqueue: a span that is a
 	// child of the span in the caller's context, whose trace context is
 	// stored with the task so that the runner's spans join its trace
-	// (README, Traces). Pass otel.GetTracerProvider() to use the global
+	// (docs/reference.md, Traces). Pass otel.GetTracerProvider() to use the global
 	// one. Nil: no span, and nothing extra stored.
 	TracerProvider trace.TracerProvider
 }

@@ -74,7 +74,7 @@ type Config struct {
 	Registry *prometheus.Registry
 	// TracerProvider, when set, traces POST /api/tasks: a server span that
 	// joins the caller's traceparent, and the client's enqueue span under
-	// it, whose trace the task's runner spans join (README, Traces). Nil:
+	// it, whose trace the task's runner spans join (docs/reference.md, Traces). Nil:
 	// tracing off. cmd/coordinator sets it from the OTEL_* environment.
 	TracerProvider trace.TracerProvider
 }

@@ -179,7 +179,7 @@ type Config struct {
 	Logger     hclog.Logger
 	Metrics    *Metrics
 	// TracerProvider, when set, traces claims, handler runs and outcome
-	// writes (trace.go; README, Traces). Nil: tracing off, at no cost.
+	// writes (trace.go; docs/reference.md, Traces). Nil: tracing off, at no cost.
 	TracerProvider trace.TracerProvider
 }
 

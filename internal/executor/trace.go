@@ -11,7 +11,7 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// The executor's spans (README, Traces). Claims and outcome writes are
+// The executor's spans (docs/reference.md, Traces). Claims and outcome writes are
 // batched: each batch is one span of the runner's own (a root, so a claim
 // of 500 tasks is one span, not 500 traces' worth of one statement),
 // linked to the tasks' spans; each task gets its own span of the batch in

@@ -103,7 +103,7 @@ type Config struct {
 	// it.
 	Store *store.Store
 	// TracerProvider, when set, traces every claim, handler run and
-	// outcome write (README, Traces); the handler's context carries its
+	// outcome write (docs/reference.md, Traces); the handler's context carries its
 	// span. Nil: tracing off, at no cost. cmd/runner sets it from the
 	// OTEL_* environment.
 	TracerProvider trace.TracerProvider

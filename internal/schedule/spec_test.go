@@ -49,7 +49,7 @@ func TestCronFollowsTheTimeZone(t *testing.T) {
 		t.Errorf("09:00 Berlin in July = %s, want %s", summer, want)
 	}
 	// The spring-forward night has no 02:30 in Berlin: robfig/cron does not
-	// tick that night (documented in the README), the next tick is the
+	// tick that night (documented in docs/tasks.md), the next tick is the
 	// following night's.
 	night, _ := Spec{Cron: "30 2 * * *", Timezone: "Europe/Berlin"}.Compile()
 	got := night.Next(time.Date(2026, 3, 28, 12, 0, 0, 0, time.UTC))

@@ -35,7 +35,7 @@ import (
 // ScopeName is the instrumentation scope of every shardrun span.
 const ScopeName = "github.com/shardrun/shardrun"
 
-// The attributes of shardrun's spans (README, Traces).
+// The attributes of shardrun's spans (docs/reference.md, Traces).
 const (
 	TaskID    = attribute.Key("shardrun.task.id")
 	TaskKind  = attribute.Key("shardrun.task.kind")
