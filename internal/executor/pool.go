@@ -168,14 +168,18 @@ func (p *pool) submit(termCtx context.Context, t tasks.Task, termDone func(), pa
 	p.ahead = append(p.ahead, w)
 	p.aheadOf[t.Queue]++
 	closed := p.closed
+	if !closed {
+		// The shard moves or the runner detaches: the task goes back to
+		// its lane at once, so that the handoff does not wait for it. Set
+		// under the lock, because startNext may take w as soon as it is
+		// released; AfterFunc runs drop on a goroutine of its own, so it
+		// cannot deadlock on p.mu.
+		w.stop = context.AfterFunc(termCtx, func() { p.drop(w, true) })
+	}
 	p.mu.Unlock()
 	if closed {
 		p.drop(w, true)
-		return
 	}
-	// The shard moves or the runner detaches: the task goes back to its
-	// lane at once, so that the handoff does not wait for it.
-	w.stop = context.AfterFunc(termCtx, func() { p.drop(w, true) })
 }
 
 // slotLocked reports whether a task of queue may start now.
