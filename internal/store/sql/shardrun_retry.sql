@@ -61,6 +61,11 @@ BEGIN
     -- Their queues may have been removed since they finished: after the
     -- keys, as a producer takes them.
     PERFORM shardrun_register_queues(ARRAY(SELECT x.queue FROM unnest(placed) x));
+    -- The sequences of every locked task at once, in key order, before
+    -- shardrun_file settles the retried ones and shardrun_settle all of
+    -- them: locked in two rounds, a key of the second round sorting before
+    -- one of the first would be taken out of order.
+    PERFORM shardrun_lock_sequences(ARRAY(SELECT t.sequence_key FROM tasks t WHERE t.id = ANY (locked)));
     PERFORM shardrun_file(placed, true);
     IF shards IS NOT NULL THEN
         PERFORM shardrun_notify(shards, urgent);

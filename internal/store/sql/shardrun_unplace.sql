@@ -12,10 +12,16 @@ DECLARE
     waiting bigint[];
     pending bigint[];
 BEGIN
+    -- By their ctids, as a claim deletes them: a TID scan visits the
+    -- entries in ctid order, so a claim and this delete lock the entries
+    -- they share in the same order and never wait on each other in a
+    -- cycle (a delete through a join locks them in the join's order).
     WITH d AS (
-        DELETE FROM task_ready r USING tasks t
-        WHERE t.id = ANY (ids) AND t.state = 'ready'
-          AND (r.shard, r.queue, r.kind, r.priority, r.run_after, r.id) = (t.shard, t.queue, t.kind, t.priority, t.run_after, t.id)
+        DELETE FROM task_ready r
+        WHERE r.ctid = ANY (ARRAY(
+            SELECT e.ctid FROM tasks t JOIN task_ready e
+              ON (e.shard, e.queue, e.kind, e.priority, e.run_after, e.id) = (t.shard, t.queue, t.kind, t.priority, t.run_after, t.id)
+            WHERE t.id = ANY (ids) AND t.state = 'ready'))
         RETURNING r.id
     ) SELECT array_agg(id) INTO lane FROM d;
     WITH d AS (
