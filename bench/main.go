@@ -71,6 +71,8 @@ type Report struct {
 	Scale       *scaleResult      `json:"scale,omitempty"`
 	Mixed       *mixedResult      `json:"mixed,omitempty"`
 	Curve       *curveResult      `json:"scale_curve,omitempty"`
+	Work        *workResult       `json:"work,omitempty"`
+	Startup     *startupResult    `json:"startup,omitempty"`
 	Features    *featuresResult   `json:"features,omitempty"`
 	Tracing     *tracingCost      `json:"tracing,omitempty"`
 	Idle        []idleRun         `json:"idle_queues,omitempty"`
@@ -103,12 +105,19 @@ func main() {
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,mixed,tracing,idle (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,work,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,startup,mixed,tracing,idle (default all)")
 	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
 	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
 	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
 	flag.IntVar(&curveFlags.workers, "curve-workers", curveFlags.workers, "workers per process of both systems in the scale curve")
 	flag.IntVar(&curveFlags.conns, "curve-conns", curveFlags.conns, "PostgreSQL connections per process of both systems in the scale curve")
+	flag.StringVar(&workFlags.procs, "work-procs", workFlags.procs, "process counts of the work section (runner-bound throughput on sleep tasks, both systems)")
+	flag.IntVar(&workFlags.workers, "work-workers", workFlags.workers, "workers per process of both systems in the work section")
+	flag.IntVar(&workFlags.sleepMS, "work-sleep-ms", workFlags.sleepMS, "sleep of each task in the work section, ms")
+	flag.Float64Var(&workFlags.seconds, "work-seconds", workFlags.seconds, "seconds of tasks at the ideal rate per work trial (tasks = processes × workers × 1000/sleep × this)")
+	flag.IntVar(&workFlags.conns, "work-conns", workFlags.conns, "PostgreSQL connections per process of both systems in the work section")
+	flag.IntVar(&workFlags.shards, "work-shards", workFlags.shards, "shards of the work section's shardrun clusters")
+	flag.IntVar(&workFlags.trials, "work-trials", workFlags.trials, "trials of each system at each process count of the work section")
 	flag.IntVar(&unclaimableFlags.tasks, "unhandled", unclaimableFlags.tasks, "ready tasks of a kind nobody handles in the unclaimable section")
 	flag.IntVar(&unclaimableFlags.procs, "unhandled-procs", unclaimableFlags.procs, "runner processes of the unclaimable section")
 	flag.IntVar(&maint.retentionRows, "retention-rows", 10_000_000, "finished rows the retention section deletes")
@@ -123,6 +132,12 @@ func main() {
 	flag.IntVar(&scaleFlags.shards, "scale-shards", scaleFlags.shards, "shards of the scale section's cluster")
 	flag.IntVar(&scaleFlags.tasks, "scale-tasks", scaleFlags.tasks, "noop tasks of the scale section's burn-down")
 	flag.IntVar(&scaleFlags.maxWorkers, "scale-max-workers", scaleFlags.maxWorkers, "--max-workers of each runner in the scale section")
+	flag.IntVar(&startupFlags.runners, "startup-runners", startupFlags.runners, "runners started at once on a backlog in the startup section (one more joins under load)")
+	flag.IntVar(&startupFlags.shards, "startup-shards", startupFlags.shards, "shards of the startup section's cluster")
+	flag.IntVar(&startupFlags.tasks, "startup-tasks", startupFlags.tasks, "noop tasks of the startup section's backlog")
+	flag.IntVar(&startupFlags.maxWorkers, "startup-max-workers", startupFlags.maxWorkers, "--max-workers of each runner in the startup section")
+	flag.IntVar(&startupFlags.joinTasks, "startup-join-tasks", startupFlags.joinTasks, "noop tasks draining while one more runner joins in the startup section (0: no join)")
+	flag.DurationVar(&startupFlags.joinAfter, "startup-join-after", startupFlags.joinAfter, "when the joiner is spawned after the join backlog's commit in the startup section")
 	flag.IntVar(&mixedFlags.runners, "mixed-runners", mixedFlags.runners, "runners of each fleet of the mixed section (uniform and mixed; one more joins)")
 	flag.IntVar(&mixedFlags.shards, "mixed-shards", mixedFlags.shards, "shards of the mixed section's clusters")
 	flag.IntVar(&mixedFlags.queues, "mixed-queues", mixedFlags.queues, "queues (q0, q1...) of the mixed section's fleets")
@@ -240,6 +255,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"throughput", func() error { return e.throughputSection(ctx, rep, trials, n) }},
 		{"features", func() error { return e.featuresSection(ctx, rep, trials, n) }},
 		{"curve", func() error { return e.curveSection(ctx, rep, n, out) }},
+		{"work", func() error { return e.workSection(ctx, rep) }},
 		{"failover", func() error { return e.failoverSection(ctx, rep, faultTrials) }},
 		{"handoff", func() error { return e.handoffSection(ctx, rep, faultTrials) }},
 		{"detach", func() error { return e.detachSection(ctx, rep, faultTrials) }},
@@ -253,6 +269,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"steady", func() error { return e.steadySection(ctx, rep) }},
 		{"notify", func() error { return e.notifySection(ctx, rep) }},
 		{"scale", func() error { return e.scaleSection(ctx, rep) }},
+		{"startup", func() error { return e.startupSection(ctx, rep) }},
 		{"mixed", func() error { return e.mixedSection(ctx, rep) }},
 		{"tracing", func() error { return e.tracingSection(ctx, rep, trials, n) }},
 		{"idle", func() error { return e.idleSection(ctx, rep) }},
@@ -516,11 +533,17 @@ func printTable(w io.Writer, rep *Report) {
 	if sc := rep.Scale; sc != nil {
 		printScale(w, sc)
 	}
+	if s := rep.Startup; s != nil {
+		printStartup(w, s)
+	}
 	if m := rep.Mixed; m != nil {
 		printMixed(w, m)
 	}
 	if c := rep.Curve; c != nil {
 		printCurve(w, c)
+	}
+	if r := rep.Work; r != nil {
+		printWork(w, r)
 	}
 	if t, ok := rep.SectionSeconds["total"]; ok {
 		fmt.Fprintf(w, "| bench time | %.0f s in all (%s) |\n", t, sectionTimes(rep.SectionSeconds))
@@ -592,7 +615,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "features", "curve", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "mixed", "tracing"} {
+	for _, name := range []string{"throughput", "features", "curve", "work", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "startup", "mixed", "tracing"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}

@@ -30,8 +30,8 @@ import (
 const riverChildFlag = "-river-child"
 
 // newRiverClient is a River client on pool with the bench's settings; with
-// work it runs the noop jobs of the default queue, without it only inserts
-// (an insert-only client must not configure queues).
+// work it runs the noop and sleep jobs of the default queue, without it
+// only inserts (an insert-only client must not configure queues).
 func newRiverClient(pool *pgxpool.Pool, rs riverSettings, work bool) (*river.Client[pgxTx], error) {
 	cooldown, err := time.ParseDuration(rs.FetchCooldown)
 	if err != nil {
@@ -45,6 +45,7 @@ func newRiverClient(pool *pgxpool.Pool, rs riverSettings, work bool) (*river.Cli
 	if work {
 		workers := river.NewWorkers()
 		river.AddWorker(workers, &NoopWorker{})
+		river.AddWorker(workers, &SleepWorker{})
 		cfg.Workers = workers
 		cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: rs.MaxWorkers}}
 	}
@@ -61,8 +62,9 @@ func riverPool(ctx context.Context, dsn string, conns int32) (*pgxpool.Pool, err
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
-// riverChild is the child mode: one River client working noop jobs until
-// SIGTERM, then a graceful stop. It prints "ready" once the client started.
+// riverChild is the child mode: one River client working noop and sleep
+// jobs until SIGTERM, then a graceful stop. It prints "ready" once the
+// client started.
 func riverChild(args []string) int {
 	fs := flag.NewFlagSet("river-child", flag.ExitOnError)
 	dsn := fs.String("dsn", "", "database")

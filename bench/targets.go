@@ -48,6 +48,8 @@ func targets(rep *Report) []target {
 	out = append(out, unclaimableTargets(rep.Unclaimable)...)
 	out = append(out, featuresTargets(rep.Features)...)
 	out = append(out, mixedTargets(rep.Mixed)...)
+	out = append(out, workTargets(rep.Work)...)
+	out = append(out, startupTargets(rep.Startup)...)
 	return out
 }
 
@@ -215,7 +217,7 @@ func unclaimableTargets(u *unclaimable) []target {
 
 // printTargets writes the targets table.
 func printTargets(w io.Writer, ts []target) {
-	fmt.Fprintln(w, "\n| target (issues 23, 26, 31) | wanted | measured | result |\n| --- | --- | --- | --- |")
+	fmt.Fprintln(w, "\n| target (issues 23, 26, 31, 35) | wanted | measured | result |\n| --- | --- | --- | --- |")
 	for _, t := range ts {
 		fmt.Fprintf(w, "| %s | %s | %s | **%s** |\n", t.Measure, t.Target, cmp.Or(t.Measured, "-"), t.Status)
 	}
