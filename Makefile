@@ -83,7 +83,7 @@ bench:
 	$(BUILD)
 	cd bench && $(GO) run . -out results/latest.json -runner $(abspath $(BIN))/runner $(BENCH_FLAGS)
 
-## model: model-check the ownership protocol with spin
+## model: model-check the ownership protocol (capability groups included) and the sequence protocol with spin
 model:
 	@$(DEPS) model
 	$(MAKE) -C model check

@@ -4,7 +4,8 @@
 # counterexample. Prints states explored, depth and time per check; exits
 # non-zero on any surprise. MEMLIM (megabytes, default 8192) caps what one
 # search may use. ./check.sh: both models; ./check.sh bounds: the
-# ownership bounds; ./check.sh sequences: the sequence model alone.
+# ownership bounds; ./check.sh groups: the ownership model's capability
+# group checks alone; ./check.sh sequences: the sequence model alone.
 set -euo pipefail
 cd "$(dirname "$0")"
 command -v spin >/dev/null || { echo "spin is not installed: apt-get install spin"; exit 1; }
@@ -16,7 +17,7 @@ trap 'rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
 cp ownership.pml sequences.pml "$work/"
 failed=0
-printf '%-46s %-17s %-17s %12s %6s %8s  %s\n' check expect result states depth seconds parameters
+printf '%-52s %-23s %-23s %12s %6s %8s  %s\n' check expect result states depth seconds parameters
 
 # The model the checks that follow are of.
 pml=ownership.pml
@@ -59,7 +60,7 @@ run() {
 			result=fails:${what:-?}
 		fi
 	fi
-	printf '%-46s %-17s %-17s %12s %6s %8s  %s\n' "$name" "$expect" "$result" "${states:-?}" "${depth:-?}" "${secs:-?}" "$defs"
+	printf '%-52s %-23s %-23s %12s %6s %8s  %s\n' "$name" "$expect" "$result" "${states:-?}" "${depth:-?}" "${secs:-?}" "$defs"
 	if [ "$result" != "$expect" ]; then
 		failed=1
 		echo "---- $name: expected $expect, got $result"
@@ -82,6 +83,7 @@ run() {
 			{
 				echo "# $name: $(grep -m1 -E 'assertion violated|acceptance cycle' "$out")"
 				echo "# spin -t -p $defs $pml, statements of the shortest counterexample"
+				echo "# proc 0: clock; proc 1: init; proc 2+2i: network(i); proc 3+2i: worker(i)"
 				(cd "$work" && spin -t -p -g $defs $pml 2>/dev/null) | grep -E '^ *[0-9]+:' | sed "s/$pml:[0-9]* //"
 			} > "$trace"
 		fi
@@ -95,6 +97,7 @@ holds="-DNOCLAIM -DSAFETY -DCOLLAPSE -DBFS"
 fails="$holds"
 
 if [ "${1:-}" = "" ]; then
+# One group of two runners (GROUPS 0).
 # The protocol as built, with a slow clock: safety properties in every state.
 run NoDoubleExecution+NoStaleWrite+OutcomeOnce holds "-DTTL=4 -DMARGIN=2 -DLAG=1" "$holds" "-E"
 # A pause as long as the margin: still safe.
@@ -103,7 +106,7 @@ run ...pause_equal_to_margin                   holds "-DTTL=4 -DMARGIN=2 -DPAUSE
 run ...manual_detach_and_attach                holds "-DTTL=4 -DMARGIN=2 -DMANUAL=1" "$holds" "-E"
 # A pause longer than the margin: execution may overlap (the documented
 # at-least-once limit) ...
-run NoDoubleExecution_pause_over_margin        fails "-DTTL=4 -DMARGIN=2 -DPAUSE=3" "$fails" "-E"
+run NoDoubleExecution_pause_over_margin        fails:NoDoubleExecution "-DTTL=4 -DMARGIN=2 -DPAUSE=3" "$fails" "-E"
 # ... and in that same setting the fence still refuses every stale write,
 # and there is still one outcome.
 run NoStaleWrite+OutcomeOnce_pause_over_margin holds "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DNO_DOUBLE_EXEC_CHECK" "$holds" "-E"
@@ -114,13 +117,49 @@ run NoDoubleExecution_idle_pause_over_margin   holds "-DTTL=4 -DMARGIN=2 -DPAUSE
 run Progress                                   holds "-DTTL=4 -DMARGIN=2 -DFAULTS=0" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
 
 # Weakened protocols must produce counterexamples.
-run weakened:margin_0_slow_clock               fails "-DTTL=4 -DMARGIN=0 -DLAG=1" "$fails" "-E"
+run weakened:margin_0_slow_clock               fails:NoDoubleExecution "-DTTL=4 -DMARGIN=0 -DLAG=1" "$fails" "-E"
 # (the bug needs a response delayed by more than the margin while the runner
 # is still attached: MARGIN < delay < TTL - MARGIN - 1, so TTL 5, MARGIN 1)
-run weakened:deadline_from_receipt             fails "-DTTL=5 -DMARGIN=1 -DRECEIPT_BUG=1" "$fails" "-E"
-run weakened:raise_and_requeue_apart          fails "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DSPLIT_RAISE=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
-run weakened:claim_without_fence_lock          fails "-DTTL=4 -DMARGIN=2 -DCLAIM_NOLOCK=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
-run weakened:claim_without_lease_clock         fails "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DIDLE_PAUSE=1 -DCLAIM_NO_CLOCK=1" "$fails" "-E"
+run weakened:deadline_from_receipt             fails:NoDoubleExecution "-DTTL=5 -DMARGIN=1 -DRECEIPT_BUG=1" "$fails" "-E"
+run weakened:raise_and_requeue_apart          fails:NoStaleWrite "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DSPLIT_RAISE=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
+run weakened:claim_without_fence_lock          fails:NoStaleWrite "-DTTL=4 -DMARGIN=2 -DCLAIM_NOLOCK=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
+run weakened:claim_without_lease_clock         fails:NoDoubleExecution "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DIDLE_PAUSE=1 -DCLAIM_NO_CLOCK=1" "$fails" "-E"
+fi
+
+if [ "${1:-}" = "" ] || [ "${1:-}" = groups ]; then
+# Capability groups (GROUPS 1): runners 0 and 1 form group A, runner 2
+# group B; task 0 only A can run, task 1 both (a lane both claim from).
+# Each unit (group, shard) has its owner keys and its fence. Three timed
+# runners with every fault are too many states: each check below gives
+# the faults to the runners it names (FAULTY, a bit mask), the others keep
+# their keep-alives on schedule; no slow clock (LAG is per runner, checked
+# above).
+g="-DGROUPS=1 -DTTL=4 -DMARGIN=2"
+# Group A's runner 0 loses and delays keep-alives: A's unit changes hands
+# (lease expiry, release) while B runs the shared lane.
+run groups:safety_A_keepalives                  holds "$g -DFAULTY=1" "$holds" "-E"
+# The same for group B's runner, in this subset and make model-bounds.
+if [ "${1:-}" = groups ]; then
+run groups:safety_B_keepalives                  holds "$g -DFAULTY=4" "$holds" "-E"
+fi
+# An operator detaches and attaches runner 0 (no keep-alive faults).
+run groups:manual_detach_and_attach_A           holds "$g -DFAULTY=1 -DMANUAL=1 -DKA_FAULTS=0" "$holds" "-E"
+# Runner 0 frozen beyond the margin (keep-alives lost, not delayed): its
+# late writes are refused by its unit's fence, whatever B does.
+run groups:NoStaleWrite+OutcomeOnce_pause_over_margin_A holds "$g -DFAULTY=1 -DPAUSE=3 -DDELAYS=0 -DNO_DOUBLE_EXEC_CHECK" "$holds" "-E"
+# Progress: no faults, weak fairness; every task completed ...
+run groups:Progress                             holds "$g -DFAULTS=0" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+# ... and with group A stopped, the task B can run.
+run groups:Progress_B_alone                     holds "$g -DFAULTS=0 -DONLY_B=1" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+# Weakened group protocols: no fault is needed for any of them.
+run groups:weakened:acquire_on_own_key_only     fails:NoDoubleExecution "$g -DFAULTS=0 -DOWN_KEY_ONLY=1" "$fails" "-E"
+run groups:weakened:one_fence_per_shard         fails:NoDoubleExecution "$g -DFAULTS=0 -DSHARED_FENCE=1" "$fails" "-E"
+# B claims with no unit of its own: its write lands under no fence of its
+# unit ...
+run groups:weakened:claim_without_own_unit      fails:NoStaleWrite "$g -DFAULTS=0 -DCLAIM_UNOWNED=1" "$fails" "-E"
+# ... and its raise, when it acquires the unit, requeues what it runs.
+run groups:weakened:claim_without_own_unit_overlap fails:NoDoubleExecution "$g -DFAULTS=0 -DCLAIM_UNOWNED=1 -DNO_STALE_WRITE_CHECK" "$fails" "-E"
+run groups:weakened:claim_lanes_of_other_kinds  fails:RunsWhereItCan "$g -DFAULTS=0 -DCLAIM_ANY_KIND=1" "$fails" "-E"
 fi
 
 if [ "${1:-}" = "" ] || [ "${1:-}" = sequences ]; then
@@ -155,10 +194,16 @@ if [ "${1:-}" = bounds ]; then
 # The bound, at its edges (slower: make model-bounds): holds while
 # LAG + PAUSE <= MARGIN, fails beyond.
 run bound:lag1+pause1=margin2                  holds "-DTTL=4 -DMARGIN=2 -DLAG=1 -DPAUSE=1" "$holds" "-E"
-run bound:lag1+pause2                          fails "-DTTL=4 -DMARGIN=2 -DLAG=1 -DPAUSE=2" "$fails" "-E"
+run bound:lag1+pause2                          fails:NoDoubleExecution "-DTTL=4 -DMARGIN=2 -DLAG=1 -DPAUSE=2" "$fails" "-E"
 run bound:lag1=margin1                         holds "-DTTL=4 -DMARGIN=1 -DLAG=1" "$holds" "-E"
 run bound:pause1=margin1                       holds "-DTTL=3 -DMARGIN=1 -DPAUSE=1" "$holds" "-E"
 run bound:three_acquisitions                   holds "-DTTL=4 -DMARGIN=2 -DLAG=1 -DMAXACQ=3" "$holds" "-E"
+# With capability groups: a pause as long as the margin on group A's
+# runner 0 (keep-alives lost, not delayed) ...
+run bound:groups_pause2=margin2_A              holds "-DGROUPS=1 -DTTL=4 -DMARGIN=2 -DFAULTY=1 -DPAUSE=2 -DDELAYS=0" "$holds" "-E"
+# ... and group B's runner losing and delaying keep-alives: B's unit
+# changes epoch while A runs (the mirror of groups:safety_A_keepalives).
+run bound:groups_safety_B_keepalives           holds "-DGROUPS=1 -DTTL=4 -DMARGIN=2 -DFAULTY=4" "$holds" "-E"
 fi
 
 if [ $failed != 0 ]; then
