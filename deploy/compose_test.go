@@ -12,7 +12,7 @@ import (
 // TestComposeFileIsValid checks docker-compose.yml with `docker-compose
 // config` (Debian's docker-compose; .ci/run installs it): it parses, names
 // every service, runs three etcd members, two coordinators and three
-// runners, and refuses to start without tokens. It needs no Docker engine;
+// runners, has the emails pool under the profile pools, and refuses to start without tokens. It needs no Docker engine;
 // the deploy test (build tag deploy) runs the file.
 func TestComposeFileIsValid(t *testing.T) {
 	bin, err := exec.LookPath("docker-compose")
@@ -33,6 +33,12 @@ func TestComposeFileIsValid(t *testing.T) {
 		if !strings.Contains(config, want) {
 			t.Errorf("compose config lacks %q", want)
 		}
+	}
+	// The emails pool, under its profile.
+	cmd = exec.Command(bin, "-f", "../docker-compose.yml", "--profile", "pools", "config")
+	cmd.Env = append(os.Environ(), "SHARDRUN_ADMIN_TOKEN=t1", "SHARDRUN_API_TOKEN=t2")
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "  runner-emails:") || !strings.Contains(string(out), "- emails=8") {
+		t.Errorf("docker-compose --profile pools config: want the runner-emails pool serving emails=8: %v\n%s", err, out)
 	}
 	cmd = exec.Command(bin, "-f", "../docker-compose.yml", "config")
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}

@@ -68,6 +68,7 @@ func TestDeploy(t *testing.T) {
 		{"up", d.up},
 		{"load", d.startLoad},
 		{"scale", d.scale},
+		{"pool", d.pool},
 		{"stop_runner", d.stopRunner},
 		{"disconnect_runner", d.disconnectRunner},
 		{"stop_etcd_leader", d.stopEtcdLeader},
@@ -318,6 +319,33 @@ func (d *deployment) getJSON(url, token string, v any) error {
 	return nil
 }
 
+// postJSON posts body to url with the API token and decodes the created
+// (201) answer into v.
+func (d *deployment) postJSON(url string, body []byte, v any) error {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("building POST %s: %w", url, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+d.apiToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("POST %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("reading POST %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("POST %s: %s: %s", url, resp.Status, bytes.TrimSpace(answer))
+	}
+	if err := json.Unmarshal(answer, v); err != nil {
+		return fmt.Errorf("decoding POST %s: %w", url, err)
+	}
+	return nil
+}
+
 func (d *deployment) cluster() (clusterView, error) {
 	var v clusterView
 	err := d.getJSON(d.coordinators[0]+"/api/cluster", d.apiToken, &v)
@@ -454,7 +482,8 @@ func (d *deployment) up(t *testing.T) {
 	// The client and the watch outlive this step: the test's cleanups
 	// stop the watch first (registered last), then close the client.
 	d.etcd = etcdClient(d.t, d.etcdEndpoints(t)...)
-	d.view = &etcdView{prefix: d.prefix, owners: map[int]string{}, runners: map[string]string{}, units: shard.NewHistory(d.prefix, d.shards)}
+	d.view = &etcdView{prefix: d.prefix, owners: map[int]string{}, runners: map[string]string{}, other: map[string]int{},
+		units: shard.NewHistory(d.prefix, d.shards)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -626,6 +655,67 @@ func (d *deployment) scale(t *testing.T) {
 		d.figure("scale runner=%d: the command took %s; %d runners balanced (%s) %s after it started",
 			n, secs(took), n, spread, secs(balanced.Sub(start)))
 	}
+}
+
+// pool enqueues tasks of a queue the runner service does not serve (the
+// answer warns that nothing runs them), starts the compose file's emails
+// pool, and checks that the pool runs every one of them while the runner
+// service's shards stay where they are; then it removes the pool.
+func (d *deployment) pool(t *testing.T) {
+	const n = 50
+	type task struct {
+		Kind  string `json:"kind"`
+		Key   string `json:"key"`
+		Queue string `json:"queue"`
+	}
+	ts := make([]task, n)
+	for i := range ts {
+		ts[i] = task{Kind: "noop", Key: fmt.Sprintf("pool-%02d", i), Queue: "emails"}
+	}
+	body, _ := json.Marshal(ts)
+	var answer struct {
+		Enqueued int      `json:"enqueued"`
+		Warnings []string `json:"warnings"`
+	}
+	if err := d.postJSON(d.coordinators[0]+"/api/tasks", body, &answer); err != nil {
+		t.Fatal(err)
+	}
+	if answer.Enqueued != n || len(answer.Warnings) == 0 || !strings.Contains(answer.Warnings[0], `queue "emails"`) {
+		t.Fatalf("enqueueing %d emails tasks before the pool exists: %+v, want them enqueued with a warning that no runner serves emails", n, answer)
+	}
+	before := d.view.revision()
+	start := time.Now()
+	d.compose(t, 5*time.Minute, "--profile", "pools", "up", "-d", "runner-emails")
+	var done int
+	until(t, 2*time.Minute, 200*time.Millisecond, "the emails pool runs the emails tasks", func() (bool, string) {
+		d.query(t, `SELECT count(*) FILTER (WHERE state = 'completed')::int FROM tasks WHERE queue = 'emails'`, nil, &done)
+		return done == n, fmt.Sprintf("%d of %d completed", done, n)
+	})
+	took := time.Since(start)
+	var elsewhere int
+	d.query(t, `SELECT count(*)::int FROM tasks WHERE queue = 'emails' AND claimed_by = ANY ($1)`, []any{d.runnerServiceIDs()}, &elsewhere)
+	if elsewhere != 0 {
+		t.Errorf("%d emails tasks ran on the runner service, which does not serve emails", elsewhere)
+	}
+	moved := d.view.movedSince(before)
+	if moved != 0 {
+		t.Errorf("the pool's start moved %d shards of the runner service", moved)
+	}
+	d.compose(t, 2*time.Minute, "--profile", "pools", "rm", "--stop", "--force", "runner-emails")
+	balanced, spread := d.waitBalanced(t, 3, time.Minute)
+	d.figure("an emails pool (docker-compose --profile pools up -d): %d emails tasks enqueued before it with a warning; all completed on the pool %s after the command started; %d shards of the runner service moved; after its removal the 3 runners balanced (%s) by %s",
+		n, secs(took), moved, spread, secs(balanced.Sub(start)))
+}
+
+// runnerServiceIDs are the runner ids of the runner service's containers.
+func (d *deployment) runnerServiceIDs() []string {
+	var ids []string
+	for _, c := range d.running("runner") {
+		if st, err := d.status(c); err == nil {
+			ids = append(ids, st.RunnerID)
+		}
+	}
+	return ids
 }
 
 func (d *deployment) stopRunner(t *testing.T) {
@@ -1113,11 +1203,15 @@ func (d *deployment) downAndCheck(t *testing.T) {
 
 // etcdView follows the cluster's runners/ and owners/ keys with a watch
 // from revision 1 through the published etcd ports: the current owners and
-// runner states, and every change of hands (shard.History: the runners of
-// the deployment are of one capability group) with the time it arrived.
+// runner states, and every change of hands (shard.History) with the time
+// it arrived. The owners, the balance and the takeovers are those of the
+// runner service's capability group (the first to acquire a shard); the
+// pool step's runners form a group of their own, counted in other.
 type etcdView struct {
 	prefix       string
 	units        *shard.History
+	group        string         // the runner service's capability group
+	other        map[string]int // shards each runner of another group holds
 	mu           sync.Mutex
 	rev          int64
 	lastAt       time.Time
@@ -1129,6 +1223,7 @@ type etcdView struct {
 }
 
 type shardEvent struct {
+	group   string
 	shard   int
 	put     bool
 	owner   string // the value written, or the one deleted
@@ -1173,13 +1268,24 @@ func (v *etcdView) apply(events []*clientv3.Event, at time.Time) {
 		put := ev.Type == clientv3.EventTypePut
 		if units := v.units.Apply(ev); len(units) > 0 {
 			for _, u := range units {
-				e := shardEvent{shard: u.Shard, put: u.Acquired, owner: u.Runner, rev: u.Rev, created: u.Epoch, at: at}
+				if v.group == "" {
+					v.group = u.Group
+				}
+				e := shardEvent{group: u.Group, shard: u.Shard, put: u.Acquired, owner: u.Runner, rev: u.Rev, created: u.Epoch, at: at}
+				v.shardEvents = append(v.shardEvents, e)
+				if u.Group != v.group {
+					if u.Acquired {
+						v.other[u.Runner]++
+					} else if v.other[u.Runner]--; v.other[u.Runner] == 0 {
+						delete(v.other, u.Runner)
+					}
+					continue
+				}
 				if u.Acquired {
 					v.owners[u.Shard] = u.Runner
 				} else if v.owners[u.Shard] == u.Runner {
 					delete(v.owners, u.Shard)
 				}
-				v.shardEvents = append(v.shardEvents, e)
 			}
 		} else if id, ok := strings.CutPrefix(rel, "runners/"); ok {
 			state := "gone"
@@ -1204,6 +1310,20 @@ func (v *etcdView) apply(events []*clientv3.Event, at time.Time) {
 	}
 }
 
+// movedSince counts the runner service's shard acquisitions after
+// revision rev.
+func (v *etcdView) movedSince(rev int64) int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	n := 0
+	for _, e := range v.shardEvents {
+		if e.group == v.group && e.put && e.rev > rev {
+			n++
+		}
+	}
+	return n
+}
+
 func (v *etcdView) revision() int64 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -1225,7 +1345,7 @@ func (v *etcdView) balanced(n, shards int) (bool, string, time.Time) {
 	defer v.mu.Unlock()
 	attached := map[string]int{}
 	for id, st := range v.runners {
-		if st == "attached" {
+		if _, pool := v.other[id]; st == "attached" && !pool {
 			attached[id] = 0
 		}
 	}
@@ -1267,7 +1387,7 @@ func (v *etcdView) takeovers(shards []int, from string, since time.Time) (first,
 		want[s] = true
 	}
 	for _, e := range v.shardEvents {
-		if !e.put || !want[e.shard] || e.owner == from || !e.at.After(since) {
+		if e.group != v.group || !e.put || !want[e.shard] || e.owner == from || !e.at.After(since) {
 			continue
 		}
 		delete(want, e.shard)
@@ -1294,9 +1414,9 @@ func (v *etcdView) detachesBetween(from, to time.Time) int {
 	return len(ids)
 }
 
-// history checks that no shard was acquired while another runner held
-// it, and returns the runner holding each shard/epoch and
-// the number of acquisitions.
+// history checks that no unit (a group's shard) was acquired while
+// another runner held it, and returns the runner holding each shard/epoch
+// (an epoch is a revision: one unit's) and the number of acquisitions.
 func (v *etcdView) history() (owners map[string]string, acquisitions int, problems []string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -1304,17 +1424,22 @@ func (v *etcdView) history() (owners map[string]string, acquisitions int, proble
 	events := slices.Clone(v.shardEvents)
 	sort.SliceStable(events, func(i, j int) bool { return events[i].rev < events[j].rev })
 	owners = map[string]string{}
-	held := map[int]string{}
+	type unit struct {
+		group string
+		shard int
+	}
+	held := map[unit]string{}
 	for _, e := range events {
+		u := unit{e.group, e.shard}
 		if e.put {
-			if held[e.shard] != "" {
-				problems = append(problems, fmt.Sprintf("shard %d: %s acquired it at revision %d while %s held it", e.shard, e.owner, e.rev, held[e.shard]))
+			if held[u] != "" {
+				problems = append(problems, fmt.Sprintf("shard %d of group %s: %s acquired it at revision %d while %s held it", e.shard, e.group, e.owner, e.rev, held[u]))
 			}
-			held[e.shard] = e.owner
+			held[u] = e.owner
 			owners[fmt.Sprintf("%d/%d", e.shard, e.created)] = e.owner
 			acquisitions++
-		} else if held[e.shard] == e.owner {
-			held[e.shard] = ""
+		} else if held[u] == e.owner {
+			held[u] = ""
 		}
 	}
 	return owners, acquisitions, problems
