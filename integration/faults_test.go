@@ -132,8 +132,12 @@ func TestPostgresOutageCostsNoWork(t *testing.T) {
 	if lateDeadline > 0 {
 		t.Errorf("%d tasks that succeeded before their deadline were not recorded completed", lateDeadline)
 	}
-	if firstClaim > 500*time.Millisecond {
-		t.Errorf("the first task started %s after the database started, want within 500ms", firstClaim)
+	// A runner retries a failed claim at most dbRetry.Max (400 ms) apart,
+	// then reconnects, recovers and claims: one retry period and the rest
+	// with room for the race detector on 2 shared cores (617 ms was seen
+	// there with four test binaries at once, 106-141 ms alone).
+	if firstClaim > time.Second {
+		t.Errorf("the first task started %s after the database started, want within 1s", firstClaim)
 	}
 	c.report("PostgreSQL down 4s", s, fmt.Sprintf("outage %s with 120 tasks finishing during it: none swept stale, all completed; first task claimed %s after the database started",
 		outage.Round(time.Millisecond), firstClaim.Round(time.Millisecond)))
