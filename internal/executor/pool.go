@@ -205,9 +205,9 @@ func (p *pool) submit(termCtx context.Context, t tasks.Task, termDone func(), pa
 		// The shard moves or the runner detaches: the task goes back to
 		// its lane at once, so that the handoff does not wait for it. Set
 		// under the lock, because startNext may take w as soon as it is
-		// released; AfterFunc runs drop on a goroutine of its own, so it
-		// cannot deadlock on p.mu.
-		w.stop = context.AfterFunc(termCtx, func() { p.drop(w, true) })
+		// released; AfterFunc runs on a goroutine of its own, so it cannot
+		// deadlock on p.mu.
+		w.stop = context.AfterFunc(termCtx, p.dropEnded)
 	}
 	p.mu.Unlock()
 	if closed {
@@ -250,6 +250,45 @@ func (p *pool) drop(w *waiting, giveBack bool) {
 	p.freed.Notify()
 }
 
+// dropEnded gives back every task waiting ahead whose term has ended, in
+// one statement: a detach ends every term at once, and the buffer may hold
+// a task per worker. The first of their watches to fire takes them all;
+// the others find theirs gone.
+func (p *pool) dropEnded() {
+	p.mu.Lock()
+	var ws []*waiting
+	p.ahead = slices.DeleteFunc(p.ahead, func(w *waiting) bool {
+		if w.termCtx.Err() == nil {
+			return false
+		}
+		ws = append(ws, w)
+		p.aheadOf[w.task.Queue]--
+		return true
+	})
+	p.mu.Unlock()
+	p.giveBackAll(ws)
+}
+
+// giveBackAll returns the claims of ws, taken out of ahead, in one
+// statement, and ends their holds on their terms.
+func (p *pool) giveBackAll(ws []*waiting) {
+	if len(ws) == 0 {
+		return
+	}
+	refs := make([]claims.Ref, len(ws))
+	for i, w := range ws {
+		if w.stop != nil {
+			w.stop()
+		}
+		refs[i] = claims.RefOf(w.task)
+	}
+	p.giveBack(refs)
+	for _, w := range ws {
+		w.done()
+	}
+	p.freed.Notify()
+}
+
 // startNext starts the oldest task ahead whose queue has a free slot.
 func (p *pool) startNext() {
 	p.mu.Lock()
@@ -285,11 +324,13 @@ func (p *pool) startNext() {
 func (p *pool) close() {
 	p.mu.Lock()
 	p.closed = true
-	ws := slices.Clone(p.ahead)
-	p.mu.Unlock()
+	ws := p.ahead
+	p.ahead = nil
 	for _, w := range ws {
-		p.drop(w, true)
+		p.aheadOf[w.task.Queue]--
 	}
+	p.mu.Unlock()
+	p.giveBackAll(ws)
 }
 
 // start runs one claimed task under its term's context; termDone ends the
