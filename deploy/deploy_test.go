@@ -1000,26 +1000,14 @@ func (d *deployment) startLoad(t *testing.T) {
 
 // enqueue posts one batch and says whether the API confirmed it.
 func (d *deployment) enqueue(base string, body []byte) (bool, error) {
-	req, err := http.NewRequest(http.MethodPost, base+"/api/tasks", bytes.NewReader(body))
-	if err != nil {
-		return false, fmt.Errorf("building the enqueue request: %w", err)
-	}
-	req.Header.Set("Authorization", "Bearer "+d.apiToken)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := d.client.Do(req)
-	if err != nil {
-		return false, fmt.Errorf("enqueueing a batch: %w", err)
-	}
-	defer resp.Body.Close()
-	answer, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusCreated {
-		return false, fmt.Errorf("enqueueing a batch: %s: %s", resp.Status, bytes.TrimSpace(answer))
-	}
 	var r struct {
 		Enqueued int `json:"enqueued"`
 	}
-	if err := json.Unmarshal(answer, &r); err != nil || r.Enqueued != batchSize {
-		return false, fmt.Errorf("enqueueing a batch: unexpected answer %s", bytes.TrimSpace(answer))
+	if err := d.postJSON(base+"/api/tasks", body, &r); err != nil {
+		return false, fmt.Errorf("enqueueing a batch: %w", err)
+	}
+	if r.Enqueued != batchSize {
+		return false, fmt.Errorf("enqueueing a batch: %d enqueued, want %d", r.Enqueued, batchSize)
 	}
 	return true, nil
 }

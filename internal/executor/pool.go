@@ -240,11 +240,12 @@ func (p *pool) drop(w *waiting, giveBack bool) {
 	if !ok {
 		return
 	}
+	if giveBack {
+		p.giveBackAll([]*waiting{w})
+		return
+	}
 	if w.stop != nil {
 		w.stop()
-	}
-	if giveBack {
-		p.giveBack([]claims.Ref{claims.RefOf(w.task)})
 	}
 	w.done()
 	p.freed.Notify()
