@@ -61,10 +61,16 @@ const (
 	// handler in its own transaction (shardrun.CompleteTx); the write
 	// changed nothing and the attempt counts as completed.
 	Completed
+	// Busy: the claim row is locked by another transaction that has not
+	// ended (a handler's transaction after CompleteTx, or another write of
+	// the same claim at that instant). The write skipped it and changed
+	// nothing; the claim is still the writer's. Write again later: no
+	// write waits for a transaction it does not control.
+	Busy
 )
 
 var outcomeNames = [...]string{Applied: "applied", FenceLost: "fence_lost", TaskMoved: "task_moved", TaskGone: "task_gone",
-	Completed: "completed"}
+	Completed: "completed", Busy: "busy"}
 
 func (o Outcome) String() string {
 	if int(o) >= 0 && int(o) < len(outcomeNames) && outcomeNames[o] != "" {
@@ -82,6 +88,23 @@ type WriteResult struct {
 	Outcome         Outcome
 	State           tasks.State
 	CancelRequested bool
+}
+
+// Orphans is what a fence raise (Raised set) or a later requeue of the
+// claims earlier owners of a unit left did.
+type Orphans struct {
+	// Raised are the terms whose fence now holds their epoch (RaiseFences
+	// only): work may be claimed there.
+	Raised []ShardEpoch
+	// Requeued claims went back to ready (attempt+1, or the same attempt
+	// when their handler never started), Dead ones had used up their
+	// attempts, and Completed ones had their completion recorded by their
+	// handler's own transaction (CompleteTx) and were completed.
+	Requeued, Dead, Completed int64
+	// Pending are the raised terms where some earlier claims were locked by
+	// a transaction still open and were skipped: requeue them again later
+	// (RequeueOrphans) until none is pending.
+	Pending []ShardEpoch
 }
 
 // Completion is a successful attempt to record.
