@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 
+	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/faultproxy"
@@ -36,8 +37,11 @@ type cluster struct {
 	log    eventLog
 	ttl    time.Duration
 
-	mu      sync.Mutex
-	members map[string]*member
+	mu sync.Mutex
+	// members are keyed by themselves, not by id: two processes with one
+	// runner id (a successor started while its predecessor was paused)
+	// are two members.
+	members map[*member]bool
 	// groups[id] is the group of every member ever started, kept after
 	// it leaves for the checks of its history.
 	groups map[string]string
@@ -58,11 +62,11 @@ func newCluster(t testing.TB, shards int) *cluster {
 	t.Helper()
 	srv, admin := testutil.Etcd(t)
 	c := &cluster{t: t, etcd: srv, admin: admin, shards: shards, log: eventLog{testsignal.New[Event]()}, ttl: 2 * time.Second,
-		members: map[string]*member{}, groups: map[string]string{}}
+		members: map[*member]bool{}, groups: map[string]string{}}
 	t.Cleanup(func() {
 		c.mu.Lock()
 		ms := make([]*member, 0, len(c.members))
-		for _, m := range c.members {
+		for m := range c.members {
 			ms = append(ms, m)
 		}
 		c.mu.Unlock()
@@ -73,14 +77,47 @@ func newCluster(t testing.TB, shards int) *cluster {
 	return c
 }
 
-type memberOpt func(*Config)
+// memberSetup is what a memberOpt may change before a member starts: its
+// manager's config, its detach machine's config, and the test hooks of
+// its manager.
+type memberSetup struct {
+	cfg    Config
+	detach detach.Config
+	hooks  hooks
+}
 
-func withHandoff(d time.Duration) memberOpt { return func(c *Config) { c.HandoffTimeout = d } }
+type memberOpt func(*memberSetup)
+
+func withHandoff(d time.Duration) memberOpt {
+	return func(s *memberSetup) { s.cfg.HandoffTimeout = d }
+}
 
 // serving makes a member serve queues and handle kinds, which puts it in
 // their group.
 func serving(queues, kinds []string) memberOpt {
-	return func(c *Config) { c.Queues, c.Kinds = queues, kinds }
+	return func(s *memberSetup) { s.cfg.Queues, s.cfg.Kinds = queues, kinds }
+}
+
+// withClock gives the member's manager and detach machine a clock of the
+// test's: with a fake one, its keep-alives, retries and recovery window
+// move only when the test moves it.
+func withClock(c clock.Clock) memberOpt {
+	return func(s *memberSetup) { s.cfg.Clock, s.detach.Clock = c, c }
+}
+
+func withLeaseTTL(ttl time.Duration) memberOpt {
+	return func(s *memberSetup) { s.cfg.LeaseTTL = ttl }
+}
+
+// withoutJoinSettle: the member acts on a join at once (a fake clock that
+// does not move would otherwise keep it settling).
+func withoutJoinSettle() memberOpt {
+	return func(s *memberSetup) { s.cfg.JoinSettle = -1 }
+}
+
+// withHooks sets the test hooks of the member's manager.
+func withHooks(set func(*hooks)) memberOpt {
+	return func(s *memberSetup) { set(&s.hooks) }
 }
 
 // add starts a member; throughProxy puts a fault proxy between it and etcd.
@@ -105,20 +142,25 @@ func (c *cluster) start(id string, throughProxy bool, opts ...memberOpt) (*membe
 		endpoint = "http://" + p.Addr()
 	}
 	m.client = testutil.Client(c.t, endpoint)
-	m.machine = detach.New(detach.Config{RecoveryWindow: 500 * time.Millisecond})
-	cfg := Config{
-		Client: m.client, Prefix: testPrefix, RunnerID: id, ShardCount: c.shards,
-		LeaseTTL: c.ttl, HandoffTimeout: time.Second, Detach: m.machine,
-		Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{c.t}}),
+	setup := memberSetup{
+		cfg: Config{
+			Client: m.client, Prefix: testPrefix, RunnerID: id, ShardCount: c.shards,
+			LeaseTTL: c.ttl, HandoffTimeout: time.Second,
+			Logger: hclog.New(&hclog.LoggerOptions{Name: id, Level: hclog.Warn, Output: testWriter{c.t}}),
+		},
+		detach: detach.Config{RecoveryWindow: 500 * time.Millisecond},
 	}
 	for _, o := range opts {
-		o(&cfg)
+		o(&setup)
 	}
-	mgr, err := New(cfg)
+	m.machine = detach.New(setup.detach)
+	setup.cfg.Detach = m.machine
+	mgr, err := New(setup.cfg)
 	if err != nil {
 		m.close()
 		return nil, err
 	}
+	mgr.hooks = setup.hooks
 	m.mgr = mgr
 	mgr.ledger.events = c.log.Signal
 	if err := mgr.Start(context.Background()); err != nil {
@@ -129,7 +171,7 @@ func (c *cluster) start(id string, throughProxy bool, opts ...memberOpt) (*membe
 	m.cancel = cancel
 	go func() { m.done <- mgr.Run(ctx) }()
 	c.mu.Lock()
-	c.members[id] = m
+	c.members[m] = true
 	c.groups[id] = mgr.Group()
 	c.mu.Unlock()
 	return m, nil
@@ -160,7 +202,7 @@ func (m *member) crashStop() {
 func (m *member) forget() {
 	m.close()
 	m.c.mu.Lock()
-	delete(m.c.members, m.id)
+	delete(m.c.members, m)
 	m.c.mu.Unlock()
 }
 
@@ -177,7 +219,7 @@ func (c *cluster) live() []*member {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]*member, 0, len(c.members))
-	for _, m := range c.members {
+	for m := range c.members {
 		out = append(out, m)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].id < out[j].id })
@@ -416,4 +458,101 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// recorder keeps every etcd event under the test prefix, in revision
+// order, from the moment it starts: the history that checks of what etcd
+// held at every revision replay.
+type recorder struct {
+	mu      sync.Mutex
+	events  []*clientv3.Event
+	last    int64 // revision of the last event received
+	changed chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func (c *cluster) record() *recorder {
+	c.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := c.admin.Get(ctx, testPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		cancel()
+		c.t.Fatal(err)
+	}
+	r := &recorder{changed: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+	ch := c.admin.Watch(ctx, testPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	go func() {
+		defer close(r.done)
+		for resp := range ch {
+			if len(resp.Events) == 0 {
+				continue
+			}
+			r.mu.Lock()
+			r.events = append(r.events, resp.Events...)
+			r.last = resp.Events[len(resp.Events)-1].Kv.ModRevision
+			close(r.changed)
+			r.changed = make(chan struct{})
+			r.mu.Unlock()
+		}
+	}()
+	c.t.Cleanup(r.stop)
+	return r
+}
+
+// through returns every event up to rev, waiting for them (the watch is
+// complete up to its last event).
+func (r *recorder) through(t testing.TB, rev int64) []*clientv3.Event {
+	t.Helper()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		last, changed := r.last, r.changed
+		var out []*clientv3.Event
+		if last >= rev {
+			for _, ev := range r.events {
+				if ev.Kv.ModRevision <= rev {
+					out = append(out, ev)
+				}
+			}
+		}
+		r.mu.Unlock()
+		if last >= rev {
+			return out
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			t.Fatalf("the recorder saw events up to revision %d, not %d", last, rev)
+		}
+	}
+}
+
+func (r *recorder) stop() {
+	r.cancel()
+	<-r.done
+}
+
+// checkNamedOnce replays events through History and fails for every
+// revision at which two owner keys of one group named one shard.
+func checkNamedOnce(t testing.TB, events []*clientv3.Event, shards int) {
+	t.Helper()
+	h := NewHistory(testPrefix, shards)
+	holder := map[unit]UnitEvent{}
+	for _, ev := range events {
+		for _, u := range h.Apply(ev) {
+			k := unit{u.Group, u.Shard}
+			prev, held := holder[k]
+			switch {
+			case !u.Acquired && held && prev.Runner == u.Runner:
+				delete(holder, k)
+			case u.Acquired && held && prev.Runner != u.Runner:
+				t.Errorf("revision %d: %s's key names shard %d (epoch %d) while %s's still names it (epoch %d)",
+					u.Rev, u.Runner, u.Shard, u.Epoch, prev.Runner, prev.Epoch)
+			case u.Acquired:
+				holder[k] = u
+			}
+		}
+	}
 }

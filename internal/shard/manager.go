@@ -97,6 +97,23 @@ type Manager struct {
 	// after one failed; storageRetry spaces the failures out.
 	storageRetry   clock.Backoff
 	storageRetryAt time.Time
+
+	// hooks are set by tests only.
+	hooks hooks
+}
+
+// hooks are points where a test holds or observes the Run loop and its
+// watcher, to force an interleaving without sleeping. All nil in
+// production, where each costs a nil check.
+type hooks struct {
+	// watchOpening runs on the watcher before it opens a watch.
+	watchOpening func(ctx context.Context)
+	// delivering runs on the watcher before it hands u to the Run loop.
+	delivering func(ctx context.Context, u watchUpdate)
+	// applied runs on the Run loop once u is in the view.
+	applied func(u watchUpdate)
+	// reconciled runs on the Run loop after each reconcile pass.
+	reconciled func()
 }
 
 // New validates cfg and returns a manager; it does not touch etcd.
@@ -222,7 +239,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	updates := make(chan watchUpdate, 16)
 	loops := make(chan struct{}, 2)
-	w := &watcher{client: m.client, prefix: m.keys.prefix, clock: m.clock, log: m.log, out: updates, rev: m.rev}
+	w := &watcher{client: m.client, prefix: m.keys.prefix, clock: m.clock, log: m.log, out: updates, rev: m.rev, hooks: &m.hooks}
 	go func() { w.Run(runCtx); loops <- struct{}{} }()
 	go func() { m.keeper.Run(runCtx); loops <- struct{}{} }()
 	defer func() {
@@ -246,6 +263,9 @@ func (m *Manager) Run(ctx context.Context) error {
 			m.log.Info("draining: releasing every shard", "bound", drainBy.Sub(m.clock.Now()))
 		}
 		m.reconcile(runCtx)
+		if m.hooks.reconciled != nil {
+			m.hooks.reconciled()
+		}
 		if !drainBy.IsZero() && (m.drained() || !m.clock.Now().Before(drainBy)) {
 			m.finishDrain(runCtx)
 			return nil
@@ -286,6 +306,9 @@ func (m *Manager) Orphan() {
 func (m *Manager) apply(u watchUpdate) {
 	m.view.apply(m.keys, u)
 	m.groupRev = max(m.groupRev, u.rev)
+	if m.hooks.applied != nil {
+		m.hooks.applied(u)
+	}
 }
 
 // sortedSet is list sorted, without repeats.

@@ -21,13 +21,17 @@ type watcher struct {
 	out    chan<- watchUpdate
 	// rev is the revision the manager's view reflects; the watch starts
 	// after it.
-	rev int64
+	rev   int64
+	hooks *hooks
 }
 
 // Run watches until ctx ends.
 func (w *watcher) Run(ctx context.Context) {
 	backoff := clock.Backoff{Min: 100 * time.Millisecond, Max: 2 * time.Second}
 	for ctx.Err() == nil {
+		if w.hooks.watchOpening != nil {
+			w.hooks.watchOpening(ctx)
+		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		ch := w.client.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(w.rev+1))
 		for resp := range ch {
@@ -38,9 +42,17 @@ func (w *watcher) Run(ctx context.Context) {
 				break
 			}
 			if len(resp.Events) == 0 {
+				// A progress notification: its revision says nothing of
+				// events still on their way to a watch that is behind.
 				continue
 			}
-			w.rev = resp.Header.Revision
+			// Complete up to the last event received, never up to the
+			// header: a watch that fell behind gets its backlog in
+			// batches of up to 1,000 revisions, each with the store's
+			// current revision in its header (etcd's syncWatchers), while
+			// the next batch may still change the group's keys. Every
+			// event of a revision comes in one batch.
+			w.rev = resp.Events[len(resp.Events)-1].Kv.ModRevision
 			if !w.send(ctx, watchUpdate{events: resp.Events, rev: w.rev}) {
 				cancel()
 				return
@@ -67,6 +79,9 @@ func (w *watcher) Run(ctx context.Context) {
 }
 
 func (w *watcher) send(ctx context.Context, u watchUpdate) bool {
+	if w.hooks.delivering != nil {
+		w.hooks.delivering(ctx, u)
+	}
 	select {
 	case w.out <- u:
 		return true
