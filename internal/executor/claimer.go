@@ -34,14 +34,28 @@ const claimTimeout = 10 * time.Second
 // would add a statement to every round of the single-queue hot path.
 const probeAbove = 4
 
+// orphansRetryMax caps the backoff between requeues of orphans a
+// transaction held: one left open is ended by the database's idle timeout
+// at the latest.
+const orphansRetryMax = 30 * time.Second
+
 // claimer is the claim loop: it fences newly owned shards, claims ready
-// tasks of the held ones and starts them on the pool.
+// tasks of the held ones and starts them on the pool or keeps them ahead.
+//
+// Nothing one term needs holds up the others: a fence raise that fails is
+// tried again later (raiseAt) while the terms fenced already are claimed
+// from, and the orphans of a fenced term that a transaction still holds
+// (Orphans.Pending) are requeued by later rounds (orphansAt) while the
+// term's lanes are claimed from meanwhile: the locked claims are in no
+// lane.
 type claimer struct {
-	store Store
-	owner string
-	own   Ownership
-	pool  *pool
-	kinds []string
+	store  Store
+	owner  string
+	own    Ownership
+	pool   *pool
+	ahead  *ahead
+	writer *writer
+	kinds  []string
 	poll  time.Duration
 	clock clock.Clock
 	log   hclog.Logger
@@ -66,6 +80,20 @@ type claimer struct {
 	// have committed claims nobody runs. The next round gives them back
 	// first (recover). Owned by Run.
 	unsure bool
+	// budget is the last round's measure of the workers that free up
+	// soon. Owned by Run, as are the fields below.
+	budget budget
+	// raiseAt is when a fence raise that failed is tried again, paced by
+	// raiseBackoff.
+	raiseAt      time.Time
+	raiseBackoff clock.Backoff
+	// orphans are the fenced terms whose earlier owners' claims were
+	// skipped, held by a transaction (Orphans.Pending): requeued again
+	// from orphansAt, at most once per poll interval, paced by
+	// orphansBackoff.
+	orphans        map[claims.ShardEpoch]bool
+	orphansAt      time.Time
+	orphansBackoff clock.Backoff
 }
 
 // queueClaims is one served queue: how many of its tasks may run at once,
@@ -76,9 +104,11 @@ type queueClaims struct {
 	pending *pending
 }
 
-func newClaimer(cfg Config, p *pool, tr *tracer) *claimer {
-	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
-		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr, wake: wake.New()}
+func newClaimer(cfg Config, p *pool, a *ahead, w *writer, tr *tracer) *claimer {
+	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p, ahead: a, writer: w,
+		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr, wake: wake.New(),
+		raiseBackoff: dbRetry, orphans: map[claims.ShardEpoch]bool{},
+		orphansBackoff: clock.Backoff{Min: cfg.PollInterval, Max: max(cfg.PollInterval, orphansRetryMax)}}
 	probed := len(cfg.Queues) > probeAbove
 	if probed {
 		c.probe = newProber(cfg.Clock.Now())
@@ -155,7 +185,7 @@ func (c *claimer) Run(ctx context.Context) {
 		if c.more() {
 			continue // more work may be waiting
 		}
-		poll.Reset(c.poll)
+		poll.Reset(c.wait())
 		select {
 		case <-ctx.Done():
 			return
@@ -167,13 +197,28 @@ func (c *claimer) Run(ctx context.Context) {
 	}
 }
 
-// once fences newly owned shards, then claims as many tasks as there are
-// free workers from the held shards that may have due tasks, and starts
-// them.
-func (c *claimer) once(ctx context.Context) error {
-	if err := c.fence(ctx); err != nil {
-		return err
+// wait is how long the loop may sleep when nothing wakes it: the poll
+// interval, or less when a fence raise or an orphan requeue is due again,
+// or a task waiting ahead outstays aheadPatience, before that.
+func (c *claimer) wait() time.Duration {
+	now, d := c.clock.Now(), c.poll
+	for _, at := range []time.Time{c.raiseAt, c.orphansAt, c.ahead.nextStale()} {
+		if !at.IsZero() {
+			d = min(d, max(at.Sub(now), 0))
+		}
 	}
+	return d
+}
+
+// once gives back the tasks waiting ahead whose terms no longer take work,
+// fences newly owned shards, requeues orphans left pending, then claims as
+// many tasks as there are free workers (and workers that free up soon)
+// from the held shards that may have due tasks, and starts them.
+func (c *claimer) once(ctx context.Context) error {
+	// First, whatever happens to the rest of the round: a moving shard's
+	// release waits for them.
+	c.ahead.sweep(c.clock.Now())
+	c.fence(ctx)
 	hold := c.own.Hold()
 	defer hold.Release()
 	terms := hold.Terms()
@@ -188,9 +233,11 @@ func (c *claimer) once(ctx context.Context) error {
 		}
 		c.unsure = false
 	}
+	c.requeueOrphans(ctx, terms)
 	if len(terms) == 0 {
 		return nil
 	}
+	c.budget = c.pool.soon(c.clock.Now(), aheadCover)
 	if c.probe != nil {
 		if err := c.probeLanes(ctx, terms); err != nil {
 			return err
@@ -219,7 +266,8 @@ func (c *claimer) once(ctx context.Context) error {
 	c.turn = (c.turn + 1) % len(waiting)
 	room := 0
 	for _, v := range waiting {
-		room += c.pool.room(v.q.name, v.q.limit)
+		now, more := c.ahead.room(v.q.name, c.budget)
+		room += now + more
 	}
 	share := (room + len(waiting) - 1) / len(waiting)
 	for i := range waiting {
@@ -280,8 +328,14 @@ func (c *claimer) probeLanes(ctx context.Context, terms []claims.ShardEpoch) err
 // more reports whether a claim round could take more now: some served
 // queue may have due tasks and room for them.
 func (c *claimer) more() bool {
+	// The handlers this round started count among the workers that free
+	// up soon.
+	c.budget = c.pool.soon(c.clock.Now(), aheadCover)
 	for _, q := range c.queues {
-		if q.pending.any() && c.pool.room(q.name, q.limit) > 0 {
+		if !q.pending.any() {
+			continue
+		}
+		if now, more := c.ahead.room(q.name, c.budget); now+more > 0 {
 			return true
 		}
 	}
@@ -291,13 +345,26 @@ func (c *claimer) more() bool {
 // claimQueue claims up to share of q's tasks and starts them: first the
 // urgent tasks of the shards in first, then, with what is left, any task
 // of the shards in order.
+//
+// The free slots of the queue are reserved for the claim before it is
+// sent, so that the buffer cannot start a waiting task on one of them
+// meanwhile: the store records the first tasks of the answer as started
+// now (startNow), and exactly those start at once, on the reserved slots.
+// The others wait ahead.
 func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, first, order []claims.ShardEpoch, share int) error {
-	limit := min(c.pool.room(q.name, q.limit), claimBatch, share)
+	now, more := c.ahead.room(q.name, c.budget)
+	limit := min(now+more, claimBatch, share)
 	if len(order) == 0 || limit <= 0 {
 		return nil
 	}
+	toStart := min(now, limit)
+	slots := &reserved{n: c.pool.reserve(q.name, toStart)}
+	defer func() { c.pool.unreserve(q.name, slots.n) }()
+	if limit -= toStart - slots.n; limit <= 0 {
+		return nil
+	}
 	if len(first) > 0 {
-		got, err := c.claim(ctx, hold, q, first, limit, c.store.ClaimUrgent)
+		got, err := c.claim(ctx, hold, q, first, limit, slots, c.store.ClaimUrgent)
 		if err != nil {
 			return err
 		}
@@ -306,7 +373,7 @@ func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, fir
 			return nil
 		}
 	}
-	got, err := c.claim(ctx, hold, q, order, limit, c.store.Claim)
+	got, err := c.claim(ctx, hold, q, order, limit, slots, c.store.Claim)
 	if err != nil {
 		return err
 	}
@@ -314,11 +381,16 @@ func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, fir
 	return nil
 }
 
-// claimFunc is Store.Claim or Store.ClaimUrgent.
-type claimFunc func(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
+// reserved counts the slots reserved for a queue's claims that no task has
+// started on yet.
+type reserved struct{ n int }
 
-// claim runs one claim statement over order and starts what it took.
-func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []claims.ShardEpoch, limit int, claim claimFunc) ([]tasks.Task, error) {
+// claimFunc is Store.Claim or Store.ClaimUrgent.
+type claimFunc func(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit, startNow int) ([]tasks.Task, error)
+
+// claim runs one claim statement over order, starts the tasks it recorded
+// as started on the reserved slots and keeps the others ahead.
+func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []claims.ShardEpoch, limit int, slots *reserved, claim claimFunc) ([]tasks.Task, error) {
 	// Not cancelled by shutdown: a cancelled statement may still have
 	// committed, leaving claims nobody runs.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
@@ -326,7 +398,8 @@ func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []
 	if c.tr != nil {
 		start = time.Now() // span times are wall-clock, whatever the executor's clock
 	}
-	claimed, err := claim(cctx, c.owner, order, q.name, c.kinds, limit)
+	startNow := min(slots.n, limit)
+	claimed, err := claim(cctx, c.owner, order, q.name, c.kinds, limit, startNow)
 	cancel()
 	var parents []trace.SpanContext
 	if c.tr != nil {
@@ -337,42 +410,89 @@ func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []
 		return nil, fmt.Errorf("claiming tasks of queue %s: %w", q.name, err)
 	}
 	c.m.Claimed.Add(float64(len(claimed)))
-	var giveBack []claims.Ref
+	var back []tasks.Task
+	var later []*waiting
 	for i, t := range claimed {
+		onSlot := i < startNow
+		if onSlot {
+			slots.n-- // started on below, or given back to the pool
+		}
 		termCtx, done, ok := hold.Begin(t.Shard, t.Epoch)
 		if !ok {
-			giveBack = append(giveBack, claims.RefOf(t))
+			if onSlot {
+				c.pool.unreserve(q.name, 1)
+			}
+			back = append(back, t)
 			continue
 		}
-		var parent trace.SpanContext
+		w := &waiting{task: t, termCtx: termCtx, done: done}
 		if parents != nil {
-			parent = parents[i]
+			w.parent = parents[i]
 		}
-		c.pool.submit(termCtx, t, done, parent)
+		if onSlot {
+			if c.pool.alone(t.ID) {
+				c.pool.start(termCtx, t, done, w.parent)
+				continue
+			}
+			// A sweep requeued the task while its earlier attempt's
+			// handler still runs here (its heartbeats could not be
+			// written): the new attempt waits until that one returned.
+			c.log.Warn("claimed a task whose earlier attempt still runs here; it waits for that one", "task", t.ID, "attempt", t.Attempt)
+			c.pool.unreserve(q.name, 1)
+			w.recorded = true
+		}
+		later = append(later, w)
 	}
-	if len(giveBack) > 0 {
-		c.unclaim(giveBack)
-	}
+	c.ahead.add(later...)
+	c.giveBack(back)
 	return claimed, nil
+}
+
+// giveBack hands claims that will not start (their term stopped taking
+// work between the claim and the start, or their claim's answer was lost)
+// to the writer, which gives them back with their attempts unspent. If the
+// fence has moved already, the next owner requeues them instead.
+func (c *claimer) giveBack(ts []tasks.Task) {
+	if len(ts) == 0 {
+		return
+	}
+	rs := make([]result, len(ts))
+	for i, t := range ts {
+		rs[i] = result{task: t, giveBack: true, done: func() {}}
+	}
+	c.writer.post(rs...)
 }
 
 // fence raises the fence of every newly owned term and, in the same
 // transaction, requeues the tasks earlier owners left running, before
-// anything is claimed there. A term
-// whose fence is already newer was taken over: it is reported lost.
-func (c *claimer) fence(ctx context.Context) error {
+// anything is claimed there. A term whose fence is already newer was taken
+// over: it is reported lost. A raise that fails is tried again after a
+// backoff; the round goes on with the terms fenced already.
+func (c *claimer) fence(ctx context.Context) {
+	if c.clock.Now().Before(c.raiseAt) {
+		return
+	}
+	c.raiseAt = time.Time{}
 	fresh := c.own.Unfenced()
 	if len(fresh) == 0 {
-		return nil
+		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
-	defer cancel()
-	raised, requeued, dead, err := c.store.RaiseFences(cctx, c.owner, c.own.Group(), fresh)
+	o, err := c.store.RaiseFences(cctx, c.owner, c.own.Group(), fresh)
+	cancel()
 	if err != nil {
-		return fmt.Errorf("raising fences: %w", err)
+		if ctx.Err() != nil {
+			return
+		}
+		wait := c.raiseBackoff.Next()
+		c.raiseAt = c.clock.Now().Add(wait)
+		c.log.Warn("raising fences failed; claiming from the shards fenced already meanwhile", "shards", len(fresh), "error", err, "backoff", wait)
+		return
 	}
-	ok := make(map[claims.ShardEpoch]bool, len(raised))
-	for _, t := range raised {
+	c.raiseBackoff.Reset()
+	c.raiseAt = time.Time{}
+	ok := make(map[claims.ShardEpoch]bool, len(o.Raised))
+	for _, t := range o.Raised {
 		ok[t] = true
 	}
 	for _, t := range fresh {
@@ -381,20 +501,80 @@ func (c *claimer) fence(ctx context.Context) error {
 			c.own.FenceLost(t.Shard, t.Epoch)
 		}
 	}
-	if len(raised) == 0 {
-		return nil
+	if len(o.Raised) == 0 {
+		return
 	}
-	c.own.Fenced(raised)
-	if requeued+dead > 0 {
-		c.log.Info("requeued tasks orphaned by earlier owners", "shards", len(raised), "requeued", requeued, "dead", dead)
+	c.own.Fenced(o.Raised)
+	c.orphansLeft(o)
+	if o.Requeued+o.Dead+o.Completed > 0 || len(o.Pending) > 0 {
+		c.log.Info("requeued tasks orphaned by earlier owners", "shards", len(o.Raised), "requeued", o.Requeued, "dead", o.Dead,
+			"completed", o.Completed, "pending_shards", len(o.Pending))
 	}
-	return nil
+}
+
+// orphansLeft records the terms whose orphans a transaction held.
+func (c *claimer) orphansLeft(o claims.Orphans) {
+	for _, t := range o.Pending {
+		c.orphans[t] = true
+	}
+	if len(c.orphans) > 0 && c.orphansAt.IsZero() {
+		c.orphansAt = c.clock.Now().Add(c.poll)
+	}
+}
+
+// requeueOrphans requeues the orphans a raise or an earlier requeue left
+// pending on held terms, when they are due (at most once per poll
+// interval, backing off while some stay pending). A term no longer held
+// is forgotten: its next owner requeues them.
+func (c *claimer) requeueOrphans(ctx context.Context, terms []claims.ShardEpoch) {
+	if len(c.orphans) == 0 || c.clock.Now().Before(c.orphansAt) {
+		return
+	}
+	var due []claims.ShardEpoch
+	for _, t := range terms {
+		if c.orphans[t] {
+			due = append(due, t)
+		}
+	}
+	clear(c.orphans)
+	for _, t := range due {
+		c.orphans[t] = true
+	}
+	if len(due) == 0 {
+		c.orphansAt = time.Time{}
+		c.orphansBackoff.Reset()
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
+	o, err := c.store.RequeueOrphans(cctx, c.owner, c.own.Group(), due)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		c.orphansAt = c.clock.Now().Add(max(c.poll, c.orphansBackoff.Next()))
+		c.log.Warn("requeueing orphans left by earlier owners failed; trying again later", "shards", len(due), "error", err)
+		return
+	}
+	if o.Requeued+o.Dead+o.Completed > 0 {
+		c.log.Info("requeued tasks orphaned by earlier owners that a transaction held", "requeued", o.Requeued, "dead", o.Dead, "completed", o.Completed)
+	}
+	clear(c.orphans)
+	for _, t := range o.Pending {
+		c.orphans[t] = true
+	}
+	if len(c.orphans) == 0 {
+		c.orphansAt = time.Time{}
+		c.orphansBackoff.Reset()
+		return
+	}
+	c.orphansAt = c.clock.Now().Add(max(c.poll, c.orphansBackoff.Next()))
 }
 
 // recover gives back the claims of the held terms that this runner holds
-// in the database but is not running: those of a claim statement that
-// committed although its answer was lost. Left alone they would go stale
-// and be requeued with their attempt spent; no handler ever saw them.
+// in the database but neither runs nor keeps ahead: those of a claim
+// statement that committed although its answer was lost. Left alone they
+// would go stale.
 func (c *claimer) recover(ctx context.Context, terms []claims.ShardEpoch) error {
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
@@ -408,36 +588,20 @@ func (c *claimer) recover(ctx context.Context, terms []claims.ShardEpoch) error 
 	for _, r := range c.pool.refs() {
 		mine[r] = true
 	}
-	var lost []claims.Ref
+	for _, r := range c.ahead.refs() {
+		mine[r] = true
+	}
+	var lost []tasks.Task
 	for _, r := range claimed {
 		if !mine[r] {
-			lost = append(lost, r)
+			lost = append(lost, tasks.Task{ID: r.ID, Shard: r.Shard, Attempt: r.Attempt, Epoch: r.Epoch})
 		}
 	}
-	if len(lost) == 0 {
-		return nil
+	if len(lost) > 0 {
+		c.log.Info("giving back the claims of a claim statement whose answer was lost", "tasks", len(lost))
+		c.giveBack(lost)
 	}
-	res, err := c.store.Unclaim(cctx, c.owner, lost)
-	if err != nil {
-		return fmt.Errorf("giving back %d claims of a failed claim: %w", len(lost), err)
-	}
-	c.log.Info("gave back the claims of a claim statement whose answer was lost", "tasks", len(res))
 	return nil
-}
-
-// unclaim gives back claims made just as their term stopped taking work.
-// If the fence has moved already, the next owner requeues them instead.
-func (c *claimer) unclaim(refs []claims.Ref) {
-	ctx, cancel := context.WithTimeout(context.Background(), claimTimeout)
-	defer cancel()
-	res, err := c.store.Unclaim(ctx, c.owner, refs)
-	if err != nil {
-		c.log.Warn("giving back claims on a moving shard failed; the next owner requeues them", "tasks", len(refs), "error", err)
-		return
-	}
-	for _, r := range res {
-		c.log.Debug("gave back a claim on a moving shard", "task", r.Ref.ID, "shard", r.Ref.Shard, "outcome", r.Outcome.String())
-	}
 }
 
 // prober collects what the probe must look at: the shards enqueue

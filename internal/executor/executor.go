@@ -8,16 +8,21 @@
 //
 //	claimer      raises the fences of newly owned shards, requeues what
 //	             earlier owners left running, claims tasks under a Hold of
-//	             the owned shards and starts them on the pool
-//	writer       records outcomes in batches, retrying while the database
-//	             is unreachable; each attempt's done is called after its
-//	             write, so a shard is never released with outcomes unwritten
+//	             the owned shards and starts them on the pool, or keeps
+//	             them ahead of need (ahead.go); gives back, each round, the
+//	             tasks waiting ahead whose shards no longer take work
+//	writer       records outcomes, give-backs and starts in batches,
+//	             retrying while the database is unreachable and while a
+//	             claim is held by another transaction (claims.Busy); each
+//	             attempt's done is called after its write, so a shard is
+//	             never released with outcomes unwritten
 //	heartbeater  beats every running attempt in one statement per interval,
 //	             cancels attempts a sweep took back, and cancels those an
 //	             operator asked to cancel (the beat returns the requests)
 //
 // The pool (not a loop) starts one goroutine per attempt and knows which
-// attempts run. Every write is fenced by the shard's epoch in the store; a
+// attempts run; the claim-ahead buffer (not a loop either) holds the tasks
+// claimed before a worker is free for them. Every write is fenced by the shard's epoch in the store; a
 // write the fence refuses is reported to Ownership as FenceLost, which stops
 // all work on that shard.
 package executor
@@ -35,27 +40,57 @@ import (
 
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/wake"
 	"github.com/shardrun/shardrun/tasks"
 )
 
 // Store is what the executor needs from the database (store.Store).
+//
+// No statement of it waits for a transaction the runner does not control
+// (a handler's, a producer's, one a frozen process left open): a claim row
+// such a transaction holds is skipped, and each write that names it
+// answers claims.Busy for it (Heartbeat, Complete, Fail, Interrupt,
+// CancelAttempts, Unclaim, Started): the write changed nothing there and
+// the claim is still the runner's; it writes again later. A fence raise
+// or an orphan requeue skips such claims the same way and names their
+// terms in Orphans.Pending.
+//
+// The contract is tested by executortest.StoreContract, against the
+// executor's fake and against the real store.
 type Store interface {
 	// RaiseFences raises the fences of terms (shards of group) and
 	// requeues, in the same transaction, what earlier owners left running
-	// on them; it returns the terms whose fence now holds their epoch.
-	RaiseFences(ctx context.Context, owner, group string, terms []claims.ShardEpoch) (raised []claims.ShardEpoch, requeued, dead int64, err error)
+	// on them; Orphans.Raised are the terms whose fence now holds their
+	// epoch, Orphans.Pending those where claims locked by an open
+	// transaction were skipped (RequeueOrphans).
+	RaiseFences(ctx context.Context, owner, group string, terms []claims.ShardEpoch) (claims.Orphans, error)
+	// RequeueOrphans requeues again the earlier owners' claims of these
+	// (already raised) terms that a RaiseFences or an earlier
+	// RequeueOrphans skipped because a transaction held them
+	// (Orphans.Pending).
+	RequeueOrphans(ctx context.Context, owner, group string, terms []claims.ShardEpoch) (claims.Orphans, error)
 	// Claim claims up to limit tasks of queue and of kinds, visiting the
-	// shards of terms in the order given.
-	Claim(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
+	// shards of terms in the order given. The first startNow tasks of the
+	// result (in the order returned) are recorded as started now; the
+	// others as waiting ahead of need, attempts whose handlers never
+	// started: giving one back (Unclaim), an orphan requeue or a stale
+	// sweep never spends its attempt.
+	Claim(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit, startNow int) ([]tasks.Task, error)
 	// ClaimUrgent is Claim of the tasks more urgent than the default
 	// priority only.
-	ClaimUrgent(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error)
+	ClaimUrgent(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit, startNow int) ([]tasks.Task, error)
+	// Started records that the handlers of these attempts, claimed ahead,
+	// have started: from now on losing the claim spends the attempt.
+	Started(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error)
 	// ReadyQueues says which of queues have tasks of kinds in the lanes of
 	// shards, each with those shards: a hint read without locks, one
 	// statement for every queue. truncatedFrom >= 0 says it stopped in that
 	// shard, so that the lanes from there on were not all read.
 	ReadyQueues(ctx context.Context, shards []int, queues, kinds []string) (found map[string][]int, truncatedFrom int, err error)
+	// Claimed lists the attempts owner holds claims of under terms.
 	Claimed(ctx context.Context, owner string, terms []claims.ShardEpoch) ([]claims.Ref, error)
+	// Unclaim gives back claims whose handlers never ran: ready again with
+	// the same attempt.
 	Unclaim(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error)
 	Heartbeat(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error)
 	Complete(ctx context.Context, owner string, done []claims.Completion) ([]claims.WriteResult, error)
@@ -71,6 +106,12 @@ type Store interface {
 
 // Ownership is what the executor needs from shard ownership (shard.Manager).
 // A term is one ownership of one shard at one epoch.
+//
+// A term that moves to another runner is not cancelled: it leaves the
+// claimable terms at once (Hold, Workable, and Changes is signalled), its
+// begun work runs on under its context, and its key is released once that
+// work is done. The contract is tested by executortest.OwnershipContract,
+// against the executor's fake and against the real manager.
 type Ownership interface {
 	// Group is the capability group whose shards the terms are: every term
 	// is a unit (group, shard), fenced on its own.
@@ -89,6 +130,11 @@ type Ownership interface {
 	Hold() Hold
 	// Changes is signalled, coalesced, when the terms change.
 	Changes() <-chan struct{}
+	// Workable reports whether new work may start on the term now:
+	// attached, the lease clock before its detach point, and the term
+	// fenced under the current lease (not releasing, not ended). Called
+	// each time a task claimed ahead is about to start; cheap (O(1)).
+	Workable(shard int, epoch int64) bool
 }
 
 // Hold pins terms while a claim runs: their keys are not released before
@@ -236,6 +282,7 @@ type Executor struct {
 	cfg     Config
 	log     hclog.Logger
 	pool    *pool
+	ahead   *ahead
 	claimer *claimer
 	writer  *writer
 	beats   *heartbeater
@@ -255,17 +302,19 @@ func New(cfg Config) (*Executor, error) {
 	}
 	results := make(chan result, cfg.MaxWorkers) // a finishing handler never blocks
 	tr := newTracer(cfg.TracerProvider, cfg.RunnerID)
+	w := &writer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, retry: cfg.Retry, in: results,
+		delay: cfg.FlushDelay, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr, wake: wake.New()}
 	p := newPool(cfg.Registry, cfg.MaxWorkers, cfg.Queues, results, cfg.StuckAfter, cfg.Clock, cfg.Metrics, tr)
-	c := newClaimer(cfg, p, tr)
-	p.giveBack = c.unclaim
+	a := newAhead(p, cfg.Ownership.Workable, w.post, cfg.Clock, cfg.Logger)
+	p.returned = a.returned
 	return &Executor{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		pool:    p,
-		claimer: c,
-		writer: &writer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, retry: cfg.Retry, in: results,
-			delay: cfg.FlushDelay, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr},
-		beats: &heartbeater{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p,
+		ahead:   a,
+		claimer: newClaimer(cfg, p, a, w, tr),
+		writer:  w,
+		beats: &heartbeater{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p, ahead: a,
 			interval: cfg.HeartbeatInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics},
 	}, nil
 }
@@ -319,7 +368,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	e.claimer.Run(ctx)
 	// What was claimed ahead goes back to the lanes at once: no new
 	// handler starts during the drain.
-	e.pool.close()
+	e.ahead.close()
 
 	if !e.pool.wait(e.cfg.ShutdownTimeout) {
 		e.log.Warn("handlers still running after the shutdown timeout; leaving them", "running", e.pool.inFlight())

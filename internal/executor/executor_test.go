@@ -98,6 +98,10 @@ func (e *env) until(what string, cond func() bool) {
 
 func (e *env) state(id int64) tasks.State { return e.store.get(id).State }
 
+// claimed counts the attempts the executor holds: started (until their
+// outcome is written) and waiting ahead.
+func (e *env) claimed() int { return len(e.exec.pool.refs()) + e.exec.ahead.size() }
+
 func noop(context.Context, *tasks.Task) error { return nil }
 
 func TestClaimRunComplete(t *testing.T) {
@@ -904,7 +908,7 @@ func TestATaskClaimedAheadStartsWithoutAClaim(t *testing.T) {
 	e.own.own(0, 1)
 	e.run()
 	e.until("four running and one claimed ahead", func() bool {
-		return started.Load() == 4 && len(e.exec.pool.refs()) == 5
+		return started.Load() == 4 && e.claimed() == 5
 	})
 	// From now on every claim fails: the fifth task can start only from
 	// what was claimed ahead.
@@ -939,7 +943,7 @@ func TestATaskClaimedAheadIsGivenBackWhenItsShardMoves(t *testing.T) {
 	e.own.own(0, 1)
 	e.own.own(1, 1)
 	e.run()
-	e.until("one running, one ahead", func() bool { return e.exec.InFlight() == 1 && len(e.exec.pool.refs()) == 2 })
+	e.until("one running, one ahead", func() bool { return e.exec.InFlight() == 1 && e.claimed() == 2 })
 	ahead := int64(2)
 	if e.store.get(1).State == tasks.Ready {
 		ahead = 1
@@ -964,12 +968,16 @@ func TestACancelReachesATaskClaimedAhead(t *testing.T) {
 		ran.Store(task.ID, true)
 		<-ctx.Done()
 		return ctx.Err()
-	}}, func(c *Config) { c.MaxWorkers, c.Queues = 1, map[string]int{tasks.DefaultQueue: 1} })
+	}}, func(c *Config) {
+		// Beaten well within aheadPatience: the cancel must come by the
+		// heartbeat, not by a give-back of a task that waited too long.
+		c.MaxWorkers, c.Queues, c.HeartbeatInterval = 1, map[string]int{tasks.DefaultQueue: 1}, 20*time.Millisecond
+	})
 	e.store.add(1, "block", 0, 3)
 	e.store.add(2, "block", 0, 3)
 	e.own.own(0, 1)
 	e.run()
-	e.until("one running, one ahead", func() bool { return e.exec.InFlight() == 1 && len(e.exec.pool.refs()) == 2 })
+	e.until("one running, one ahead", func() bool { return e.exec.InFlight() == 1 && e.claimed() == 2 })
 	ahead := int64(2)
 	if _, ok := ran.Load(int64(2)); ok {
 		ahead = 1
@@ -978,6 +986,9 @@ func TestACancelReachesATaskClaimedAhead(t *testing.T) {
 	e.until("the task ahead cancelled", func() bool { return e.state(ahead) == tasks.Cancelled })
 	if _, ok := ran.Load(ahead); ok {
 		t.Fatal("the cancelled task ran")
+	}
+	if n := e.store.count("cancel"); n != 1 {
+		t.Fatalf("%d cancellations recorded, want the heartbeat's one", n)
 	}
 	e.own.lose(0) // ends the running handler
 }
@@ -995,7 +1006,7 @@ func TestStoppingGivesBackTasksClaimedAhead(t *testing.T) {
 	e.store.add(2, "block", 0, 3)
 	e.own.own(0, 1)
 	e.run()
-	e.until("one running, one ahead", func() bool { return e.exec.InFlight() == 1 && len(e.exec.pool.refs()) == 2 })
+	e.until("one running, one ahead", func() bool { return e.exec.InFlight() == 1 && e.claimed() == 2 })
 	e.stop()
 	e.until("the task ahead given back", func() bool { return e.store.count("unclaim") == 1 })
 	close(release)
@@ -1118,7 +1129,7 @@ func TestTasksAheadOfAMovedShardGoBackTogether(t *testing.T) {
 		e.store.add(id, "block", 0, 3)
 	}
 	e.exec.Wake(true, nil, nil)
-	e.until("four claimed ahead from shard 0", func() bool { return len(e.exec.pool.refs()) == 8 })
+	e.until("four claimed ahead from shard 0", func() bool { return e.claimed() == 8 })
 	e.own.lose(0)
 	e.until("the tasks ahead given back", func() bool {
 		for _, id := range ahead {

@@ -3,6 +3,7 @@ package executor
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -35,6 +36,17 @@ type fakeStore struct {
 	claimAnswersLost int
 	// failed records every failure written.
 	failed []claims.Failure
+	// ahead marks the claims recorded as waiting ahead of need (Claim's
+	// startNow, Started): losing them never spends their attempt.
+	ahead map[int64]bool
+	// locked counts, per task, the open transactions that hold its claim
+	// row (LockClaim, CompleteInTx): every write naming it answers Busy,
+	// and raises, requeues and sweeps skip it.
+	locked map[int64]int
+	// marked are the completions that handlers recorded in their own
+	// committed transactions (CompleteTx): whatever ends the claim next
+	// completes the task with it.
+	marked map[int64]json.RawMessage
 }
 
 type fence struct {
@@ -52,7 +64,8 @@ var errRefused = errors.New("invalid input syntax for type json (SQLSTATE 22P02)
 func (s *fakeStore) Unavailable(err error) bool { return errors.Is(err, errDown) }
 
 func newFakeStore() *fakeStore {
-	return &fakeStore{tasks: map[int64]*tasks.Task{}, fences: map[int]fence{}, failures: map[string]int{}, calls: map[string]int{}}
+	return &fakeStore{tasks: map[int64]*tasks.Task{}, fences: map[int]fence{}, failures: map[string]int{}, calls: map[string]int{},
+		ahead: map[int64]bool{}, locked: map[int64]int{}, marked: map[int64]json.RawMessage{}}
 }
 
 func (s *fakeStore) add(id int64, kind string, shard, maxAttempts int) {
@@ -96,41 +109,165 @@ func (s *fakeStore) enter(op string) error {
 	return nil
 }
 
-func (s *fakeStore) RaiseFences(_ context.Context, owner, _ string, terms []claims.ShardEpoch) ([]claims.ShardEpoch, int64, int64, error) {
+func (s *fakeStore) RaiseFences(_ context.Context, owner, _ string, terms []claims.ShardEpoch) (claims.Orphans, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("raise"); err != nil {
-		return nil, 0, 0, err
+		return claims.Orphans{}, err
 	}
-	var raised []claims.ShardEpoch
+	var o claims.Orphans
 	for _, t := range terms {
 		if f := s.fences[t.Shard]; f.epoch <= t.Epoch {
 			s.fences[t.Shard] = fence{t.Epoch, owner}
-			raised = append(raised, t)
+			o.Raised = append(o.Raised, t)
 		}
 	}
 	// Orphans of the raised terms, in the same step.
-	var n int64
-	for _, t := range s.tasks {
-		for _, term := range raised {
-			if t.Shard == term.Shard && t.State == tasks.Running && t.Epoch < term.Epoch && s.fences[t.Shard] == (fence{term.Epoch, owner}) {
-				s.retryOrBury(t, "orphaned")
-				n++
+	s.requeueOrphans(owner, o.Raised, &o)
+	return o, nil
+}
+
+func (s *fakeStore) RequeueOrphans(_ context.Context, owner, _ string, terms []claims.ShardEpoch) (claims.Orphans, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.enter("requeue_orphans"); err != nil {
+		return claims.Orphans{}, err
+	}
+	var o claims.Orphans
+	s.requeueOrphans(owner, terms, &o)
+	return o, nil
+}
+
+// requeueOrphans ends the earlier owners' claims on terms whose fence is
+// owner's at their epoch: locked ones are skipped and their terms named
+// pending (s.mu held).
+func (s *fakeStore) requeueOrphans(owner string, terms []claims.ShardEpoch, o *claims.Orphans) {
+	for _, term := range terms {
+		if s.fences[term.Shard] != (fence{term.Epoch, owner}) {
+			continue
+		}
+		pending := false
+		for _, id := range s.ids() {
+			t := s.tasks[id]
+			if t.Shard != term.Shard || t.State != tasks.Running || t.Epoch >= term.Epoch {
+				continue
+			}
+			if s.locked[id] > 0 {
+				pending = true
+				continue
+			}
+			switch s.endClaim(t, "orphaned") {
+			case tasks.Completed:
+				o.Completed++
+			case tasks.Dead:
+				o.Dead++
+			default:
+				o.Requeued++
 			}
 		}
+		if pending {
+			o.Pending = append(o.Pending, term)
+		}
 	}
-	return raised, n, 0, nil
 }
 
-func (s *fakeStore) Claim(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
-	return s.claim(ctx, owner, terms, queue, kinds, limit, tasks.LeastUrgent)
+// endClaim ends a claim nobody will write again (an orphan, a stale
+// claim): completed with the handler's own completion when it recorded
+// one, back with the same attempt when its handler never started, else
+// the attempt is spent (s.mu held). It returns the task's new state.
+func (s *fakeStore) endClaim(t *tasks.Task, msg string) tasks.State {
+	if res, ok := s.marked[t.ID]; ok {
+		t.State, t.Result = tasks.Completed, res
+		delete(s.marked, t.ID)
+	} else if s.ahead[t.ID] {
+		t.State, t.ClaimedBy, t.Epoch = tasks.Ready, "", 0
+		if t.CancelRequestedAt != nil {
+			t.State = tasks.Cancelled
+		}
+	} else {
+		s.retryOrBury(t, msg)
+	}
+	delete(s.ahead, t.ID)
+	return t.State
 }
 
-func (s *fakeStore) ClaimUrgent(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
-	return s.claim(ctx, owner, terms, queue, kinds, limit, tasks.DefaultPriority-1)
+// hasMark reports whether a handler's transaction recorded the completion
+// of task id (s.mu held).
+func (s *fakeStore) hasMark(id int64) bool {
+	_, ok := s.marked[id]
+	return ok
 }
 
-func (s *fakeStore) claim(_ context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit, maxPriority int) ([]tasks.Task, error) {
+// sweepStale is the sweeper's stale rule for one task, as if its claim's
+// heartbeat were older than the threshold; a locked claim is skipped.
+func (s *fakeStore) sweepStale(id int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tasks[id]
+	if t == nil || t.State != tasks.Running || s.locked[id] > 0 {
+		return false
+	}
+	s.endClaim(t, "stale")
+	return true
+}
+
+// ids are the tasks' ids in order (s.mu held).
+func (s *fakeStore) ids() []int64 {
+	ids := make([]int64, 0, len(s.tasks))
+	for id := range s.tasks {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// lockClaim holds the claim row of task id in a transaction that stays
+// open until unlock is called.
+func (s *fakeStore) lockClaim(id int64) (unlock func()) {
+	s.mu.Lock()
+	s.locked[id]++
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.locked[id]--
+			s.mu.Unlock()
+		})
+	}
+}
+
+// completeInTx records the attempt's completion in a transaction of its
+// own (CompleteTx), which holds the claim row until commit is called.
+func (s *fakeStore) completeInTx(ref claims.Ref, result json.RawMessage) (commit func(), err error) {
+	s.mu.Lock()
+	t := s.tasks[ref.ID]
+	if t == nil || t.State != tasks.Running || t.Attempt != ref.Attempt || t.Epoch != ref.Epoch || s.locked[ref.ID] > 0 {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("completing task %d in a transaction: not this running attempt", ref.ID)
+	}
+	s.locked[ref.ID]++
+	s.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.locked[ref.ID]--
+			s.marked[ref.ID] = result
+			s.mu.Unlock()
+		})
+	}, nil
+}
+
+func (s *fakeStore) Claim(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit, startNow int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, terms, queue, kinds, limit, startNow, tasks.LeastUrgent)
+}
+
+func (s *fakeStore) ClaimUrgent(ctx context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit, startNow int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, terms, queue, kinds, limit, startNow, tasks.DefaultPriority-1)
+}
+
+func (s *fakeStore) claim(_ context.Context, owner string, terms []claims.ShardEpoch, queue string, kinds []string, limit, startNow, maxPriority int) ([]tasks.Task, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter("claim"); err != nil {
@@ -153,6 +290,7 @@ func (s *fakeStore) claim(_ context.Context, owner string, terms []claims.ShardE
 		for _, term := range terms {
 			if term.Shard == t.Shard && s.fences[t.Shard] == (fence{term.Epoch, owner}) {
 				t.State, t.ClaimedBy, t.Epoch = tasks.Running, owner, term.Epoch
+				s.ahead[id] = len(out) >= startNow
 				out = append(out, *t)
 			}
 		}
@@ -199,8 +337,15 @@ func (s *fakeStore) Claimed(_ context.Context, owner string, terms []claims.Shar
 }
 
 // fenced applies write to each ref still running under exactly that claim
-// with the fence still the writer's; it reports the outcome per ref.
+// with the fence still the writer's; it reports the outcome per ref. A
+// claim held by an open transaction is Busy; one whose handler recorded
+// its completion (CompleteTx) is completed by any write that ends the
+// claim (ends), and Completed.
 func (s *fakeStore) fenced(op, owner string, refs []claims.Ref, write func(t *tasks.Task, i int)) ([]claims.WriteResult, error) {
+	return s.fencedWrite(op, owner, refs, op != "heartbeat" && op != "started", write)
+}
+
+func (s *fakeStore) fencedWrite(op, owner string, refs []claims.Ref, ends bool, write func(t *tasks.Task, i int)) ([]claims.WriteResult, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enter(op); err != nil {
@@ -217,8 +362,18 @@ func (s *fakeStore) fenced(op, owner string, refs []claims.Ref, write func(t *ta
 			out[i].Outcome = claims.TaskGone
 		case t.State != tasks.Running || t.ClaimedBy != owner || t.Epoch != r.Epoch || t.Attempt != r.Attempt:
 			out[i].Outcome = claims.TaskMoved
+		case s.locked[r.ID] > 0:
+			out[i].Outcome = claims.Busy
+		case ends && s.hasMark(r.ID):
+			t.State, t.Result = tasks.Completed, s.marked[r.ID]
+			delete(s.marked, r.ID)
+			delete(s.ahead, r.ID)
+			out[i].Outcome, out[i].State = claims.Completed, t.State
 		default:
 			write(t, i)
+			if t.State != tasks.Running {
+				delete(s.ahead, r.ID)
+			}
 			out[i].State, out[i].CancelRequested = t.State, t.CancelRequestedAt != nil
 		}
 	}
@@ -226,7 +381,16 @@ func (s *fakeStore) fenced(op, owner string, refs []claims.Ref, write func(t *ta
 }
 
 func (s *fakeStore) Unclaim(_ context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error) {
-	return s.fenced("unclaim", owner, refs, func(t *tasks.Task, _ int) { t.State, t.ClaimedBy, t.Epoch = tasks.Ready, "", 0 })
+	return s.fenced("unclaim", owner, refs, func(t *tasks.Task, _ int) {
+		t.State, t.ClaimedBy, t.Epoch = tasks.Ready, "", 0
+		if t.CancelRequestedAt != nil {
+			t.State = tasks.Cancelled // nothing would run it again
+		}
+	})
+}
+
+func (s *fakeStore) Started(_ context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error) {
+	return s.fenced("started", owner, refs, func(t *tasks.Task, _ int) { delete(s.ahead, t.ID) })
 }
 
 func (s *fakeStore) Heartbeat(_ context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error) {
@@ -321,20 +485,44 @@ func (s *fakeStore) retryOrBury(t *tasks.Task, msg string) {
 	t.State = tasks.Dead
 }
 
-// fakeOwnership holds terms the test controls.
+// fakeOwnership holds terms the test controls, with the real manager's
+// term states (shard/term.go): acquired, fenced, releasing, cancelled;
+// released and lost terms leave the map.
+//
+//   - A move (move) is what a rebalance does: the term goes releasing,
+//     Changes is signalled, it leaves Hold and Workable, and its context
+//     is NOT cancelled; its begun work runs on, and the term is released
+//     (context cancelled, term gone) once no hold or work is left on it.
+//   - A loss (lose: a newer owner's fence, the handoff timeout) cancels the
+//     term's context at once; the term is gone once its work ended.
+//   - A detach cancels every term and holds nothing; a pause (the lease
+//     clock past its detach point, the process not yet aware) holds
+//     nothing and makes nothing workable, but cancels nothing.
 type fakeOwnership struct {
-	mu      sync.Mutex
-	terms   map[int]*fakeTerm
-	lost    []claims.ShardEpoch
-	changes chan struct{}
+	mu       sync.Mutex
+	terms    map[int]*fakeTerm
+	lost     []claims.ShardEpoch
+	changes  chan struct{}
+	detached bool
+	paused   bool
 	// refuseBegin makes Begin fail, as when a term stops taking work
 	// between the claim and the start.
 	refuseBegin bool
 }
 
+type fakeTermState int
+
+const (
+	fakeAcquired fakeTermState = iota
+	fakeFenced
+	fakeReleasing
+	fakeCancelled
+)
+
 type fakeTerm struct {
+	shard    int
 	epoch    int64
-	fenced   bool
+	state    fakeTermState
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 	inflight int
@@ -344,28 +532,101 @@ func newFakeOwnership() *fakeOwnership {
 	return &fakeOwnership{terms: map[int]*fakeTerm{}, changes: make(chan struct{}, 1)}
 }
 
-func (o *fakeOwnership) own(shard int, epoch int64) {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	o.mu.Lock()
-	o.terms[shard] = &fakeTerm{epoch: epoch, ctx: ctx, cancel: cancel}
-	o.mu.Unlock()
+func (o *fakeOwnership) notify() {
 	select {
 	case o.changes <- struct{}{}:
 	default:
 	}
 }
 
+// own starts a term (acquired: the executor raises its fence).
+func (o *fakeOwnership) own(shard int, epoch int64) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	o.mu.Lock()
+	o.terms[shard] = &fakeTerm{shard: shard, epoch: epoch, ctx: ctx, cancel: cancel}
+	if o.detached {
+		o.terms[shard].state = fakeCancelled
+		cancel(fmt.Errorf("%w: acquired while detached", tasks.ErrOwnershipLost))
+	}
+	o.mu.Unlock()
+	o.notify()
+}
+
+// move assigns the shard elsewhere, as a rebalance does: releasing.
+func (o *fakeOwnership) move(shard int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	t := o.terms[shard]
+	if t == nil || (t.state != fakeAcquired && t.state != fakeFenced) {
+		return
+	}
+	t.state = fakeReleasing
+	o.releaseIfIdle(t)
+	o.notify()
+}
+
 // lose cancels a term's work as the shard manager does when the runner
-// loses the shard.
+// loses the shard (a newer owner's fence, the handoff timeout).
 func (o *fakeOwnership) lose(shard int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if t := o.terms[shard]; t != nil {
-		t.cancel(fmt.Errorf("%w: test took shard %d away", tasks.ErrOwnershipLost, shard))
-		delete(o.terms, shard)
+	if t := o.terms[shard]; t != nil && t.state != fakeCancelled {
+		o.cancelTerm(t, fmt.Sprintf("test took shard %d away", shard))
+		o.notify()
 	}
 }
 
+// detach cancels every term, as the detach machine's subscriber does.
+func (o *fakeOwnership) detach() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.detached = true
+	for _, t := range o.terms {
+		if t.state != fakeCancelled {
+			o.cancelTerm(t, "detached")
+		}
+	}
+	o.notify()
+}
+
+// pause is the lease clock passing its detach point while the runner has
+// not noticed yet: nothing may start, nothing is cancelled, and nobody is
+// told.
+func (o *fakeOwnership) pause() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.paused = true
+}
+
+// cancelTerm moves t to cancelled (o.mu held).
+func (o *fakeOwnership) cancelTerm(t *fakeTerm, why string) {
+	t.state = fakeCancelled
+	t.cancel(fmt.Errorf("%w: shard %d epoch %d: %s", tasks.ErrOwnershipLost, t.shard, t.epoch, why))
+	o.releaseIfIdle(t)
+}
+
+// releaseIfIdle ends a releasing or cancelled term without work left
+// (o.mu held): its key is deleted.
+func (o *fakeOwnership) releaseIfIdle(t *fakeTerm) {
+	if t.inflight > 0 || (t.state != fakeReleasing && t.state != fakeCancelled) {
+		return
+	}
+	t.cancel(fmt.Errorf("%w: shard %d epoch %d released", tasks.ErrOwnershipLost, t.shard, t.epoch))
+	if o.terms[t.shard] == t {
+		delete(o.terms, t.shard)
+	}
+}
+
+// end ends one hold or one unit of work on t.
+func (o *fakeOwnership) end(t *fakeTerm) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	t.inflight--
+	o.releaseIfIdle(t)
+}
+
+// inflight is the holds and work on the shard's term; -1 when there is no
+// term (never owned, or released).
 func (o *fakeOwnership) inflight(shard int) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -373,6 +634,13 @@ func (o *fakeOwnership) inflight(shard int) int {
 		return t.inflight
 	}
 	return -1
+}
+
+// held reports whether the shard has a term, in whatever state.
+func (o *fakeOwnership) held(shard int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.terms[shard] != nil
 }
 
 func (o *fakeOwnership) lostTerms() []claims.ShardEpoch {
@@ -384,12 +652,16 @@ func (o *fakeOwnership) lostTerms() []claims.ShardEpoch {
 func (o *fakeOwnership) Unfenced() []claims.ShardEpoch {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.detached {
+		return nil
+	}
 	var out []claims.ShardEpoch
 	for s, t := range o.terms {
-		if !t.fenced {
+		if t.state == fakeAcquired {
 			out = append(out, claims.ShardEpoch{Shard: s, Epoch: t.epoch})
 		}
 	}
+	slices.SortFunc(out, func(a, b claims.ShardEpoch) int { return a.Shard - b.Shard })
 	return out
 }
 
@@ -397,8 +669,9 @@ func (o *fakeOwnership) Fenced(terms []claims.ShardEpoch) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, r := range terms {
-		if t := o.terms[r.Shard]; t != nil && t.epoch == r.Epoch {
-			t.fenced = true
+		if t := o.terms[r.Shard]; t != nil && t.epoch == r.Epoch && t.state == fakeAcquired {
+			t.state = fakeFenced
+			o.notify()
 		}
 	}
 }
@@ -406,16 +679,30 @@ func (o *fakeOwnership) Fenced(terms []claims.ShardEpoch) {
 func (o *fakeOwnership) FenceLost(shard int, epoch int64) {
 	o.mu.Lock()
 	o.lost = append(o.lost, claims.ShardEpoch{Shard: shard, Epoch: epoch})
+	t := o.terms[shard]
+	if t != nil && t.epoch == epoch && t.state != fakeCancelled {
+		o.cancelTerm(t, "a newer owner's fence refused a write")
+		o.notify()
+	}
 	o.mu.Unlock()
-	o.lose(shard)
+}
+
+func (o *fakeOwnership) Workable(shard int, epoch int64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	t := o.terms[shard]
+	return !o.detached && !o.paused && t != nil && t.epoch == epoch && t.state == fakeFenced
 }
 
 func (o *fakeOwnership) Hold() Hold {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	h := &fakeHold{o: o, held: map[int]*fakeTerm{}}
+	if o.detached || o.paused {
+		return h
+	}
 	for s, t := range o.terms {
-		if t.fenced {
+		if t.state == fakeFenced {
 			t.inflight++
 			h.held[s] = t
 		}
@@ -428,8 +715,9 @@ func (o *fakeOwnership) Changes() <-chan struct{} { return o.changes }
 func (o *fakeOwnership) Group() string { return "" }
 
 type fakeHold struct {
-	o    *fakeOwnership
-	held map[int]*fakeTerm
+	o        *fakeOwnership
+	held     map[int]*fakeTerm
+	released bool
 }
 
 func (h *fakeHold) Terms() []claims.ShardEpoch {
@@ -441,25 +729,34 @@ func (h *fakeHold) Terms() []claims.ShardEpoch {
 	return out
 }
 
+// Begin admits work on a held term that is fenced or releasing (a release
+// that started after the hold was taken waits for it), unless the term
+// was cancelled or the runner may not work now.
 func (h *fakeHold) Begin(shard int, epoch int64) (context.Context, func(), bool) {
 	h.o.mu.Lock()
 	defer h.o.mu.Unlock()
 	t := h.held[shard]
-	if h.o.refuseBegin || t == nil || t.epoch != epoch || t.ctx.Err() != nil {
+	if h.o.refuseBegin || h.o.detached || h.o.paused || t == nil || t.epoch != epoch ||
+		(t.state != fakeFenced && t.state != fakeReleasing) {
 		return nil, nil, false
 	}
 	t.inflight++
 	var once sync.Once
-	return t.ctx, func() { once.Do(func() { h.o.mu.Lock(); t.inflight--; h.o.mu.Unlock() }) }, true
+	return t.ctx, func() { once.Do(func() { h.o.end(t) }) }, true
 }
 
 func (h *fakeHold) Release() {
 	h.o.mu.Lock()
-	defer h.o.mu.Unlock()
-	for _, t := range h.held {
-		t.inflight--
+	if h.released {
+		h.o.mu.Unlock()
+		return
 	}
-	h.held = nil
+	h.released = true
+	held := h.held
+	h.o.mu.Unlock()
+	for _, t := range held {
+		h.o.end(t)
+	}
 }
 
 // settle polls cond, advancing the fake clock a little each time, until it

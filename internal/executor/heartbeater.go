@@ -16,12 +16,18 @@ import (
 // moved loses its shard; an attempt a sweep took back is cancelled; an
 // attempt whose task an operator cancelled is cancelled with cause
 // tasks.ErrCancelled, so its outcome is recorded as cancelled unless its
-// handler returns success.
+// handler returns success. The tasks waiting ahead are beaten too.
+//
+// A claim another transaction holds (a handler's, after CompleteTx) is
+// skipped by the statement and answered claims.Busy: it is neither beaten
+// nor taken back, and the others are beaten as usual. The sweeps skip such
+// a claim too, so it does not go stale meanwhile.
 type heartbeater struct {
 	store    Store
 	owner    string
 	own      Ownership
 	pool     *pool
+	ahead    *ahead
 	interval time.Duration
 	clock    clock.Clock
 	log      hclog.Logger
@@ -50,7 +56,7 @@ func (h *heartbeater) Run(ctx context.Context) {
 // beat heartbeats the running attempts once. The statement's deadline is
 // one interval: a beat that cannot land by then is superseded by the next.
 func (h *heartbeater) beat(ctx context.Context) {
-	refs := h.pool.refs()
+	refs := append(h.pool.refs(), h.ahead.refs()...)
 	if len(refs) == 0 {
 		return
 	}
@@ -66,16 +72,27 @@ func (h *heartbeater) beat(ctx context.Context) {
 	for _, r := range res {
 		switch r.Outcome {
 		case claims.Applied:
-			if r.CancelRequested && h.pool.cancel(r.Ref, tasks.ErrCancelled) {
+			if r.CancelRequested && h.cancel(r.Ref, tasks.ErrCancelled) {
 				h.log.Info("cancelled a running task on request", "task", r.Ref.ID)
 			}
 		case claims.FenceLost:
 			h.m.FenceRejections.Inc()
 			h.own.FenceLost(r.Ref.Shard, r.Ref.Epoch)
 		case claims.TaskMoved, claims.TaskGone:
-			if h.pool.cancel(r.Ref, errTakenBack) {
+			if h.cancel(r.Ref, errTakenBack) {
 				h.log.Warn("running task was taken back (stale claim swept); cancelled it", "task", r.Ref.ID, "outcome", r.Outcome.String())
 			}
+		case claims.Busy:
+			h.log.Debug("claim held by another transaction; not beaten this time", "task", r.Ref.ID, "attempt", r.Ref.Attempt)
 		}
 	}
+}
+
+// cancel cancels attempt ref, running or waiting ahead, with cause; it
+// reports whether this call ended it.
+func (h *heartbeater) cancel(ref claims.Ref, cause error) bool {
+	if found, cancelled := h.pool.cancel(ref, cause); found {
+		return cancelled
+	}
+	return h.ahead.cancel(ref, cause)
 }

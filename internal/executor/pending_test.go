@@ -96,26 +96,3 @@ func TestUrgentClaimsRotate(t *testing.T) {
 		t.Fatalf("urgent claims served shards %v, want each in turn: [0 5 7 0 5 7]", served)
 	}
 }
-
-// The ahead buffer lasts the workers about aheadCover: one per worker for
-// short tasks, one in all for long ones, one while their length is
-// unknown.
-func TestAheadTargetIsSizedByTime(t *testing.T) {
-	for _, c := range []struct {
-		limit int
-		took  time.Duration
-		want  int
-	}{
-		{64, 0, 1},
-		{64, time.Millisecond, 64},
-		{64, 20 * time.Millisecond, 64},
-		{64, 80 * time.Millisecond, 32},
-		{64, time.Second, 2},
-		{64, 10 * time.Second, 1},
-		{1, time.Millisecond, 1},
-	} {
-		if got := aheadTarget(c.limit, c.took); got != c.want {
-			t.Errorf("aheadTarget(%d, %s) = %d, want %d", c.limit, c.took, got, c.want)
-		}
-	}
-}

@@ -47,6 +47,19 @@ type result struct {
 	// span is the attempt's outcome span, ended once the outcome is
 	// written; nil with tracing off.
 	span trace.Span
+
+	// giveBack: not an outcome but a task claimed ahead whose handler
+	// never started, to give back to its lane with its attempt unspent
+	// (Store.Unclaim); done ends its hold on its term once written.
+	giveBack bool
+	// started: not an outcome but a note that the handler of a task
+	// claimed ahead has started (Store.Started); an outcome of the same
+	// attempt in the same flush makes it needless.
+	started bool
+	// busy paces the writes of this item that the store answered
+	// claims.Busy, and retryAt is when it is written again.
+	busy    clock.Backoff
+	retryAt time.Time
 }
 
 // attempt is one claimed task from the start of its handler until its
@@ -55,6 +68,8 @@ type attempt struct {
 	task   tasks.Task
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// started is when the handler started (the executor's clock).
+	started time.Time
 	// finished: the handler returned; the outcome awaits its write. The
 	// attempt is still heartbeated, so a database outage that delays the
 	// write does not make the claim look stale.
@@ -77,16 +92,15 @@ type Stuck struct {
 }
 
 // pool runs each attempt on its own goroutine, at most max at once, and
-// knows every attempt from its claim until its outcome is written, so that
-// heartbeats can name them and cancel those taken back.
+// knows every attempt from the start of its handler until its outcome is
+// written, so that heartbeats can name them and cancel those taken back.
 //
-// It also holds a few tasks claimed ahead of need (ahead): when a handler
-// returns, the next task starts on its slot at once, instead of after a
-// claim round trip (a claim statement and a wake-up: 3 to 5 ms, a fifth of
-// a 20 ms task). The claimer keeps the queue topped up (room). A task
-// waiting ahead is heartbeated like a running one; when its shard moves or
-// the runner stops, it is given back without spending its attempt
-// (Unclaim), as a claim whose handler never started.
+// A slot is taken from the moment a claim reserves it (reserve, for the
+// tasks a claim statement records as started now) or the claim-ahead
+// buffer takes it for a task (take), until the handler returns; so a task
+// the store was told starts now always has its slot, and the buffer cannot
+// start a task on a slot a claim in flight counts on. The tasks claimed
+// ahead of need wait in the buffer (ahead.go), not here.
 type pool struct {
 	registry   *Registry
 	max        int
@@ -96,247 +110,159 @@ type pool struct {
 	clock      clock.Clock
 	m          *Metrics
 	tr         *tracer // nil: tracing off
-	// giveBack returns claims no handler will run (Store.Unclaim).
-	giveBack func(refs []claims.Ref)
 	// freed is signalled when a handler returns, so the claimer can refill.
 	freed wake.Signal
+	// returned is called, outside the lock, when a handler of queue
+	// returned: the buffer starts the next task on its slot.
+	returned func(queue string)
 
 	wg       sync.WaitGroup
 	inflight atomic.Int64 // handlers running
 	mu       sync.Mutex
-	// byQueue counts the handlers running per queue.
+	// taken counts the slots taken (handlers running and slots reserved
+	// for a claim in flight), byQueue the same per queue.
+	taken   int
 	byQueue map[string]int
-	// attempts is keyed by the whole claim: a sweep may requeue a task
-	// whose handler still runs here, and this runner may claim it again.
+	// running counts the handlers running per task: a sweep may requeue a
+	// task whose handler still runs here (its heartbeats could not be
+	// written), and this runner may claim it again; the new attempt waits
+	// until the old handler returned.
+	running map[int64]int
+	// attempts is keyed by the whole claim, for the same reason.
 	attempts map[claims.Ref]*attempt
-	// ahead are the tasks claimed ahead of need, in claim order, and
-	// aheadOf counts them per queue.
-	ahead   []*waiting
-	aheadOf map[string]int
-	// took is each queue's mean handler time (a moving average), which
-	// sizes its ahead buffer.
+	// took is each queue's mean handler time (a moving average): with
+	// each handler's start, it says which workers free up soon (soon).
 	took map[string]time.Duration
-	// closed: the runner stops; nothing more starts from ahead.
-	closed bool
-}
-
-// waiting is a task claimed ahead of need, waiting for a free slot.
-type waiting struct {
-	termCtx context.Context
-	task    tasks.Task
-	done    func() // ends its hold on the term
-	parent  trace.SpanContext
-	// stop stops the watch on termCtx.
-	stop func() bool
 }
 
 func newPool(registry *Registry, max int, limits map[string]int, results chan<- result, stuckAfter time.Duration, clk clock.Clock, m *Metrics, tr *tracer) *pool {
 	return &pool{registry: registry, max: max, limits: limits, results: results, stuckAfter: stuckAfter, clock: clk, m: m, tr: tr,
-		freed: wake.New(), attempts: map[claims.Ref]*attempt{}, byQueue: map[string]int{}, aheadOf: map[string]int{}, took: map[string]time.Duration{},
-		giveBack: func([]claims.Ref) {}}
+		freed: wake.New(), returned: func(string) {}, attempts: map[claims.Ref]*attempt{}, byQueue: map[string]int{},
+		running: map[int64]int{}, took: map[string]time.Duration{}}
 }
 
 func (p *pool) inFlight() int { return int(p.inflight.Load()) }
 
-// aheadCover is how long the tasks a queue keeps claimed ahead should last
-// its workers: four times the longest claim measured under load (10 ms,
-// while completions were being written; bench section work), as half the
-// buffer is what is left when a claim starts.
-const aheadCover = 40 * time.Millisecond
-
-// aheadTarget is how many tasks of a queue of limit workers, whose
-// handlers take took on average, the pool keeps claimed ahead: what the
-// workers finish in aheadCover, at most one per worker, at least one. room
-// tops the buffer up when it is down to half, so half of it feeds the
-// slots that free up while the claim is on its way. Measured on 20 ms
-// tasks with 64 workers (bench section work, one runner): a buffer of a
-// quarter of the workers, topped up at every freed slot, ran dry whenever
-// a claim took longer than its 5 ms of tasks, and the runner reached 0.82
-// to 0.93 of ideal at 71-76% of a core of PostgreSQL, claiming 10 tasks a
-// statement; this one (one per worker at 20 ms), 0.94 to 0.95 at 48-49%,
-// about 33 a statement. Sized by time, long tasks are not held back from
-// other runners: a queue of 10 s tasks keeps one ahead. Until a handler of
-// the queue has returned, its tasks' length is unknown, and one is kept.
-func aheadTarget(limit int, took time.Duration) int {
-	if took <= 0 {
-		return 1
-	}
-	return min(limit, max(1, int(int64(limit)*int64(aheadCover)/int64(took))))
-}
-
-// room is how many tasks of queue the claimer may claim now: the free
-// slots within the queue's limit and the pool's, plus what the queue's
-// ahead buffer lacks.
-//
-// While tasks wait ahead and no slot is free, the buffer is topped up only
-// once it has fallen to half its target, so that each claim statement
-// (planned at each execution) takes many tasks (see aheadTarget).
-func (p *pool) room(queue string, limit int) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	running, ahead := p.byQueue[queue], p.aheadOf[queue]
-	slots := min(limit-running, p.max-p.inFlight())
-	target := aheadTarget(min(limit, p.max), p.took[queue])
-	want := max(0, slots+target-ahead)
-	if ahead > 0 && slots <= 0 && want < (target+1)/2 {
-		return 0
-	}
-	return want
-}
-
 // idle is how many more attempts of any queue may start now.
 func (p *pool) idle() int { return p.max - p.inFlight() }
 
-// submit starts a claimed task now when a slot of its queue is free, and
-// otherwise keeps it ahead until one is. termDone ends the attempt's hold
-// on its term.
-func (p *pool) submit(termCtx context.Context, t tasks.Task, termDone func(), parent trace.SpanContext) {
+// free is how many tasks of queue may start now (its slots not taken,
+// within its limit and the pool's), and below how many of its slots are
+// not taken within its own limit: those of below beyond free wait only for
+// slots of other queues to free up.
+func (p *pool) free(queue string) (free, below int) {
 	p.mu.Lock()
-	if !p.closed && p.slotLocked(t.Queue) {
-		p.mu.Unlock()
-		p.start(termCtx, t, termDone, parent)
+	defer p.mu.Unlock()
+	below = max(0, p.limits[queue]-p.byQueue[queue])
+	return max(0, min(below, p.max-p.taken)), below
+}
+
+// reserve takes up to n free slots of queue for a claim in flight and
+// returns how many it took; the claim starts its first tasks on them
+// (startOn) and gives back the rest (unreserve).
+func (p *pool) reserve(queue string, n int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n = max(0, min(n, p.limits[queue]-p.byQueue[queue], p.max-p.taken))
+	p.taken += n
+	p.byQueue[queue] += n
+	return n
+}
+
+// unreserve gives back n slots of queue that no task started on.
+func (p *pool) unreserve(queue string, n int) {
+	if n <= 0 {
 		return
 	}
-	w := &waiting{termCtx: termCtx, task: t, done: termDone, parent: parent}
-	p.ahead = append(p.ahead, w)
-	p.aheadOf[t.Queue]++
-	closed := p.closed
-	if !closed {
-		// The shard moves or the runner detaches: the task goes back to
-		// its lane at once, so that the handoff does not wait for it. Set
-		// under the lock, because startNext may take w as soon as it is
-		// released; AfterFunc runs on a goroutine of its own, so it cannot
-		// deadlock on p.mu.
-		w.stop = context.AfterFunc(termCtx, p.dropEnded)
-	}
+	p.mu.Lock()
+	p.taken -= n
+	p.byQueue[queue] -= n
 	p.mu.Unlock()
-	if closed {
-		p.drop(w, true)
-	}
+	p.freed.Notify()
 }
 
-// slotLocked reports whether a task of queue may start now.
-func (p *pool) slotLocked(queue string) bool {
-	return p.inFlight() < p.max && p.byQueue[queue] < p.limits[queue]
-}
-
-// takeLocked removes w from ahead; false when it was gone already.
-func (p *pool) takeLocked(w *waiting) bool {
-	i := slices.Index(p.ahead, w)
-	if i < 0 {
+// take takes a free slot of queue for task id, unless none is free or a
+// handler of the same task still runs here.
+func (p *pool) take(queue string, id int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.taken >= p.max || p.byQueue[queue] >= p.limits[queue] || p.running[id] > 0 {
 		return false
 	}
-	p.ahead = slices.Delete(p.ahead, i, i+1)
-	p.aheadOf[w.task.Queue]--
+	p.taken++
+	p.byQueue[queue]++
+	p.running[id]++
 	return true
 }
 
-// drop takes w out of ahead and, when giveBack, returns its claim (an
-// attempt that never started); either way its hold on the term ends.
-func (p *pool) drop(w *waiting, giveBack bool) {
+// untake gives back a slot take took, with its mark of the task's
+// handler.
+func (p *pool) untake(queue string, id int64) {
 	p.mu.Lock()
-	ok := p.takeLocked(w)
+	p.taken--
+	p.byQueue[queue]--
+	if p.running[id]--; p.running[id] == 0 {
+		delete(p.running, id)
+	}
 	p.mu.Unlock()
-	if !ok {
-		return
-	}
-	if giveBack {
-		p.giveBackAll([]*waiting{w})
-		return
-	}
-	if w.stop != nil {
-		w.stop()
-	}
-	w.done()
 	p.freed.Notify()
 }
 
-// dropEnded gives back every task waiting ahead whose term has ended, in
-// one statement: a detach ends every term at once, and the buffer may hold
-// a task per worker. The first of their watches to fire takes them all;
-// the others find theirs gone.
-func (p *pool) dropEnded() {
+// alone marks a handler of task id as about to run on a slot already
+// reserved, unless a handler of the same task still runs here (false).
+func (p *pool) alone(id int64) bool {
 	p.mu.Lock()
-	var ws []*waiting
-	p.ahead = slices.DeleteFunc(p.ahead, func(w *waiting) bool {
-		if w.termCtx.Err() == nil {
-			return false
-		}
-		ws = append(ws, w)
-		p.aheadOf[w.task.Queue]--
-		return true
-	})
-	p.mu.Unlock()
-	p.giveBackAll(ws)
+	defer p.mu.Unlock()
+	if p.running[id] > 0 {
+		return false
+	}
+	p.running[id]++
+	return true
 }
 
-// giveBackAll returns the claims of ws, taken out of ahead, in one
-// statement, and ends their holds on their terms.
-func (p *pool) giveBackAll(ws []*waiting) {
-	if len(ws) == 0 {
-		return
-	}
-	refs := make([]claims.Ref, len(ws))
-	for i, w := range ws {
-		if w.stop != nil {
-			w.stop()
-		}
-		refs[i] = claims.RefOf(w.task)
-	}
-	p.giveBack(refs)
-	for _, w := range ws {
-		w.done()
-	}
-	p.freed.Notify()
+// budget is one claim round's measure of the workers that free up soon:
+// how many tasks may wait ahead of need (ahead.go).
+type budget struct {
+	// soon counts, per queue, the running handlers expected to return
+	// within aheadCover; total is their sum.
+	soon  map[string]int
+	total int
 }
 
-// startNext starts the oldest task ahead whose queue has a free slot.
-func (p *pool) startNext() {
+// soon counts the running handlers expected to return within cover of
+// now: those that have run for at least their queue's mean handler time
+// less cover (one that overran its mean is expected any moment; if it
+// keeps running, the task waiting for its slot outstays aheadPatience and
+// its queue claims nothing ahead until a handler of it returns). A handler
+// of a queue none of whose handlers has returned yet has no estimate: one
+// such handler in all counts, so that a queue's first tasks are not held
+// back from other runners by the worker count.
+func (p *pool) soon(now time.Time, cover time.Duration) budget {
 	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
-		return
-	}
-	var next *waiting
-	for _, w := range p.ahead {
-		if p.slotLocked(w.task.Queue) {
-			next = w
-			break
+	defer p.mu.Unlock()
+	b := budget{soon: map[string]int{}}
+	unknown := false
+	for _, a := range p.attempts {
+		if a.finished {
+			continue
 		}
+		took := p.took[a.task.Queue]
+		switch {
+		case took == 0 && !unknown:
+			unknown = true
+		case took == 0 || now.Sub(a.started) < took-cover:
+			continue
+		}
+		b.soon[a.task.Queue]++
+		b.total++
 	}
-	if next == nil || !p.takeLocked(next) {
-		p.mu.Unlock()
-		return
-	}
-	p.mu.Unlock()
-	if next.stop != nil && !next.stop() {
-		// Its term ended meanwhile, and the watch found it taken: it goes
-		// back here, and its slot to the next one.
-		p.giveBack([]claims.Ref{claims.RefOf(next.task)})
-		next.done()
-		p.startNext()
-		return
-	}
-	p.start(next.termCtx, next.task, next.done, next.parent)
+	return b
 }
 
-// close starts nothing more from ahead and gives back every task there:
-// the runner stops.
-func (p *pool) close() {
-	p.mu.Lock()
-	p.closed = true
-	ws := p.ahead
-	p.ahead = nil
-	for _, w := range ws {
-		p.aheadOf[w.task.Queue]--
-	}
-	p.mu.Unlock()
-	p.giveBackAll(ws)
-}
-
-// start runs one claimed task under its term's context; termDone ends the
-// attempt's hold on the term. With tracing on, the handler runs in a span
-// that is a child of parent (see tracer.claimed).
+// start runs one claimed task on a slot taken for it (reserve and alone,
+// or take) under its term's context; termDone ends the attempt's hold on
+// the term. With tracing on, the handler runs in a span that is a child of
+// parent (see tracer.claimed).
 func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), parent trace.SpanContext) {
 	h, _ := p.registry.Lookup(t.Kind)
 	ctx, cancel := context.WithCancelCause(termCtx)
@@ -345,10 +271,9 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), par
 		handlerCtx, stopDeadline = context.WithDeadline(ctx, *t.Deadline)
 	}
 	ref := claims.RefOf(t)
-	a := &attempt{task: t, ctx: ctx, cancel: cancel}
+	a := &attempt{task: t, ctx: ctx, cancel: cancel, started: p.clock.Now()}
 	p.mu.Lock()
 	p.attempts[ref] = a
-	p.byQueue[t.Queue]++
 	p.mu.Unlock()
 	stopWatch := context.AfterFunc(ctx, func() {
 		p.mu.Lock()
@@ -387,7 +312,11 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), par
 		cancel(nil)
 		p.mu.Lock()
 		a.finished = true
+		p.taken--
 		p.byQueue[t.Queue]--
+		if p.running[t.ID]--; p.running[t.ID] == 0 {
+			delete(p.running, t.ID)
+		}
 		if m := p.took[t.Queue]; m == 0 {
 			p.took[t.Queue] = max(r.elapsed, time.Microsecond)
 		} else {
@@ -406,68 +335,39 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), par
 		p.results <- r
 		p.inflight.Add(-1)
 		p.m.InFlight.Dec()
-		p.startNext()
+		p.returned(t.Queue)
 		p.freed.Notify()
 	})
 }
 
-// refs names every attempt whose outcome is not written yet: tasks
-// waiting ahead, running handlers and outcomes waiting for their write.
+// refs names every attempt whose handler started and whose outcome is not
+// written yet: running handlers and outcomes waiting for their write.
 func (p *pool) refs() []claims.Ref {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	refs := make([]claims.Ref, 0, len(p.attempts)+len(p.ahead))
+	refs := make([]claims.Ref, 0, len(p.attempts))
 	for ref := range p.attempts {
 		refs = append(refs, ref)
-	}
-	for _, w := range p.ahead {
-		refs = append(refs, claims.RefOf(w.task))
 	}
 	return refs
 }
 
-// cancel cancels the handler of attempt ref, if it is still running; it
-// reports whether this call ended the handler's context (false when the
-// handler returned or its context ended before). A task waiting ahead
-// never starts: cancelled by an operator (tasks.ErrCancelled) it is
-// recorded cancelled; taken back, it is dropped (its claim is gone).
-func (p *pool) cancel(ref claims.Ref, cause error) bool {
+// cancel cancels the handler of attempt ref, if it is still running: found
+// says whether ref is an attempt of the pool, cancelled whether this call
+// ended the handler's context (false when the handler returned or its
+// context ended before).
+func (p *pool) cancel(ref claims.Ref, cause error) (found, cancelled bool) {
 	p.mu.Lock()
-	if a := p.attempts[ref]; a != nil {
-		defer p.mu.Unlock()
-		if a.finished || a.ctx.Err() != nil {
-			return false
-		}
-		a.cancel(cause)
-		return true
+	defer p.mu.Unlock()
+	a := p.attempts[ref]
+	if a == nil {
+		return false, false
 	}
-	var w *waiting
-	for _, x := range p.ahead {
-		if claims.RefOf(x.task) == ref {
-			w = x
-			break
-		}
+	if a.finished || a.ctx.Err() != nil {
+		return true, false
 	}
-	p.mu.Unlock()
-	if w == nil {
-		return false
-	}
-	if !errors.Is(cause, tasks.ErrCancelled) {
-		p.drop(w, false)
-		return true
-	}
-	p.mu.Lock()
-	ok := p.takeLocked(w)
-	p.mu.Unlock()
-	if !ok {
-		return false
-	}
-	if w.stop != nil {
-		w.stop()
-	}
-	p.results <- result{task: w.task, err: tasks.ErrCancelled, cancelled: true, done: w.done}
-	p.freed.Notify()
-	return true
+	a.cancel(cause)
+	return true, true
 }
 
 // findStuck marks the handlers still running stuckAfter after their

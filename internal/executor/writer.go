@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -14,6 +16,7 @@ import (
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/tracing"
+	"github.com/shardrun/shardrun/internal/wake"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -23,11 +26,25 @@ const (
 	shutdownFlush = 5 * time.Second
 )
 
+// busyRetry paces the writes of an item the store answered claims.Busy
+// (its claim row is held by a transaction still open, as a handler's
+// after CompleteTx): such a transaction commits within milliseconds as a
+// rule, and one left open is ended by the database's idle timeout.
+var busyRetry = clock.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
+
 // writer is the outcome loop: it records attempts' outcomes in batches —
 // everything that arrives within the flush delay of a batch's first
-// outcome, up to flushSize — in one statement per kind of write. Each
-// attempt's done is called after its write, so a shard is never released
-// before its outcomes are written.
+// outcome, up to flushSize a statement — in one statement per kind of
+// write. The same batches give back the tasks claimed ahead that never
+// started, and record the starts of those that did (post). Each item's
+// done is called after its write, so a shard is never released before its
+// outcomes and give-backs are written.
+//
+// No write waits for a transaction the runner does not control: the store
+// skips a claim row another transaction holds and answers claims.Busy for
+// it. The other items of the statement are done; the busy ones are
+// written again later, each with a backoff of its own (busyRetry), in
+// later batches, and their attempts stay in the heartbeat set until then.
 type writer struct {
 	store Store
 	owner string
@@ -42,6 +59,36 @@ type writer struct {
 	// batchErr is the first write error of the batch being flushed, for
 	// its span.
 	batchErr error
+
+	// wake is signalled by post.
+	wake   wake.Signal
+	mu     sync.Mutex
+	posted []result
+	// later are the items the store answered Busy, each written again
+	// from its retryAt. Owned by Run.
+	later []result
+}
+
+// post hands the writer items that come from elsewhere than a handler's
+// return (give-backs, starts, cancels of tasks that waited ahead). It
+// never blocks: the claim loop, the heartbeats and a term's end call it.
+func (w *writer) post(rs ...result) {
+	if len(rs) == 0 {
+		return
+	}
+	w.mu.Lock()
+	w.posted = append(w.posted, rs...)
+	w.mu.Unlock()
+	w.wake.Notify()
+}
+
+// take returns what was posted since the last take.
+func (w *writer) take() []result {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	rs := w.posted
+	w.posted = nil
+	return rs
 }
 
 // Run writes outcomes until ctx ends; then it writes what has arrived and
@@ -49,26 +96,30 @@ type writer struct {
 // so nothing arrives later.
 func (w *writer) Run(ctx context.Context) {
 	var batch []result
+	var flushAt time.Time // zero: no batch
 	timer := w.clock.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
 	for {
+		due := flushAt
+		if at := w.nextRetry(); !at.IsZero() && (due.IsZero() || at.Before(due)) {
+			due = at
+		}
 		var fire <-chan time.Time
-		if len(batch) > 0 {
+		if !due.IsZero() {
+			timer.Reset(due.Sub(w.clock.Now()))
 			fire = timer.C()
 		}
 		select {
 		case r := <-w.in:
-			if len(batch) == 0 {
-				timer.Reset(w.delay)
-			}
-			batch = append(batch, r)
-			if len(batch) < flushSize {
-				continue
-			}
-			timer.Stop()
+			// What was posted before this outcome was sent joins it, so
+			// that a start and the outcome of the same attempt meet.
+			batch = append(append(batch, r), w.take()...)
+		case <-w.wake.C():
+			batch = append(batch, w.take()...)
 		case <-fire:
 		case <-ctx.Done():
+			timer.Stop()
 			for more := true; more; {
 				select {
 				case r := <-w.in:
@@ -77,26 +128,127 @@ func (w *writer) Run(ctx context.Context) {
 					more = false
 				}
 			}
-			w.flush(ctx, batch)
+			w.drain(ctx, append(batch, w.take()...))
 			return
 		}
-		w.flush(ctx, batch)
-		batch = batch[:0]
+		timer.Stop()
+		now := w.clock.Now()
+		if len(batch) > 0 && flushAt.IsZero() {
+			flushAt = now.Add(w.delay)
+		}
+		if len(batch) >= flushSize || (!flushAt.IsZero() && !now.Before(flushAt)) {
+			w.flush(ctx, append(batch, w.dueLater(now)...))
+			batch, flushAt = nil, time.Time{}
+		} else if due := w.dueLater(now); len(due) > 0 {
+			w.flush(ctx, due)
+		}
 	}
 }
 
-// flush writes one batch — completions, failures, interruptions and
-// cancellations, one statement each — then ends each attempt.
+// nextRetry is the earliest retryAt of the busy items (zero: none).
+func (w *writer) nextRetry() time.Time {
+	var at time.Time
+	for _, r := range w.later {
+		if at.IsZero() || r.retryAt.Before(at) {
+			at = r.retryAt
+		}
+	}
+	return at
+}
+
+// dueLater takes the busy items due at now out of later.
+func (w *writer) dueLater(now time.Time) []result {
+	var due []result
+	w.later = slices.DeleteFunc(w.later, func(r result) bool {
+		if r.retryAt.After(now) {
+			return false
+		}
+		due = append(due, r)
+		return true
+	})
+	return due
+}
+
+// drain writes the last batch at shutdown, and its busy items again until
+// they are written or shutdownFlush has passed.
+func (w *writer) drain(ctx context.Context, batch []result) {
+	w.flush(ctx, batch)
+	giveUpAt := w.clock.Now().Add(shutdownFlush)
+	for len(w.later) > 0 {
+		now := w.clock.Now()
+		if !now.Before(giveUpAt) {
+			w.log.Error("giving up writing at shutdown: claims still held by transactions that stay open", "items", len(w.later))
+			for _, r := range w.later {
+				if r.span != nil {
+					r.span.End()
+				}
+				r.done()
+			}
+			w.later = nil
+			return
+		}
+		at := w.nextRetry()
+		if at.After(giveUpAt) {
+			at = giveUpAt
+		}
+		clock.Sleep(w.clock, at.Sub(now), nil)
+		w.flush(ctx, append(w.dueLater(w.clock.Now()), w.take()...))
+	}
+}
+
+// flush writes batch, flushSize items a statement at most. A start of an
+// attempt whose outcome is in the batch (or waits to be written again) is
+// not written: the outcome ends the claim.
 func (w *writer) flush(ctx context.Context, batch []result) {
+	ended := make(map[claims.Ref]bool)
+	for _, r := range batch {
+		if !r.started {
+			ended[claims.RefOf(r.task)] = true
+		}
+	}
+	for _, r := range w.later {
+		if !r.started {
+			ended[claims.RefOf(r.task)] = true
+		}
+	}
+	needless := func(r result) bool {
+		if r.started && ended[claims.RefOf(r.task)] {
+			r.done()
+			return true
+		}
+		return false
+	}
+	batch = slices.DeleteFunc(batch, needless)
+	w.later = slices.DeleteFunc(w.later, needless)
+	for len(batch) > flushSize {
+		w.flushSome(ctx, batch[:flushSize])
+		batch = batch[flushSize:]
+	}
+	w.flushSome(ctx, batch)
+}
+
+// flushSome writes one batch — starts, give-backs, completions, failures,
+// interruptions and cancellations, one statement each — then ends each
+// item, except those the store answered Busy: they go to later.
+func (w *writer) flushSome(ctx context.Context, batch []result) {
 	if len(batch) == 0 {
 		return
 	}
+	var starts, backs []claims.Ref
 	var completions []claims.Completion
 	var failures []claims.Failure
 	var interruptions []claims.Interruption
-	var cItems, fItems, iItems, cancelled []result
-	for _, r := range batch {
+	var sItems, bItems, cItems, fItems, iItems, cancelled []*result
+	for i := range batch {
+		r := &batch[i]
+		r.retryAt = time.Time{}
 		switch {
+		case r.started:
+			starts = append(starts, claims.RefOf(r.task))
+			sItems = append(sItems, r)
+		case r.giveBack:
+			backs = append(backs, claims.RefOf(r.task))
+			bItems = append(bItems, r)
 		case r.cancelled:
 			cancelled = append(cancelled, r)
 		case r.err == nil:
@@ -115,18 +267,25 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 	if w.tr != nil {
 		batchSpan = w.startBatch(batch)
 	}
+	writeEach(ctx, w, "recording starts", sItems, starts, w.store.Started)
+	writeEach(ctx, w, "giving back claims", bItems, backs, w.store.Unclaim)
 	writeEach(ctx, w, "completing", cItems, completions, w.store.Complete)
 	writeEach(ctx, w, "failing", fItems, failures, w.store.Fail)
 	writeEach(ctx, w, "interrupting", iItems, interruptions, w.store.Interrupt)
 	w.writeCancelled(ctx, cancelled)
 	if batchSpan != nil {
-		for _, r := range batch {
-			r.span.End()
-		}
 		tracing.End(batchSpan, w.batchErr)
 		w.batchErr = nil
 	}
-	for _, r := range batch {
+	for i := range batch {
+		r := &batch[i]
+		if !r.retryAt.IsZero() {
+			w.later = append(w.later, *r)
+			continue
+		}
+		if r.span != nil {
+			r.span.End()
+		}
 		r.done()
 	}
 }
@@ -138,20 +297,23 @@ func (w *writer) startBatch(batch []result) trace.Span {
 		trace.WithAttributes(w.tr.runner, tracing.BatchSize.Int(len(batch))))
 	link := trace.Link{SpanContext: span.SpanContext()}
 	for _, r := range batch {
+		if r.span == nil {
+			continue // not a handler's outcome
+		}
 		r.span.AddLink(link)
 		span.AddLink(trace.Link{SpanContext: r.span.SpanContext()})
 	}
 	return span
 }
 
-// writeEach writes one kind of outcome for items (ins[i] is items[i]'s)
-// and accounts for the results. A batch the database refuses for a reason
+// writeEach writes one kind of item for items (ins[i] is items[i]'s) and
+// accounts for the results. A batch the database refuses for a reason
 // other than its unavailability (a value it will not store) is split and
 // written one by one, so that one bad outcome cannot hold back the others
 // forever; the one it still refuses is logged, counted and left running:
 // its claim goes stale once done stops its heartbeats, and the sweeper
 // requeues it with its next attempt.
-func writeEach[T any](ctx context.Context, w *writer, what string, items []result, ins []T,
+func writeEach[T any](ctx context.Context, w *writer, what string, items []*result, ins []T,
 	write func(context.Context, string, []T) ([]claims.WriteResult, error)) {
 	if len(ins) == 0 {
 		return
@@ -217,10 +379,33 @@ func (w *writer) write(ctx context.Context, what string, write func(context.Cont
 	}
 }
 
-// account counts what each write did and reports refused ones.
-func (w *writer) account(items []result, res []claims.WriteResult) {
+// account counts what each write did and reports refused ones. An item
+// the store answered Busy gets its retryAt: it is written again then.
+func (w *writer) account(items []*result, res []claims.WriteResult) {
+	now := w.clock.Now()
 	for i, r := range res {
+		if i >= len(items) {
+			break
+		}
 		it := items[i]
+		if r.Outcome == claims.Busy {
+			if it.busy.Min == 0 {
+				it.busy = busyRetry
+			}
+			it.retryAt = now.Add(it.busy.Next())
+			w.log.Debug("claim held by another transaction; writing it again later", "task", it.task.ID, "attempt", it.task.Attempt,
+				"retry_in", it.retryAt.Sub(now))
+			continue
+		}
+		switch {
+		case it.started, it.giveBack:
+			w.log.Trace("claim written", "task", it.task.ID, "give_back", it.giveBack, "outcome", r.Outcome.String())
+			if r.Outcome == claims.FenceLost {
+				w.m.FenceRejections.Inc()
+				w.own.FenceLost(it.task.Shard, it.task.Epoch)
+			}
+			continue
+		}
 		switch r.Outcome {
 		case claims.Applied, claims.Completed: // Completed: by the handler's own transaction
 			outcome := string(r.State)
@@ -257,7 +442,7 @@ func (w *writer) account(items []result, res []claims.WriteResult) {
 // returned nil is completed). If the task's completion or failure landed
 // first, the write finds it no longer running and changes nothing: one
 // outcome per attempt.
-func (w *writer) writeCancelled(ctx context.Context, items []result) {
+func (w *writer) writeCancelled(ctx context.Context, items []*result) {
 	if len(items) == 0 {
 		return
 	}
