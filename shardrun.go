@@ -147,7 +147,7 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, etcd *clientv3.Client, c
 	}
 	prefix := cfg.EtcdPrefix + cfg.Cluster + "/"
 	st, err := store.OpenLike(ctx, pool, store.Options{MaxConns: cmp.Or(cfg.DBMaxConns, DefaultDBMaxConns),
-		ApplicationName: "shardrun-client", Logger: cfg.Logger.Named("store")})
+		ApplicationName: "shardrun-client", Logger: cfg.Logger.Named("store"), HandlerTxTimeout: cfg.LeaseTTL})
 	if err != nil {
 		return nil, fmt.Errorf("shardrun: opening the database: %w", err)
 	}

@@ -122,18 +122,27 @@ var ErrTaskMovedOn = errors.New("the task moved on: this attempt no longer holds
 // CompleteTx records the completion of t, an attempt this client's runner
 // is running, inside tx, a transaction of the program's own (on the
 // cluster's database): the program's writes in tx and the completion
-// commit together or not at all. Call it last, right before committing:
-// it holds the task's claim until tx ends (the runner's heartbeats wait
-// for it). Then return the commit's error from the handler: nil tells the
-// runner the task is done.
+// commit together or not at all. Call it last, right before committing,
+// and return the commit's error from the handler: nil tells the runner
+// the task is done.
+//
+// It locks one row in tx, the attempt's claim, and nothing else waits for
+// it but this task's own end: the runner's heartbeats and writes, other
+// runners and the sweeps skip it while tx is open. From this call on, tx
+// must end within the runner's lease TTL (Config.LeaseTTL): PostgreSQL
+// cancels a later statement that runs longer and ends the transaction if
+// it sits idle longer (statement_timeout and
+// idle_in_transaction_session_timeout, set for tx alone); the writes then
+// roll back and the attempt is retried like any lost one.
 //
 // The completion is fenced: when the runner has lost the task's shard (a
 // new owner requeued the attempt) it fails with tasks.ErrOwnershipLost,
-// and ErrTaskMovedOn when the attempt was swept or ended meanwhile; roll
-// tx back then, and the program's writes are not committed twice. What
-// the handler did outside the database is not covered: it may have
-// happened in an attempt whose completion was refused, and happen again
-// in the next.
+// and ErrTaskMovedOn when the attempt was swept or ended meanwhile, or its
+// completion was committed already by another transaction; roll tx back
+// then, and the program's writes are not committed twice. What the
+// handler did outside the database is not covered: it may have happened
+// in an attempt whose completion was refused, and happen again in the
+// next.
 func (c *Client) CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error {
 	if c.runner == nil {
 		return errors.New("shardrun: CompleteTx: this client runs no task (Start)")
@@ -143,7 +152,7 @@ func (c *Client) CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error
 		return fmt.Errorf("shardrun: completing task %d: %w", t.ID, err)
 	}
 	switch res.Outcome {
-	case claims.Applied, claims.Completed:
+	case claims.Applied:
 		return nil
 	case claims.FenceLost:
 		return fmt.Errorf("shardrun: completing task %d (shard %d, epoch %d): %w", t.ID, t.Shard, t.Epoch, tasks.ErrOwnershipLost)

@@ -72,10 +72,10 @@ func TestTaskOperationsAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, _, err := e.store.RaiseFences(ctx, "r", "", []claims.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}); err != nil {
+	if _, err := e.store.RaiseFences(ctx, "r", "", []claims.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := e.store.Claim(ctx, "r", []claims.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}, tasks.DefaultQueue, []string{"other"}, 1); err != nil || len(got) != 1 {
+	if got, err := e.store.Claim(ctx, "r", []claims.ShardEpoch{{Shard: otherTask.Shard, Epoch: 3}}, tasks.DefaultQueue, []string{"other"}, 1, 1); err != nil || len(got) != 1 {
 		t.Fatalf("claim: %v %v", got, err)
 	}
 

@@ -82,7 +82,7 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 	for i := range owned {
 		owned[i] = claims.ShardEpoch{Shard: i, Epoch: 1}
 	}
-	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
+	if _, _, _, err := raiseFences(s, ctx, "r", "", owned); err != nil {
 		b.Fatal(err)
 	}
 	// Enough ready work for the loop, plus a backlog the claim
@@ -101,7 +101,7 @@ func benchClaimComplete(b *testing.B, size int, opsIndexes bool) {
 	start := time.Now()
 	n := 0
 	for b.Loop() {
-		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, size)
+		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, size, size)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -133,10 +133,10 @@ func BenchmarkClaimOverManyShards(b *testing.B) {
 	for i := range owned {
 		owned[i], other[i] = claims.ShardEpoch{Shard: i, Epoch: 10}, claims.ShardEpoch{Shard: i, Epoch: 11}
 	}
-	if _, _, _, err := s.RaiseFences(ctx, "r", "ga", owned); err != nil {
+	if _, _, _, err := raiseFences(s, ctx, "r", "ga", owned); err != nil {
 		b.Fatal(err)
 	}
-	if _, _, _, err := s.RaiseFences(ctx, "q", "gb", other); err != nil {
+	if _, _, _, err := raiseFences(s, ctx, "q", "gb", other); err != nil {
 		b.Fatal(err)
 	}
 	ins := make([]store.Insert, 50_000)
@@ -149,7 +149,7 @@ func BenchmarkClaimOverManyShards(b *testing.B) {
 	b.ResetTimer()
 	n := 0
 	for b.Loop() {
-		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, 10)
+		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, 10, 10)
 		if err != nil || len(got) == 0 {
 			b.Fatal(len(got), err)
 		}
@@ -167,7 +167,7 @@ func BenchmarkCompleteBatch(b *testing.B) {
 	for i := range owned {
 		owned[i] = claims.ShardEpoch{Shard: i, Epoch: 1}
 	}
-	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
+	if _, _, _, err := raiseFences(s, ctx, "r", "", owned); err != nil {
 		b.Fatal(err)
 	}
 	const batch = 5000
@@ -182,7 +182,7 @@ func BenchmarkCompleteBatch(b *testing.B) {
 		}
 		var done []claims.Completion
 		for len(done) < batch {
-			got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, 1000)
+			got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, []string{"k"}, 1000, 1000)
 			if err != nil || len(got) == 0 {
 				b.Fatal(len(got), err)
 			}

@@ -24,7 +24,7 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 			for sh := 0; sh < 256; sh += 3 {
 				owned = append(owned, claims.ShardEpoch{Shard: sh, Epoch: 1})
 			}
-			if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
+			if _, _, _, err := raiseFences(s, ctx, "r", "", owned); err != nil {
 				b.Fatal(err)
 			}
 			if unhandled > 0 {
@@ -41,7 +41,7 @@ func BenchmarkClaimPastUnclaimable(b *testing.B) {
 			n, rounds := 0, 0
 			for b.Loop() {
 				t0 := time.Now()
-				got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, kinds, 512)
+				got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, kinds, 512, 512)
 				claimTime += time.Since(t0)
 				rounds++
 				if err != nil {

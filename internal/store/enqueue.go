@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -89,6 +90,9 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in Insert) (tasks.Enqu
 	quiet := ""
 	if tx != nil {
 		q = tx
+		if err := s.registerQueues(ctx, []Insert{in}); err != nil {
+			return tasks.Enqueued{}, err
+		}
 	} else {
 		quiet = " WHERE " + quietSetting + " = 'off'"
 	}
@@ -232,6 +236,9 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (ta
 	}
 	var err error
 	if tx != nil {
+		if err := s.registerQueues(ctx, ins); err != nil {
+			return tasks.BatchEnqueued{}, err
+		}
 		err = run(tx)
 	} else {
 		// Quiet, and notified after the commit (see notify.go).
@@ -421,4 +428,33 @@ func uniqueArgs(ins []Insert, todo []int, drawn []*int64) []any {
 		ids[j] = drawn[i]
 	}
 	return []any{kinds, shards, keys, payloads, maxAttempts, runAfters, deadlines, uniqueKeys, queues, priorities, sequenceKeys, blocks, traceContexts, ids}
+}
+
+// registerQueues gives the queues of ins their rows (queues) before a
+// producer's own transaction inserts tasks in them, in a statement of the
+// store's own that commits at once. The insert trigger files a queue's row
+// when its transaction cannot see one (shardrun_register_queues), and a new
+// row is held by its transaction until it ends: every other producer of
+// that queue would wait for the producer's transaction, however long it
+// stays open. Queues known to have a row are not asked again.
+func (s *Store) registerQueues(ctx context.Context, ins []Insert) error {
+	var names []string
+	for _, in := range ins {
+		q := queueOf(in)
+		if _, known := s.queues.Load(q); !known && q != tasks.DefaultQueue && !slices.Contains(names, q) {
+			names = append(names, q)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	if _, err := s.pool.Exec(ctx, `/* shardrun.register_queues */
+		INSERT INTO queues (name) SELECT n FROM unnest($1::text[]) n ORDER BY n ON CONFLICT (name) DO NOTHING`, names); err != nil {
+		return fmt.Errorf("registering queues %v: %w", names, err)
+	}
+	for _, q := range names {
+		s.queues.Store(q, true)
+	}
+	return nil
 }

@@ -29,7 +29,7 @@ func TestClaimAfterIdleAnalyze(t *testing.T) {
 	const conns = 2
 	s, _ := pgtest.NewStore(t, store.Options{MaxConns: conns})
 	owned := []claims.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 1, Epoch: 1}}
-	if _, _, _, err := s.RaiseFences(ctx, "r", "", owned); err != nil {
+	if _, _, _, err := raiseFences(s, ctx, "r", "", owned); err != nil {
 		t.Fatal(err)
 	}
 	kinds := []string{"noop", "sleep", "fail"}
@@ -53,7 +53,7 @@ func TestClaimAfterIdleAnalyze(t *testing.T) {
 	for i := range held {
 		held[i].Release()
 		for range 10 {
-			if got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, kinds, 500); err != nil || len(got) != 0 {
+			if got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, kinds, 500, 500); err != nil || len(got) != 0 {
 				t.Fatalf("idle claim: %d tasks, %v", len(got), err)
 			}
 		}
@@ -99,7 +99,7 @@ func TestClaimAfterIdleAnalyze(t *testing.T) {
 	kind0, pkey0 := blocks()
 	claimed := 0
 	for range 4 {
-		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, kinds, 500)
+		got, err := s.Claim(ctx, "r", owned, tasks.DefaultQueue, kinds, 500, 500)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -8,6 +8,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -263,7 +264,7 @@ func TestAnOpenProducerStallsNoOutcome(t *testing.T) {
 	// The raise requeues the head (its one attempt spent: dead) while the
 	// producer's transaction is open.
 	raiseDone := async(func() error {
-		_, _, _, err := s.RaiseFences(ctx, "b", "", []claims.ShardEpoch{{Shard: 8, Epoch: 2}})
+		_, _, _, err := raiseFences(s, ctx, "b", "", []claims.ShardEpoch{{Shard: 8, Epoch: 2}})
 		return err
 	})
 	if err, done := awaitDoneOrWaiting(t, s, raiseDone, 1); !done || err != nil {
@@ -359,10 +360,15 @@ func TestCompletionAndProducerDoNotDeadlock(t *testing.T) {
 	}
 }
 
-// Defect 8: a fence raise deleted the old owner's claims in the table's
-// physical order while the old owner's writes locked them in id order: the
-// two deadlocked in the very takeover that fencing exists for.
-func TestFenceRaiseAndOldOwnersWritesDoNotDeadlock(t *testing.T) {
+// Defect 8 (issue 32): a fence raise deleted the old owner's claims in the
+// table's physical order while the old owner's writes locked them in id
+// order: the two deadlocked in the very takeover that fencing exists for.
+// Since then neither waits for a claim another transaction holds (issue
+// 39): the old owner's completion skips the held claim (Busy) and lands
+// the other, the raise skips it too and reports the unit pending, and once
+// it is free the requeue that comes back takes it and the old owner's
+// write of it is refused.
+func TestFenceRaiseAndOldOwnersWritesNeverWaitForAHeldClaim(t *testing.T) {
 	t.Parallel()
 	s, dsn := setupDSN(t)
 	ctx := context.Background()
@@ -391,23 +397,27 @@ func TestFenceRaiseAndOldOwnersWritesDoNotDeadlock(t *testing.T) {
 		t.Fatalf("claims: %+v %+v", first, second)
 	}
 	release := holdRow(t, dsn, `SELECT 1 FROM task_claims WHERE id = $1 FOR UPDATE`, low)
-	completed := async(func() error {
-		_, err := s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(second[0])}, {Ref: claims.RefOf(first[0])}})
-		return err
-	})
-	awaitWaiting(t, s, 1)
-	raised := async(func() error {
-		_, _, _, err := newOwner.RaiseFences(ctx, "b", "", []claims.ShardEpoch{{Shard: 11, Epoch: 2}})
-		return err
-	})
-	awaitWaiting(t, s, 2)
-	release()
-	errC, errR := result(t, completed), result(t, raised)
-	if isDeadlock(errC) || isDeadlock(errR) {
-		t.Fatalf("deadlock: completion %v, raise %v", errC, errR)
+	res, err := s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(second[0])}, {Ref: claims.RefOf(first[0])}})
+	if err != nil || res[0].Outcome != claims.Busy || res[1].Outcome != claims.Applied {
+		t.Fatalf("completion while one claim is held: %+v %v, want busy and applied", res, err)
 	}
-	if errC != nil || errR != nil {
-		t.Fatalf("completion %v, raise %v", errC, errR)
+	term := []claims.ShardEpoch{{Shard: 11, Epoch: 2}}
+	o, err := newOwner.RaiseFences(ctx, "b", "", term)
+	if err != nil || len(o.Raised) != 1 || !slices.Equal(o.Pending, term) {
+		t.Fatalf("raise while a claim is held: %+v %v, want raised with the unit pending", o, err)
+	}
+	release()
+	if o, err := newOwner.RequeueOrphans(ctx, "b", "", term); err != nil || o.Requeued != 1 || len(o.Pending) != 0 {
+		t.Fatalf("requeue once the claim is free: %+v %v, want the held claim requeued", o, err)
+	}
+	if r := one(t)(s.Complete(ctx, "a", []claims.Completion{{Ref: claims.RefOf(second[0])}})); r.Outcome != claims.FenceLost {
+		t.Fatalf("the old owner's completion after the requeue: %v, want fence lost", r.Outcome)
+	}
+	if task := get(t, s, low); task.State != tasks.Ready || task.Attempt != 2 {
+		t.Fatalf("the held task: %+v, want ready at its second attempt", task)
+	}
+	if task := get(t, s, high); task.State != tasks.Completed {
+		t.Fatalf("the other task: %+v, want completed", task)
 	}
 }
 
@@ -505,7 +515,7 @@ func TestAPauseIsABarrierForClaimsUnderWay(t *testing.T) {
 	var got []tasks.Task
 	claimed := async(func() error {
 		var err error
-		got, err = s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10)
+		got, err = s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10, 10)
 		return err
 	})
 	awaitWaiting(t, s, 1)
@@ -535,7 +545,7 @@ func TestAPauseIsABarrierForClaimsUnderWay(t *testing.T) {
 	if err := result(t, paused); err != nil {
 		t.Fatal(err)
 	}
-	if again, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10); err != nil || len(again) != 0 {
+	if again, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 15, Epoch: 1}}, "barrier", []string{"k"}, 10, 10); err != nil || len(again) != 0 {
 		t.Fatalf("claimed %+v after the pause (%v)", again, err)
 	}
 }

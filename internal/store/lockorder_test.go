@@ -84,7 +84,7 @@ func TestCancelAndClaimTakeLaneEntriesInOneOrder(t *testing.T) {
 	// A third transaction holds high's entry, the first a claim deletes.
 	release := holdRow(t, dsn, `SELECT 1 FROM task_ready WHERE id = $1 FOR UPDATE`, high)
 	claimed := async(func() error {
-		_, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 13, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 10)
+		_, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 13, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 10, 10)
 		return err
 	})
 	awaitWaiting(t, s, 1)

@@ -179,8 +179,12 @@ func claimQuery(n int) string {
 			FROM tasks t
 			WHERE t.id = ANY (ARRAY(SELECT id FROM del ORDER BY id)) AND t.state = 'ready'
 		), ins AS (
-			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, deadline, grp)
-			SELECT p.id, p.shard, p.queue, p.epoch, $1, p.attempt, p.deadline, p.grp
+			-- The first $8 tasks, in the order the claim returns them,
+			-- start at once; the rest wait ahead of need (ahead: their
+			-- handler has not started).
+			INSERT INTO task_claims (id, shard, queue, epoch, owner, attempt, deadline, grp, ahead)
+			SELECT p.id, p.shard, p.queue, p.epoch, $1, p.attempt, p.deadline, p.grp,
+				row_number() OVER (ORDER BY p.priority, p.run_after, p.id) > $8
 			FROM picked p
 		)
 		SELECT id, kind, shard, key, queue, priority, coalesce(sequence_key, ''), coalesce(sequence_blocks, false), payload,
@@ -232,8 +236,13 @@ const claimColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, t.seque
 // review: a producer's task committed after a removal that could not see
 // it was never claimed). DeleteQueue and the producers keep a row for
 // every queue with unfinished tasks anyway (shardrun_register_queues).
-func (s *Store) Claim(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
-	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.LeastUrgent)
+//
+// The first startNow tasks of the result start at once; the others are
+// claimed ahead of need (task_claims.ahead) until Started says their
+// handler began: given back, requeued as orphans or swept stale before
+// that, they keep their attempt, since no handler ran.
+func (s *Store) Claim(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit, startNow int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, owned, queue, kinds, limit, startNow, tasks.LeastUrgent)
 }
 
 // ClaimUrgent is Claim of the urgent tasks only (tasks.Urgent). The
@@ -241,12 +250,12 @@ func (s *Store) Claim(ctx context.Context, owner string, owned []claims.ShardEpo
 // they got such tasks: Claim fills its limit from the first shard it
 // visits, default-priority backlog included, so a round would serve one
 // urgent shard and leave the others' urgent tasks behind whole backlogs.
-func (s *Store) ClaimUrgent(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit int) ([]tasks.Task, error) {
-	return s.claim(ctx, owner, owned, queue, kinds, limit, tasks.DefaultPriority-1)
+func (s *Store) ClaimUrgent(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit, startNow int) ([]tasks.Task, error) {
+	return s.claim(ctx, owner, owned, queue, kinds, limit, startNow, tasks.DefaultPriority-1)
 }
 
 // claim is Claim of the tasks of priority maxPriority or more urgent.
-func (s *Store) claim(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit, maxPriority int) ([]tasks.Task, error) {
+func (s *Store) claim(ctx context.Context, owner string, owned []claims.ShardEpoch, queue string, kinds []string, limit, startNow, maxPriority int) ([]tasks.Task, error) {
 	if len(owned) == 0 || len(kinds) == 0 || limit <= 0 {
 		return nil, nil
 	}
@@ -255,7 +264,7 @@ func (s *Store) claim(ctx context.Context, owner string, owned []claims.ShardEpo
 	for i, se := range owned {
 		shards[i], epochs[i] = int32(se.Shard), se.Epoch
 	}
-	rows, err := s.pool.Query(ctx, claimQuery(len(kinds)), claimExecMode, owner, shards, epochs, kinds, limit, queue, maxPriority)
+	rows, err := s.pool.Query(ctx, claimQuery(len(kinds)), claimExecMode, owner, shards, epochs, kinds, limit, queue, maxPriority, max(startNow, 0))
 	if err != nil {
 		return nil, fmt.Errorf("claiming tasks on %d shards: %w", len(owned), err)
 	}
@@ -297,7 +306,11 @@ func permuted(values any, order []int) any {
 // (the owner), $2 (the ids, sorted) and $3 (a jsonb object from each id
 // to [attempt, epoch, the extra columns' values]); locked, an array of the
 // ids of the matching claim rows, locked in id order (the one lock order,
-// whatever the plan); and the extra columns as RETURNING items of k,
+// whatever the plan), skipping those another transaction holds (a
+// handler's transaction that recorded its completion, CompleteTx, and has
+// not ended: no write of the runner waits for a transaction it does not
+// control; the skipped claims are reported claims.Busy, and written again
+// later); and the extra columns as RETURNING items of k,
 // named as the columns. Each claim must be the one named: owner, epoch and
 // attempt. The claims are found by primary key (k.id = ANY: a range of the
 // batch's ids, never the table), and each one's values by its id in $3, a
@@ -340,25 +353,67 @@ func claimMatch(owner string, refs []claims.Ref, extra []inputCol) (locked, retu
 	locked = `ARRAY(SELECT k.id FROM task_claims k
 		WHERE k.id = ANY ($2::bigint[]) AND k.owner = $1
 		  AND k.attempt = (($3::jsonb -> k.id::text) ->> 0)::int AND k.epoch = (($3::jsonb -> k.id::text) ->> 1)::bigint
-		ORDER BY k.id FOR UPDATE)`
+		  AND EXISTS (` + fenceHolds + `)
+		ORDER BY k.id FOR UPDATE SKIP LOCKED)`
 	return locked, returning, args, nil
 }
+
+// fenceHolds is a condition over the claim k: its unit's fence still holds
+// its epoch. It is read, not locked: a raise that committed before the
+// statement began refuses the write (FenceLost); one that commits while
+// it runs has skipped the claim the write holds (RaiseFences), so the
+// write is still the only one to end it.
+const fenceHolds = `SELECT 1 FROM shard_fences f WHERE f.grp = k.grp AND f.shard = k.shard AND f.epoch = k.epoch`
 
 // endClaims is the tail of every statement that ends claims. Given the CTE
 // k of the task_claims rows the statement deleted (k.*, plus the columns
 // it computed), it locks their tasks' records in id order, updates them
 // with set (which reads k), and files them (fileTail). It defines the CTE
-// t: the tasks as updated, with the claim's attempt and epoch.
-func endClaims(set string) string {
-	// r locks the records in id order before the update (an InitPlan of
-	// it, run once): the update's own order is its plan's.
-	return `, r AS (
+// t: the tasks as updated, with the claim's attempt and epoch, and marked,
+// true for the claims whose handler had recorded its completion in its own
+// transaction (CompleteTx: k.completed_at). Those are completed with the
+// recorded result whatever set says: the handler's writes committed with
+// that mark, so the attempt succeeded, whoever ends its claim — the
+// runner, the next owner's orphan requeue or a sweep.
+func endClaims(set string) string { return endClaimsOr(set, "") }
+
+// endClaimsOr is endClaims where the claims of tasks claimed ahead of need
+// whose handler never started (k.ahead) are updated with aheadSet instead
+// of set (when aheadSet is not ""): the next owner's orphan requeue and the
+// stale sweep give those back without spending their attempt.
+func endClaimsOr(set, aheadSet string) string {
+	// r locks the records in id order before the updates (an InitPlan of
+	// it, run once): each update's own order is its plan's. The updates
+	// change disjoint rows.
+	plain := "k.completed_at IS NULL"
+	branches := []struct{ cond, set, marked string }{{plain, set, "false"}}
+	if aheadSet != "" {
+		branches[0].cond = plain + " AND NOT k.ahead"
+		branches = append(branches, struct{ cond, set, marked string }{plain + " AND k.ahead", aheadSet, "false"})
+	}
+	branches = append(branches, struct{ cond, set, marked string }{"k.completed_at IS NOT NULL", completedBy("k.completed_result"), "true"})
+	out := `, r AS (
 			SELECT id FROM tasks WHERE id = ANY (ARRAY(SELECT id FROM k)) ORDER BY id FOR UPDATE
-		), t AS (
-			UPDATE tasks t SET ` + set + `
-			FROM k WHERE t.id = k.id AND t.state = 'ready' AND (SELECT count(*) FROM r) >= 0
-			RETURNING t.*, k.attempt AS k_attempt, k.epoch AS k_epoch
+		)`
+	var names []string
+	for i, b := range branches {
+		name := "t" + strconv.Itoa(i)
+		names = append(names, "SELECT * FROM "+name)
+		out += `, ` + name + ` AS (
+			UPDATE tasks t SET ` + b.set + `
+			FROM k WHERE t.id = k.id AND ` + b.cond + ` AND t.state = 'ready' AND (SELECT count(*) FROM r) >= 0
+			RETURNING t.*, k.attempt AS k_attempt, k.epoch AS k_epoch, ` + b.marked + ` AS marked
+		)`
+	}
+	return out + `, t AS (
+			` + strings.Join(names, " UNION ALL ") + `
 		)` + fileTail
+}
+
+// completedBy is the SET list of a completion of claim k with result (an
+// SQL expression of jsonb).
+func completedBy(result string) string {
+	return `state = 'completed', result = ` + result + `, finished_at = now(), ` + claimEvidence
 }
 
 // claimEvidence is the SET list that records the claim in a task that
@@ -395,7 +450,7 @@ func (s *Store) endClaimsOn(ctx context.Context, q querier, what, name, owner st
 		)` + endClaims(set) + `
 		SELECT ` + filedOnce + `, coalesce(array_agg(t.id), '{}'), coalesce(array_agg(t.k_attempt), '{}'),
 			coalesce(array_agg(t.k_epoch), '{}'), coalesce(array_agg(t.state), '{}'),
-			coalesce(array_agg(t.cancel_requested_at IS NOT NULL), '{}')
+			coalesce(array_agg(t.cancel_requested_at IS NOT NULL), '{}'), coalesce(array_agg(t.marked), '{}')
 		FROM t`
 	return s.claimResultsOn(ctx, q, what, owner, refs, sql, args)
 }
@@ -447,9 +502,11 @@ func (s *Store) inRounds(ctx context.Context, refs []claims.Ref, extra []inputCo
 }
 
 // claimResults runs a write about the claims of refs, which answers one
-// row: a count to ignore, then the ids, attempts, epochs, states and
-// cancel requests of the claims it applied to, as arrays; and says, for
-// each of refs, whether it applied and why not.
+// row: a count to ignore, then the ids, attempts, epochs, states, cancel
+// requests and completion marks (the handler had recorded its completion:
+// CompleteTx) of the claims it applied to, as arrays; and says, for each
+// of refs, whether it applied and why not. A claim whose mark completed it
+// is reported claims.Completed, whatever the write asked.
 func (s *Store) claimResults(ctx context.Context, what, owner string, refs []claims.Ref, sql string, args []any) ([]claims.WriteResult, error) {
 	return s.claimResultsOn(ctx, s.pool, what, owner, refs, sql, args)
 }
@@ -459,8 +516,8 @@ func (s *Store) claimResultsOn(ctx context.Context, q querier, what, owner strin
 	var ids, epochs []int64
 	var attempts []int32
 	var states []string
-	var requested []bool
-	if err := q.QueryRow(ctx, sql, args...).Scan(&filed, &ids, &attempts, &epochs, &states, &requested); err != nil {
+	var requested, marked []bool
+	if err := q.QueryRow(ctx, sql, args...).Scan(&filed, &ids, &attempts, &epochs, &states, &requested, &marked); err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
 	}
 	// Keyed by the whole claim: a batch may hold a stale attempt and the
@@ -473,10 +530,11 @@ func (s *Store) claimResultsOn(ctx context.Context, q querier, what, owner strin
 	type after struct {
 		state           tasks.State
 		cancelRequested bool
+		marked          bool
 	}
 	applied := make(map[claim]after, len(refs))
 	for i := range ids {
-		applied[claim{ids[i], attempts[i], epochs[i]}] = after{tasks.State(states[i]), requested[i]}
+		applied[claim{ids[i], attempts[i], epochs[i]}] = after{tasks.State(states[i]), requested[i], marked[i]}
 	}
 	results := make([]claims.WriteResult, len(refs))
 	var missed []int
@@ -484,6 +542,9 @@ func (s *Store) claimResultsOn(ctx context.Context, q querier, what, owner strin
 		results[i].Ref = r
 		if a, ok := applied[claim{r.ID, int32(r.Attempt), r.Epoch}]; ok {
 			results[i].State, results[i].CancelRequested = a.state, a.cancelRequested
+			if a.marked {
+				results[i].Outcome = claims.Completed
+			}
 		} else {
 			missed = append(missed, i)
 		}
@@ -497,9 +558,11 @@ func (s *Store) claimResultsOn(ctx context.Context, q querier, what, owner strin
 }
 
 // classify explains why writes did not apply: the attempt's completion is
-// recorded already (committed by its handler's own transaction:
-// CompleteTx), the fence moved (or was never ours), the task is gone, or
-// the task moved on.
+// recorded already, the fence moved (or was never ours), the claim is
+// still there but another transaction holds it (Busy: the write skipped
+// it), the task is gone, or the task moved on. A fence that moved wins
+// over a claim still held: the writer must stop working on the shard,
+// and the new owner requeues the claim once it is free.
 func (s *Store) classify(ctx context.Context, owner string, results []claims.WriteResult, missed []int) error {
 	ids := make([]int64, len(missed))
 	shards := make([]int32, len(missed))
@@ -515,7 +578,8 @@ func (s *Store) classify(ctx context.Context, owner string, results []claims.Wri
 	rows, err := s.pool.Query(ctx, `/* shardrun.classify */
 		SELECT c.id, t.id IS NOT NULL,
 			EXISTS (SELECT 1 FROM shard_fences f WHERE f.shard = c.shard AND f.epoch = c.epoch AND f.owner = $4),
-			coalesce(t.state = 'completed' AND t.claimed_by = $4 AND t.claim_epoch = c.epoch AND t.attempt = c.attempt, false)
+			coalesce(t.state = 'completed' AND t.claimed_by = $4 AND t.claim_epoch = c.epoch AND t.attempt = c.attempt, false),
+			EXISTS (SELECT 1 FROM task_claims k WHERE k.id = c.id AND k.owner = $4 AND k.epoch = c.epoch AND k.attempt = c.attempt)
 		FROM unnest($1::bigint[], $2::int[], $3::bigint[], $5::int[]) WITH ORDINALITY AS c(id, shard, epoch, attempt, n)
 		LEFT JOIN tasks t ON t.id = c.id
 		ORDER BY c.n`, ids, shards, epochs, owner, attempts)
@@ -524,8 +588,8 @@ func (s *Store) classify(ctx context.Context, owner string, results []claims.Wri
 	}
 	i := 0
 	var id int64
-	var exists, fenced, completed bool
-	_, err = pgx.ForEachRow(rows, []any{&id, &exists, &fenced, &completed}, func() error {
+	var exists, fenced, completed, held bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &exists, &fenced, &completed, &held}, func() error {
 		res := &results[missed[i]]
 		i++
 		switch {
@@ -533,6 +597,8 @@ func (s *Store) classify(ctx context.Context, owner string, results []claims.Wri
 			res.Outcome, res.State = claims.Completed, tasks.Completed
 		case !fenced:
 			res.Outcome = claims.FenceLost
+		case held:
+			res.Outcome = claims.Busy
 		case !exists:
 			res.Outcome = claims.TaskGone
 		default:
@@ -550,28 +616,45 @@ func (s *Store) classify(ctx context.Context, owner string, results []claims.Wri
 // one statement that touches only their claim rows. Each result says
 // whether an operator asked to cancel the task meanwhile (CancelRequested):
 // that is how a cancel request reaches whichever runner runs the task,
-// within one heartbeat interval.
+// within one heartbeat interval. A claim another transaction holds (a
+// handler's, after CompleteTx) is skipped and reported claims.Busy: one
+// slow transaction never holds up the heartbeats of the runner's other
+// attempts, and a sweep skips a claim held so too.
 func (s *Store) Heartbeat(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error) {
+	return s.touchClaims(ctx, "heartbeating", "heartbeat", owner, refs, "heartbeat_at = now()")
+}
+
+// Started records that the handlers of these attempts, claimed ahead of
+// need (Claim's startNow), have started: from now on an orphan requeue or
+// a stale sweep of their claims spends their attempt. Claims another
+// transaction holds are reported claims.Busy.
+func (s *Store) Started(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error) {
+	return s.touchClaims(ctx, "recording the start of", "started", owner, refs, "ahead = false")
+}
+
+// touchClaims updates the claim rows of refs with set, leaving their tasks
+// where they are (running), in one statement.
+func (s *Store) touchClaims(ctx context.Context, what, name, owner string, refs []claims.Ref, set string) ([]claims.WriteResult, error) {
 	if len(refs) == 0 {
 		return nil, nil
 	}
 	if rounds := distinctRounds(refs); len(rounds) > 1 {
 		return s.inRounds(ctx, refs, nil, rounds, func(refs []claims.Ref, _ []inputCol) ([]claims.WriteResult, error) {
-			return s.Heartbeat(ctx, owner, refs)
+			return s.touchClaims(ctx, what, name, owner, refs, set)
 		})
 	}
 	locked, _, args, err := claimMatch(owner, refs, nil)
 	if err != nil {
 		return nil, err
 	}
-	return s.claimResults(ctx, "heartbeating", owner, refs, `/* shardrun.heartbeat */
+	return s.claimResults(ctx, what, owner, refs, `/* shardrun.`+name+` */
 		WITH k AS (
-			UPDATE task_claims k SET heartbeat_at = now()
+			UPDATE task_claims k SET `+set+`
 			WHERE k.id = ANY (`+locked+`)
 			RETURNING k.id, k.attempt, k.epoch, (SELECT t.cancel_requested_at IS NOT NULL FROM tasks t WHERE t.id = k.id) AS requested
 		)
 		SELECT 0, coalesce(array_agg(k.id), '{}'), coalesce(array_agg(k.attempt), '{}'), coalesce(array_agg(k.epoch), '{}'),
-			coalesce(array_agg('running'::text), '{}'), coalesce(array_agg(k.requested), '{}')
+			coalesce(array_agg('running'::text), '{}'), coalesce(array_agg(k.requested), '{}'), coalesce(array_agg(false), '{}')
 		FROM k`, args)
 }
 
@@ -659,10 +742,16 @@ func (s *Store) Interrupt(ctx context.Context, owner string, cut []claims.Interr
 	for i, c := range cut {
 		refs[i], msgs[i] = c.Ref, StorableText(c.Reason)
 	}
-	return s.endClaimsOf(ctx, "interrupting", "interrupt", owner, refs, requeueOrCancel("now()")+`,
+	return s.endClaimsOf(ctx, "interrupting", "interrupt", owner, refs, interrupted("k.msg"), inputCol{"msg", "text", msgs})
+}
+
+// interrupted is the SET list of an attempt given back without being spent
+// (requeueOrCancel), with why (an SQL expression of text) appended to the
+// task's history as an interruption.
+func interrupted(why string) string {
+	return requeueOrCancel("now()") + `,
 		errors = t.errors || jsonb_build_array(jsonb_build_object(
-			'attempt', t.attempt, 'at', now(), 'runner', k.owner, 'error', k.msg, 'interrupted', true))`,
-		inputCol{"msg", "text", msgs})
+			'attempt', t.attempt, 'at', now(), 'runner', k.owner, 'error', ` + why + `, 'interrupted', true))`
 }
 
 // Complete records successful attempts, in one statement.
@@ -672,19 +761,76 @@ func (s *Store) Complete(ctx context.Context, owner string, done []claims.Comple
 
 // CompleteTx records a successful attempt inside tx, a handler's own
 // transaction, so that the handler's writes and the task's completion
-// commit together or not at all. It is the fenced write Complete is: it
-// applies only while the attempt's claim is the runner's, and it holds the
-// claim row until tx ends, so a new owner's orphan requeue waits for it and
-// then finds the claim gone, or takes the claim first and leaves this
-// write nothing to match (the result says why; the caller rolls tx back).
-// The runner's own completion of the attempt afterwards finds it recorded
-// (claims.Completed).
+// commit together or not at all. It is a fenced write: it applies only
+// while the attempt's claim is the runner's (owner, epoch, attempt), and
+// otherwise says why (FenceLost, TaskMoved…; the caller rolls tx back).
+//
+// It writes one thing in tx: a mark on the attempt's claim row
+// (completed_at, completed_result). That row is the only one tx locks, and
+// nothing but the task's own completion waits for it: the runner's
+// heartbeats and writes, the next owner's fence raise and orphan requeue
+// and the sweeps skip a claim another transaction holds and come back to
+// it. Whoever ends the claim afterwards completes the task with the mark
+// (endClaims): the runner's own completion when the handler returns, or,
+// if the runner is gone, the next owner's orphan requeue or a sweep.
+//
+// Marking bounds the rest of tx (bound: HandlerTxTimeout): each later
+// statement by statement_timeout, each pause between them by
+// idle_in_transaction_session_timeout, and a lock wait of the mark itself
+// by lock_timeout, all SET LOCAL. A transaction that overruns is ended by
+// PostgreSQL, its writes and the mark rolled back, and the attempt is
+// retried like any lost one, so a handler that leaves its transaction
+// open, or a process frozen inside it, holds the task's claim no longer
+// than that.
+//
+// Marking the same attempt again in tx is harmless (Applied); a mark
+// committed by an earlier transaction is reported claims.Completed, and
+// tx must not commit its writes a second time.
 func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, owner string, done claims.Completion) (claims.WriteResult, error) {
-	res, err := s.complete(ctx, tx, owner, []claims.Completion{done})
-	if err != nil {
-		return claims.WriteResult{}, err
+	ms := max(s.handlerTxTimeout.Milliseconds(), 1)
+	if _, err := tx.Exec(ctx, `/* shardrun.complete_tx_bounds */
+		SELECT set_config('statement_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $1, true),
+			set_config('lock_timeout', $1, true)`, strconv.FormatInt(ms, 10)); err != nil {
+		return claims.WriteResult{}, fmt.Errorf("bounding the transaction that completes task %d: %w", done.Ref.ID, err)
 	}
-	return res[0], nil
+	r := done.Ref
+	var result *string
+	if done.Result != nil {
+		v := string(done.Result)
+		result = &v
+	}
+	// This transaction's marks are listed in a setting local to it (and
+	// to its savepoints), so that marking again here is told from a mark
+	// an earlier transaction committed.
+	var earlier bool
+	err := tx.QueryRow(ctx, `/* shardrun.complete_tx */
+		WITH m AS (
+			SELECT k.id, k.completed_at IS NOT NULL
+				AND strpos(coalesce(current_setting('shardrun.completed', true), ''), ',' || k.id || ':' || k.attempt || ',') = 0 AS earlier
+			FROM task_claims k
+			WHERE k.id = $1 AND k.owner = $2 AND k.epoch = $3 AND k.attempt = $4 AND EXISTS (`+fenceHolds+`)
+			FOR NO KEY UPDATE
+		), u AS (
+			UPDATE task_claims k SET completed_at = now(), completed_result = $5::jsonb
+			FROM m WHERE k.id = m.id AND NOT m.earlier
+			RETURNING set_config('shardrun.completed',
+				coalesce(nullif(current_setting('shardrun.completed', true), ''), ',') || k.id || ':' || k.attempt || ',', true)
+		)
+		SELECT m.earlier FROM m WHERE (SELECT count(*) FROM u) >= 0`, r.ID, owner, r.Epoch, r.Attempt, result).Scan(&earlier)
+	res := claims.WriteResult{Ref: r, State: tasks.Running}
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		results := []claims.WriteResult{{Ref: r}}
+		if err := s.classify(ctx, owner, results, []int{0}); err != nil {
+			return claims.WriteResult{}, fmt.Errorf("completing task %d in a transaction: %w", r.ID, err)
+		}
+		return results[0], nil
+	case err != nil:
+		return claims.WriteResult{}, fmt.Errorf("completing task %d in a transaction: %w", r.ID, err)
+	case earlier:
+		res.Outcome = claims.Completed
+	}
+	return res, nil
 }
 
 func (s *Store) complete(ctx context.Context, q querier, owner string, done []claims.Completion) ([]claims.WriteResult, error) {
@@ -766,27 +912,35 @@ func retryOrBuryUnless(final, expired, runAfter, errExpr string) string {
 
 // RaiseFences records the runner's ownership of the shards of its group at
 // the given epochs (each unit, group and shard, has its fence), returns
-// those whose fence now holds that epoch, and in the same transaction
-// requeues the claims earlier owners of the units left on them (to ready
-// with attempt+1, or dead when the attempts are used up: their owner is
-// gone by construction). A shard whose fence is already newer is left
+// those whose fence now holds that epoch (Raised), and in the same
+// transaction requeues the claims earlier owners of the units left on them
+// (their owner is gone by construction): to ready with attempt+1, or dead
+// when the attempts are used up; with the same attempt when their handler
+// never started (claimed ahead); completed when their handler had recorded
+// its completion (CompleteTx). A shard whose fence is already newer is left
 // alone and not returned: the caller no longer owns it. Raising the epoch
 // the fence already holds is idempotent.
 //
-// One transaction makes the shard's move atomic for the old owner's
-// writes, which match their claim row and take no fence lock: a write that
-// locked its claim row before the requeue reached it commits before the
-// raise does, and every later one finds its claim gone. Claims lock the
-// fence rows of the shards they take from FOR SHARE, so the raise waits for
-// a claim under the old epoch and the requeue then sees what it claimed.
-// The requeue locks the old claims in id order, as the old owner's writes
-// do: in the takeover race the two wait for each other, never deadlock.
-func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []claims.ShardEpoch) (raised []claims.ShardEpoch, requeued, dead int64, err error) {
+// The requeue skips claims another transaction holds — an old owner's
+// write under way, or a handler's transaction that recorded its
+// completion and has not ended — and reports their terms Pending: the
+// raise never waits for a transaction it does not control, so one open
+// transaction cannot hold up the new owner's claims on any shard. The
+// caller requeues them later (RequeueOrphans). Whichever of the held
+// claim's transaction and the later requeue comes first ends the claim;
+// the other finds it gone, so each attempt still has one outcome, and no
+// task of a held claim is in a lane meanwhile: nothing claims it twice.
+//
+// Claims lock the fence rows of the shards they take from FOR SHARE, so
+// the raise waits for a claim under the old epoch (a statement, never a
+// transaction of a program's) and the requeue then sees what it claimed.
+func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []claims.ShardEpoch) (claims.Orphans, error) {
+	var out claims.Orphans
 	if len(owned) == 0 {
-		return nil, 0, 0, nil
+		return out, nil
 	}
 	shards, epochs := splitSorted(owned)
-	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `/* shardrun.raise_fences */
 			INSERT INTO shard_fences AS f (grp, shard, epoch, owner)
 			SELECT $4, shard, epoch, $3 FROM unnest($1::int[], $2::bigint[]) AS o(shard, epoch) ORDER BY shard
@@ -796,43 +950,95 @@ func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []cl
 		if err != nil {
 			return err
 		}
-		raised, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (claims.ShardEpoch, error) {
+		out.Raised, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (claims.ShardEpoch, error) {
 			var se claims.ShardEpoch
 			err := r.Scan(&se.Shard, &se.Epoch)
 			return se, err
 		})
-		if err != nil || len(raised) == 0 {
+		if err != nil || len(out.Raised) == 0 {
 			return err
 		}
-		rs, re := splitSorted(raised)
-		rows, err = tx.Query(ctx, `/* shardrun.requeue_orphans */
-			WITH o AS MATERIALIZED (SELECT * FROM unnest($1::int[], $2::bigint[]) AS o(shard, epoch)
-			), epochs AS (
-				-- The new epochs by shard, for the message (see claimMatch:
-				-- no join of the claims to a CTE).
-				SELECT jsonb_object_agg(o.shard::text, o.epoch) AS m FROM o
-			), k AS (
-				DELETE FROM task_claims k WHERE k.id = ANY (ARRAY(
-					SELECT c.id FROM o JOIN task_claims c ON c.shard = o.shard AND c.epoch < o.epoch
-					WHERE c.grp = $3
-					ORDER BY c.id FOR UPDATE OF c))
-				RETURNING k.*, format('orphaned: shard %s moved from epoch %s to %s', k.shard, k.epoch,
-					(SELECT m FROM epochs) ->> k.shard::text) AS msg
-			)`+endClaims(retryOrBury("now()", "k.msg"))+`
-			SELECT `+filedOnce+`, count(*) FILTER (WHERE t.state = 'ready'), count(*) FILTER (WHERE t.state = 'dead') FROM t`, rs, re, group)
-		if err != nil {
-			return err
-		}
-		var filed int64
-		if _, err := pgx.ForEachRow(rows, []any{&filed, &requeued, &dead}, func() error { return nil }); err != nil {
-			return fmt.Errorf("requeueing orphans: %w", err)
-		}
-		return nil
+		return requeueOrphans(ctx, tx, owner, group, out.Raised, false, &out)
 	})
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("raising fences of %d shards: %w", len(owned), err)
+		return claims.Orphans{}, fmt.Errorf("raising fences of %d shards: %w", len(owned), err)
 	}
-	return raised, requeued, dead, nil
+	return out, nil
+}
+
+// RequeueOrphans requeues the earlier owners' claims of terms, raised
+// already, that a RaiseFences or an earlier RequeueOrphans skipped because
+// a transaction held them (Orphans.Pending), as RaiseFences does, and says
+// which terms still have some. Terms whose fence no longer holds the
+// runner's epoch are left to their newer owner.
+func (s *Store) RequeueOrphans(ctx context.Context, owner, group string, terms []claims.ShardEpoch) (claims.Orphans, error) {
+	var out claims.Orphans
+	if len(terms) == 0 {
+		return out, nil
+	}
+	if err := requeueOrphans(ctx, s.pool, owner, group, terms, true, &out); err != nil {
+		return claims.Orphans{}, fmt.Errorf("requeueing the orphans of %d shards: %w", len(terms), err)
+	}
+	return out, nil
+}
+
+// orphanMessage is the history entry of a requeued orphan (k.msg).
+const orphanMessage = `format('orphaned: shard %s moved from epoch %s to %s', k.shard, k.epoch,
+					(SELECT m FROM epochs) ->> k.shard::text)`
+
+// requeueOrphans requeues, in one statement, the claims of terms' shards
+// made by earlier owners of group's units (epoch older than the term's),
+// skipping those another transaction holds, and adds what it did to out;
+// out.Pending gets the terms where some were skipped. checkFence: only
+// where the fence still holds (owner, epoch), locked FOR SHARE meanwhile.
+func requeueOrphans(ctx context.Context, q querier, owner, group string, terms []claims.ShardEpoch, checkFence bool, out *claims.Orphans) error {
+	shards, epochs := splitSorted(terms)
+	fenced := ""
+	args := []any{shards, epochs, group}
+	if checkFence {
+		fenced = ` JOIN shard_fences f ON f.grp = $3 AND f.shard = o.shard AND f.epoch = o.epoch AND f.owner = $4`
+		args = append(args, owner)
+	}
+	rows, err := q.Query(ctx, `/* shardrun.requeue_orphans */
+		WITH o AS MATERIALIZED (
+			SELECT o.shard, o.epoch FROM unnest($1::int[], $2::bigint[]) AS o(shard, epoch)`+fenced+`
+			ORDER BY o.shard`+map[bool]string{true: ` FOR SHARE OF f`}[checkFence]+`
+		), epochs AS (
+			-- The new epochs by shard, for the message (see claimMatch:
+			-- no join of the claims to a CTE).
+			SELECT jsonb_object_agg(o.shard::text, o.epoch) AS m FROM o
+		), orphans AS MATERIALIZED (
+			SELECT c.id, c.shard FROM o JOIN task_claims c ON c.shard = o.shard AND c.epoch < o.epoch
+			WHERE c.grp = $3
+		), k AS (
+			DELETE FROM task_claims k WHERE k.id = ANY (ARRAY(
+				SELECT c.id FROM task_claims c WHERE c.id = ANY (ARRAY(SELECT id FROM orphans))
+				ORDER BY c.id FOR UPDATE SKIP LOCKED))
+			RETURNING k.*, `+orphanMessage+` AS msg
+		)`+endClaimsOr(retryOrBury("now()", "k.msg"), interrupted("k.msg || ' before its handler started'"))+`
+		SELECT `+filedOnce+`, count(*) FILTER (WHERE t.state = 'ready'), count(*) FILTER (WHERE t.state = 'dead'),
+			count(*) FILTER (WHERE t.marked),
+			ARRAY(SELECT DISTINCT p.shard FROM orphans p WHERE p.id <> ALL (ARRAY(SELECT id FROM k)) ORDER BY 1)
+		FROM t`, args...)
+	if err != nil {
+		return err
+	}
+	var filed, requeued, dead, completed int64
+	var pending []int32
+	if _, err := pgx.ForEachRow(rows, []any{&filed, &requeued, &dead, &completed, &pending}, func() error { return nil }); err != nil {
+		return fmt.Errorf("requeueing orphans: %w", err)
+	}
+	out.Requeued += requeued
+	out.Dead += dead
+	out.Completed += completed
+	epochOf := make(map[int]int64, len(terms))
+	for _, t := range terms {
+		epochOf[t.Shard] = t.Epoch
+	}
+	for _, sh := range pending {
+		out.Pending = append(out.Pending, claims.ShardEpoch{Shard: int(sh), Epoch: epochOf[int(sh)]})
+	}
+	return nil
 }
 
 // splitSorted returns the shards and epochs of owned ordered by shard, so

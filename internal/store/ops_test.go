@@ -138,7 +138,7 @@ func TestCancelRequestedTaskIsNeverRequeued(t *testing.T) {
 	check("stale", stale.ID)
 
 	orphan := requested()
-	if _, requeued, _, err := s.RaiseFences(ctx, "b", "", []claims.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
+	if _, requeued, _, err := raiseFences(s, ctx, "b", "", []claims.ShardEpoch{{Shard: 1, Epoch: 9}}); err != nil || requeued != 0 {
 		t.Errorf("orphan requeue of a cancel-requested claim: requeued %d %v", requeued, err)
 	}
 	check("orphaned", orphan.ID)

@@ -181,6 +181,7 @@ func (s *Store) DeleteQueue(ctx context.Context, name string) (RemovedQueue, err
 	}
 	switch outcome {
 	case "removed":
+		s.queues.Delete(name)
 		return RemovedQueue{Name: name, CreatedAt: *created, PausedAt: paused}, nil
 	case "work":
 		return RemovedQueue{}, &QueueInUseError{Queue: name, Work: work}

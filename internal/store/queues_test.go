@@ -24,7 +24,7 @@ func queueRow(t *testing.T, s *store.Store, name string) bool {
 
 func claimQueue(t *testing.T, s *store.Store, shard int, queue string) []tasks.Task {
 	t.Helper()
-	got, err := s.Claim(context.Background(), "a", []claims.ShardEpoch{{Shard: shard, Epoch: 1}}, queue, []string{"k"}, 10)
+	got, err := s.Claim(context.Background(), "a", []claims.ShardEpoch{{Shard: shard, Epoch: 1}}, queue, []string{"k"}, 10, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

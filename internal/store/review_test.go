@@ -198,10 +198,10 @@ func TestPausedQueueIsNotClaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	terms := []claims.ShardEpoch{{Shard: 6, Epoch: 1}}
-	if got, err := s.Claim(ctx, "a", terms, "mail", []string{"k"}, 10); err != nil || len(got) != 0 {
+	if got, err := s.Claim(ctx, "a", terms, "mail", []string{"k"}, 10, 10); err != nil || len(got) != 0 {
 		t.Fatalf("claimed from a paused queue: %+v %v", got, err)
 	}
-	if got, err := s.Claim(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10); err != nil || len(got) != 1 || got[0].ID != other {
+	if got, err := s.Claim(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10, 10); err != nil || len(got) != 1 || got[0].ID != other {
 		t.Fatalf("the default queue while mail is paused: %+v %v", got, err)
 	}
 	qs, err := s.Queues(ctx, time.Minute)
@@ -211,7 +211,7 @@ func TestPausedQueueIsNotClaimed(t *testing.T) {
 	if _, err := s.SetQueuePaused(ctx, "mail", false); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.Claim(ctx, "a", terms, "mail", []string{"k"}, 10); err != nil || len(got) != 1 || got[0].ID != id || got[0].Queue != "mail" {
+	if got, err := s.Claim(ctx, "a", terms, "mail", []string{"k"}, 10, 10); err != nil || len(got) != 1 || got[0].ID != id || got[0].Queue != "mail" {
 		t.Fatalf("claimed after the resume: %+v %v", got, err)
 	}
 }
@@ -236,7 +236,7 @@ func TestClaimsTakeTheMostUrgentFirst(t *testing.T) {
 	want = append(want, first, mid1, mid2, late)
 	var ids []int64
 	for range want {
-		got, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 7, Epoch: 1}}, tasks.DefaultQueue, []string{"j", "k"}, 1)
+		got, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 7, Epoch: 1}}, tasks.DefaultQueue, []string{"j", "k"}, 1, 1)
 		if err != nil || len(got) != 1 {
 			t.Fatalf("claim: %+v %v", got, err)
 		}
@@ -264,7 +264,7 @@ func TestClaimUrgentTakesOnlyUrgentTasks(t *testing.T) {
 	backlog := []int64{add(3, 3), add(3, 3), add(4, 5)}
 	urgent := []int64{add(3, 2), add(4, 1)}
 	terms := []claims.ShardEpoch{{Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}}
-	got, err := s.ClaimUrgent(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10)
+	got, err := s.ClaimUrgent(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestClaimUrgentTakesOnlyUrgentTasks(t *testing.T) {
 	if slices.Sort(ids); !slices.Equal(ids, urgent) {
 		t.Fatalf("ClaimUrgent took %v, want the urgent tasks %v only", ids, urgent)
 	}
-	if got, err = s.Claim(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10); err != nil || len(got) != len(backlog) {
+	if got, err = s.Claim(ctx, "a", terms, tasks.DefaultQueue, []string{"k"}, 10, 10); err != nil || len(got) != len(backlog) {
 		t.Fatalf("Claim after ClaimUrgent: %+v %v, want the %d others", got, err, len(backlog))
 	}
 }

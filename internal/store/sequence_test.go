@@ -47,7 +47,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 		epoch := map[int]int64{10: int64(round * 100), 11: int64(round * 100)}
 		owner := fmt.Sprintf("r%d", round)
 		for _, sh := range []int{10, 11} {
-			if _, _, _, err := s.RaiseFences(ctx, owner, "", []claims.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
+			if _, _, _, err := raiseFences(s, ctx, owner, "", []claims.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
 				rt.Fatal(err)
 			}
 		}
@@ -58,7 +58,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 		ran := map[string][]int64{}
 		claimAll := func() {
 			for _, sh := range []int{10, 11} {
-				got, err := s.Claim(ctx, owner, []claims.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}, tasks.DefaultQueue, []string{"k"}, 10)
+				got, err := s.Claim(ctx, owner, []claims.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}, tasks.DefaultQueue, []string{"k"}, 10, 10)
 				if err != nil {
 					rt.Fatal(err)
 				}
@@ -125,7 +125,7 @@ func TestSequencesRunOneAtATimeInOrder(t *testing.T) {
 			case 8: // a shard moves: a new epoch, its claims requeued
 				sh := rapid.SampledFrom([]int{10, 11}).Draw(rt, "move")
 				epoch[sh]++
-				if _, _, _, err := s.RaiseFences(ctx, owner, "", []claims.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
+				if _, _, _, err := raiseFences(s, ctx, owner, "", []claims.ShardEpoch{{Shard: sh, Epoch: epoch[sh]}}); err != nil {
 					rt.Fatal(err)
 				}
 				for id, task := range running {
@@ -273,7 +273,7 @@ func TestSequenceEnqueueRacingItsRelease(t *testing.T) {
 	go func() { wg.Wait(); close(produced) }()
 	deadline := time.Now().Add(time.Minute)
 	for completed < producers*each && time.Now().Before(deadline) {
-		got, err := s.Claim(ctx, "r", []claims.ShardEpoch{{Shard: 12, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 10)
+		got, err := s.Claim(ctx, "r", []claims.ShardEpoch{{Shard: 12, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 10, 10)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -22,7 +22,9 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -50,6 +52,20 @@ const (
 	MaxMaxConns = 1000
 	// DefaultConnectTimeout bounds the first connection.
 	DefaultConnectTimeout = 10 * time.Second
+	// DefaultLockTimeout bounds how long one of the store's statements
+	// waits for a row lock. Its statements wait only for each other's,
+	// which take milliseconds; a lock held longer is a transaction nobody
+	// controls (a frozen process's), and the statement gives up and is
+	// retried rather than stall whatever waits behind it.
+	DefaultLockTimeout = 5 * time.Second
+	// DefaultIdleInTxTimeout ends a session of the store's that sits idle
+	// inside a transaction this long: its process was frozen between two
+	// statements of one transaction, and its locks would stall others.
+	DefaultIdleInTxTimeout = 10 * time.Second
+	// DefaultHandlerTxTimeout bounds a handler's transaction once it has
+	// recorded its task's completion (CompleteTx): the runners' default
+	// lease TTL, the time another runner may take over the task's shard.
+	DefaultHandlerTxTimeout = 10 * time.Second
 )
 
 // Options configure Open.
@@ -64,6 +80,16 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// Logger receives migration progress; nil discards it.
 	Logger hclog.Logger
+	// LockTimeout (DefaultLockTimeout) and IdleInTxTimeout
+	// (DefaultIdleInTxTimeout) are the pool's lock_timeout and
+	// idle_in_transaction_session_timeout: no statement of the store waits
+	// without bound, and no session of it holds locks while its process
+	// is frozen. Negative: none.
+	LockTimeout, IdleInTxTimeout time.Duration
+	// HandlerTxTimeout (DefaultHandlerTxTimeout) bounds what a handler's
+	// transaction may still take once CompleteTx has marked its claim
+	// (see CompleteTx).
+	HandlerTxTimeout time.Duration
 	// PlanEachExecution makes PostgreSQL plan every statement of the pool
 	// at each execution (plan_cache_mode force_custom_plan) rather than
 	// settle on a generic plan. The coordinator sets it: its leader passes
@@ -86,6 +112,8 @@ func (o Options) Validate() error {
 			MinMaxConns, MaxMaxConns, 100, o.MaxConns)
 	case o.ConnectTimeout < 0:
 		return fmt.Errorf("store: connect timeout must not be negative, got %s", o.ConnectTimeout)
+	case o.HandlerTxTimeout < 0:
+		return fmt.Errorf("store: the handler transaction timeout must not be negative, got %s", o.HandlerTxTimeout)
 	}
 	return nil
 }
@@ -106,9 +134,12 @@ func HasPassword(dsn string) bool { return len(passwordsIn(dsn)) > 0 }
 
 // Store runs shardrun's statements on a pgx pool.
 type Store struct {
-	pool   *pgxpool.Pool
-	log    hclog.Logger
-	notify *notifier
+	pool             *pgxpool.Pool
+	log              hclog.Logger
+	notify           *notifier
+	handlerTxTimeout time.Duration
+	// queues are the queues a row was filed for (registerQueues).
+	queues sync.Map
 }
 
 // Open connects to the database behind dsn and checks that it answers.
@@ -162,6 +193,14 @@ func open(ctx context.Context, cfg *pgxpool.Config, masked string, opts Options)
 	if opts.PlanEachExecution {
 		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
 	}
+	for param, d := range map[string]time.Duration{
+		"lock_timeout":                        cmp.Or(opts.LockTimeout, DefaultLockTimeout),
+		"idle_in_transaction_session_timeout": cmp.Or(opts.IdleInTxTimeout, DefaultIdleInTxTimeout),
+	} {
+		if d > 0 {
+			cfg.ConnConfig.RuntimeParams[param] = strconv.FormatInt(max(d.Milliseconds(), 1), 10)
+		}
+	}
 	timeout := cmp.Or(opts.ConnectTimeout, DefaultConnectTimeout)
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > timeout {
 		cfg.ConnConfig.ConnectTimeout = timeout
@@ -180,7 +219,8 @@ func open(ctx context.Context, cfg *pgxpool.Config, masked string, opts Options)
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	return &Store{pool: pool, log: log, notify: newNotifier(pool.Exec, log)}, nil
+	return &Store{pool: pool, log: log, notify: newNotifier(pool.Exec, log),
+		handlerTxTimeout: cmp.Or(opts.HandlerTxTimeout, DefaultHandlerTxTimeout)}, nil
 }
 
 // Close sends the enqueue notifications still pending (waiting at most
@@ -205,7 +245,18 @@ func (s *Store) MigrateTo(ctx context.Context, upTo int64) error {
 	if err != nil {
 		return fmt.Errorf("creating migration lock: %w", err)
 	}
-	db := stdlib.OpenDBFromPool(s.pool)
+	// Migrations run on connections of their own without the pool's
+	// lock_timeout: a schema change waits for the statements under way, as
+	// it always did, rather than fail a runner's start under load.
+	mcfg := s.pool.Config()
+	mcfg.ConnConfig.RuntimeParams["lock_timeout"] = "0"
+	mcfg.MaxConns = 2
+	mpool, err := pgxpool.NewWithConfig(ctx, mcfg)
+	if err != nil {
+		return fmt.Errorf("opening connections for migrations: %w", err)
+	}
+	defer mpool.Close()
+	db := stdlib.OpenDBFromPool(mpool)
 	defer db.Close()
 	provider, err := goose.NewProvider(goose.DialectPostgres, db, migrationFS(),
 		goose.WithSessionLocker(locker), goose.WithTableName("shardrun_schema_migrations"),

@@ -157,16 +157,34 @@ func (w *stress) raise(shard int) {
 	epoch := w.epochs[shard] + 1
 	owner := fmt.Sprintf("runner-%d", epoch%3)
 	w.mu.Unlock()
-	raised, _, _, err := w.s.RaiseFences(w.ctx, owner, "", []claims.ShardEpoch{{Shard: shard, Epoch: epoch}})
+	o, err := w.s.RaiseFences(w.ctx, owner, "", []claims.ShardEpoch{{Shard: shard, Epoch: epoch}})
 	w.check("raise", err)
-	if err != nil || len(raised) != 1 {
+	if err != nil || len(o.Raised) != 1 {
 		return
 	}
 	w.mu.Lock()
 	if w.epochs[shard] < epoch {
 		w.epochs[shard], w.owners[shard] = epoch, owner
 	}
+	if len(o.Pending) > 0 {
+		w.count("raise (orphans pending)")
+	}
 	w.mu.Unlock()
+}
+
+// requeuePending is a new owner coming back to the orphans its raise
+// skipped (a claim another transaction held), on every shard it owns.
+func (w *stress) requeuePending() {
+	w.mu.Lock()
+	byOwner := map[string][]claims.ShardEpoch{}
+	for sh, owner := range w.owners {
+		byOwner[owner] = append(byOwner[owner], claims.ShardEpoch{Shard: sh, Epoch: w.epochs[sh]})
+	}
+	w.mu.Unlock()
+	for owner, terms := range byOwner {
+		_, err := w.s.RequeueOrphans(w.ctx, owner, "", terms)
+		w.check("requeue orphans", err)
+	}
 }
 
 func (w *stress) anyID(rnd *rand.Rand) (int64, bool) {
@@ -284,7 +302,10 @@ func (w *stress) step(rnd *rand.Rand) {
 		if rnd.IntN(3) == 0 {
 			claimFn = w.s.ClaimUrgent
 		}
-		got, err := claimFn(ctx, owner, []claims.ShardEpoch{{Shard: sh, Epoch: epoch}}, stressQueues[rnd.IntN(2)], stressKinds, 1+rnd.IntN(5))
+		n := 1 + rnd.IntN(5)
+		// Some of what a claim takes is claimed ahead of need: their
+		// attempts are kept by a give-back, a requeue or a sweep.
+		got, err := claimFn(ctx, owner, []claims.ShardEpoch{{Shard: sh, Epoch: epoch}}, stressQueues[rnd.IntN(2)], stressKinds, n, rnd.IntN(n+1))
 		w.check("claim", err)
 		w.mu.Lock()
 		for _, task := range got {
@@ -297,7 +318,7 @@ func (w *stress) step(rnd *rand.Rand) {
 			return
 		}
 		var err error
-		switch rnd.IntN(6) {
+		switch rnd.IntN(8) {
 		case 0, 1:
 			_, err = w.s.Complete(ctx, owner, []claims.Completion{{Ref: claims.RefOf(task)}})
 		case 2:
@@ -309,6 +330,27 @@ func (w *stress) step(rnd *rand.Rand) {
 			_, err = w.s.Unclaim(ctx, owner, []claims.Ref{claims.RefOf(task)})
 		case 5:
 			_, err = w.s.CancelAttempts(ctx, owner, []claims.Cancellation{{Ref: claims.RefOf(task)}})
+		case 6: // a task claimed ahead starts (it stays claimed)
+			_, err = w.s.Started(ctx, owner, []claims.Ref{claims.RefOf(task)})
+			w.mu.Lock()
+			w.running[task.ID] = task
+			w.mu.Unlock()
+		case 7: // a handler's transaction: its own task, its completion, and a commit or a rollback
+			err = pgx.BeginFunc(ctx, w.s.Pool(), func(tx pgx.Tx) error {
+				if _, err := w.s.EnqueueIn(ctx, tx, w.newInsert(rnd)); err != nil {
+					return err
+				}
+				if _, err := w.s.CompleteTx(ctx, tx, owner, claims.Completion{Ref: claims.RefOf(task)}); err != nil {
+					return err
+				}
+				if rnd.IntN(3) == 0 {
+					return errRolledBack
+				}
+				return nil
+			})
+			if errors.Is(err, errRolledBack) {
+				err = nil
+			}
 		}
 		w.check("write", err)
 	case 11: // heartbeat (the task stays claimed)
@@ -321,7 +363,11 @@ func (w *stress) step(rnd *rand.Rand) {
 		w.mu.Lock()
 		w.running[task.ID] = task
 		w.mu.Unlock()
-	case 12: // a new owner takes a shard over
+	case 12: // a new owner takes a shard over, or requeues what its raise skipped
+		if rnd.IntN(3) == 0 {
+			w.requeuePending()
+			return
+		}
 		w.raise(rnd.IntN(stressShards))
 	case 13: // an operator cancels a task
 		if id, ok := w.anyID(rnd); ok {

@@ -212,7 +212,7 @@ func TestUpgradeToTheTaskLayout(t *testing.T) {
 	for i := range terms {
 		terms[i] = claims.ShardEpoch{Shard: i, Epoch: 8}
 	}
-	raised, requeued, dead, err := s.RaiseFences(ctx, "new-runner", "gnew", terms)
+	raised, requeued, dead, err := raiseFences(s, ctx, "new-runner", "gnew", terms)
 	if err != nil || len(raised) != shards || requeued+dead != 0 {
 		t.Fatalf("raising the fences: %d raised, %d requeued, %d dead, %v", len(raised), requeued, dead, err)
 	}
@@ -239,7 +239,7 @@ func TestUpgradeToTheTaskLayout(t *testing.T) {
 	}
 	seen := map[int64]bool{}
 	for {
-		got, err := s.Claim(ctx, "new-runner", terms, tasks.DefaultQueue, []string{"k"}, 5000)
+		got, err := s.Claim(ctx, "new-runner", terms, tasks.DefaultQueue, []string{"k"}, 5000, 5000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -342,7 +342,7 @@ func TestUpgradeRepairsSequences(t *testing.T) {
 		t.Fatal(err)
 	}
 	raise(t, s, "a", 1, 1)
-	got, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 1, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 100)
+	got, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 1, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 100, 100)
 	if err != nil {
 		t.Fatal(err)
 	}

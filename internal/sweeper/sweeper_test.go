@@ -67,7 +67,7 @@ func setup(t testing.TB) *fixture {
 	if ok, err := st.RaiseLeaderFence(ctx, "test", epoch); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if _, _, _, err := st.RaiseFences(ctx, "r", "", []claims.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
+	if _, err := st.RaiseFences(ctx, "r", "", []claims.ShardEpoch{{Shard: 0, Epoch: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{t: t, store: st, dsn: dsn, clock: clock.NewFake()}
@@ -120,7 +120,7 @@ func (f *fixture) running(n, maxAttempts int) []tasks.Task {
 			f.t.Fatal(err)
 		}
 	}
-	got, err := f.store.Claim(ctx, "r", []claims.ShardEpoch{{Shard: 0, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, n)
+	got, err := f.store.Claim(ctx, "r", []claims.ShardEpoch{{Shard: 0, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, n, n)
 	if err != nil || len(got) != n {
 		f.t.Fatalf("claimed %d of %d: %v", len(got), n, err)
 	}

@@ -24,6 +24,13 @@ BEGIN
     END IF;
     PERFORM pg_advisory_xact_lock_shared(1936879217, k)
     FROM (SELECT DISTINCT shardrun_queue_lock(n) AS k FROM unnest(wanted) n ORDER BY 1) x;
-    INSERT INTO queues (name) SELECT n FROM unnest(wanted) n ON CONFLICT (name) DO NOTHING;
+    -- Only the rows this transaction cannot see: inserting one that
+    -- another transaction is inserting waits for that transaction, and a
+    -- producer's may stay open for long. The store files the rows of a
+    -- producer's queues before its transaction inserts (registerQueues),
+    -- so this inserts only after an operator removed the queue meanwhile.
+    INSERT INTO queues (name) SELECT n FROM unnest(wanted) n
+    WHERE NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = n)
+    ON CONFLICT (name) DO NOTHING;
 END
 $$;
