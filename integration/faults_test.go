@@ -132,12 +132,20 @@ func TestPostgresOutageCostsNoWork(t *testing.T) {
 	if lateDeadline > 0 {
 		t.Errorf("%d tasks that succeeded before their deadline were not recorded completed", lateDeadline)
 	}
-	// A runner retries a failed claim at most dbRetry.Max (400 ms) apart,
-	// then reconnects, recovers and claims: one retry period and the rest
-	// with room for the race detector on 2 shared cores (617 ms was seen
-	// there with four test binaries at once, 106-141 ms alone).
-	if firstClaim > time.Second {
-		t.Errorf("the first task started %s after the database started, want within 1s", firstClaim)
+	// The order of events, not their times (how soon the first task starts
+	// is make bench's outage row): the outcomes of the tasks that finished
+	// while the database was down were written once it was back, and the
+	// first claim came after it was back.
+	var early int
+	if err := c.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM task_view
+		WHERE kind = 'sleep' AND (finished_at IS NULL OR finished_at < pg_postmaster_start_time())`).Scan(&early); err != nil {
+		t.Fatal(err)
+	}
+	if early > 0 {
+		t.Errorf("%d outcomes of the tasks running through the outage were not written after the database was back", early)
+	}
+	if firstClaim < 0 {
+		t.Errorf("a task was claimed %s before the database started", -firstClaim)
 	}
 	c.report("PostgreSQL down 4s", s, fmt.Sprintf("outage %s with 120 tasks finishing during it: none swept stale, all completed; first task claimed %s after the database started",
 		outage.Round(time.Millisecond), firstClaim.Round(time.Millisecond)))
