@@ -96,6 +96,43 @@ func (e *env) until(what string, cond func() bool) {
 	}
 }
 
+// untilWithin is until, moving the fake clock by at most budget in all:
+// what it waits for must come without a timer set further off (that a
+// task waited ahead past aheadPatience, say).
+func (e *env) untilWithin(what string, budget time.Duration, cond func() bool) {
+	e.t.Helper()
+	var moved time.Duration
+	if !settle(func(time.Duration) {
+		if moved < budget {
+			step := min(time.Millisecond, budget-moved)
+			e.clock.Advance(step)
+			moved += step
+		}
+	}, cond) {
+		e.t.Fatalf("not within 10s and %s of the fake clock: %s", budget, what)
+	}
+}
+
+// poll advances the fake clock by one poll interval and waits for the
+// claim round it starts to complete.
+func (e *env) poll() {
+	e.t.Helper()
+	at := e.clock.Now().Add(e.exec.cfg.PollInterval)
+	e.clock.Advance(e.exec.cfg.PollInterval)
+	// A round still under way when the clock moved sets its poll timer
+	// from the new time, and it waits another interval: move the clock
+	// again when no round came for half a second of real time (at most one
+	// round more, within the bound below).
+	waits := 0
+	if !settle(func(time.Duration) {
+		if waits++; waits%500 == 0 {
+			e.clock.Advance(e.exec.cfg.PollInterval)
+		}
+	}, func() bool { return !e.exec.claimer.lastRound().Before(at) }) {
+		e.t.Fatal("no claim round after a poll interval")
+	}
+}
+
 func (e *env) state(id int64) tasks.State { return e.store.get(id).State }
 
 // claimed counts the attempts the executor holds: started (until their
@@ -1046,25 +1083,7 @@ func TestIdleStatementsDoNotGrowWithTheQueuesServed(t *testing.T) {
 	e.run()
 	e.until("holding every shard", func() bool { return e.exec.claimer.heldCount() == shards })
 	statements := func() int { return e.store.count("claim") + e.store.count("probe") }
-	// poll advances the fake clock by one poll interval and waits for the
-	// round it starts to complete.
-	poll := func() {
-		t.Helper()
-		at := e.clock.Now().Add(e.exec.cfg.PollInterval)
-		e.clock.Advance(e.exec.cfg.PollInterval)
-		// A round still under way when the clock moved sets its poll
-		// timer from the new time, and it waits another interval: move
-		// the clock again when no round came for half a second of real
-		// time (at most one round more, within the bound below).
-		waits := 0
-		if !settle(func(time.Duration) {
-			if waits++; waits%500 == 0 {
-				e.clock.Advance(e.exec.cfg.PollInterval)
-			}
-		}, func() bool { return !e.exec.claimer.lastRound().Before(at) }) {
-			t.Fatal("no claim round after a poll interval")
-		}
-	}
+	poll := e.poll
 	poll() // the first rounds of the newly held shards are behind
 	before := statements()
 	const polls = 5
