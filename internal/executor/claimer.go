@@ -56,11 +56,11 @@ type claimer struct {
 	ahead  *ahead
 	writer *writer
 	kinds  []string
-	poll  time.Duration
-	clock clock.Clock
-	log   hclog.Logger
-	m     *Metrics
-	tr    *tracer // nil: tracing off
+	poll   time.Duration
+	clock  clock.Clock
+	log    hclog.Logger
+	m      *Metrics
+	tr     *tracer // nil: tracing off
 	// wake is signalled by enqueue notifications for held shards.
 	wake wake.Signal
 	// queues are the queues served, in name order, each with its worker
