@@ -68,7 +68,8 @@ var (
 	buildErr      error
 )
 
-// binaries builds cmd/runner and cmd/coordinator once per test binary.
+// binaries builds cmd/runner, cmd/coordinator and internal/cmd/txworker
+// (a runner on package shardrun) once per test binary.
 func binaries(t *testing.T) (runner, coordinator string) {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -83,7 +84,7 @@ func binaries(t *testing.T) (runner, coordinator string) {
 		if os.Getenv("SHARDRUN_RACE_BINARIES") == "1" {
 			args = append(args, "-race")
 		}
-		out, err := exec.Command("go", append(args, "../cmd/runner", "../cmd/coordinator")...).CombinedOutput()
+		out, err := exec.Command("go", append(args, "../cmd/runner", "../cmd/coordinator", "../internal/cmd/txworker")...).CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("building the binaries: %v\n%s", err, out)
 		}
