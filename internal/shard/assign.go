@@ -38,8 +38,10 @@ import (
 //     its own shards and the membership), and the pool greedy gives the same
 //     answer after any of its assignments have been carried out, so the map
 //     does not change while runners converge to it. Ownership views that lag
-//     can disagree on who takes a free shard, but acquisition is a
-//     create-if-absent in etcd, so at most one wins and the map converges.
+//     can disagree on who takes a free shard, but an acquisition applies
+//     only if no owner key of the group changed since the revision up to
+//     which its view is complete, so at most one wins and the map
+//     converges.
 func Assign(members []string, current []string) []string {
 	target := make([]string, len(current))
 	ms := slices.Clone(members)

@@ -1,13 +1,19 @@
 // Package shard is runner membership and shard ownership on etcd: one lease
 // per runner kept alive by its own loop, registration under runners/, a
-// deterministic assignment of shards to attached runners, acquisition and
-// release of shard keys, and the epoch (fencing token) of every owned shard.
+// deterministic assignment of its group's shards to the group's attached
+// runners, acquisition and release of shards through the runner's owner
+// key (owners/<group>/<runner>, which lists the shards it holds), and the
+// epoch (fencing token) of every owned shard. It is protocol, not library
+// API: the runner and the coordinator speak it.
 //
-// A runner may execute a shard's tasks only while it owns the shard key and
-// is attached. When the lease can no longer be proven (keep-alives fail, or
-// the deadline computed from their send times comes within the margin) the
-// detach machine is tripped, every shard's context is cancelled at once, and
-// the shard keys are released as soon as etcd can be reached again.
+// A runner may execute a shard's tasks only while its owner key names the
+// shard and it is attached. When the lease can no longer be proven
+// (keep-alives fail, or the deadline computed from their send times comes
+// within the margin) the detach machine is tripped, every shard's context
+// is cancelled at once, and the shards are released as soon as etcd can be
+// reached again. Every write of the runner's own keys is conditioned on
+// its lease, so that a process paused past its lease cannot touch those
+// of a successor with the same runner id (conflict.go).
 package shard
 
 import (

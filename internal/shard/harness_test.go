@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -113,6 +114,11 @@ func withLeaseTTL(ttl time.Duration) memberOpt {
 // does not move would otherwise keep it settling).
 func withoutJoinSettle() memberOpt {
 	return func(s *memberSetup) { s.cfg.JoinSettle = -1 }
+}
+
+// withLogger sends the member's log to l.
+func withLogger(l hclog.Logger) memberOpt {
+	return func(s *memberSetup) { s.cfg.Logger = l }
 }
 
 // withHooks sets the test hooks of the member's manager.
@@ -453,6 +459,51 @@ func (w *etcdWatcher) check(c *cluster) int {
 	return len(w.events)
 }
 
+// setAside takes m out of the cluster's checks (live, converged) while it
+// keeps running: a process the test watches apart, such as a paused
+// predecessor that shares its runner id with a live member. It stops
+// when the test ends.
+func (c *cluster) setAside(m *member) {
+	c.mu.Lock()
+	delete(c.members, m)
+	c.mu.Unlock()
+	c.t.Cleanup(m.crashStop)
+}
+
+// logLines is a member's log, kept for the test to read and passed on to
+// the test's own.
+type logLines struct {
+	t     testing.TB
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	line := strings.TrimRight(string(p), "\n")
+	l.t.Log(line)
+	l.mu.Lock()
+	l.lines = append(l.lines, line)
+	l.mu.Unlock()
+	return len(p), nil
+}
+
+// matching returns the lines that contain every one of parts.
+func (l *logLines) matching(parts ...string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range l.lines {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
 type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
@@ -527,6 +578,24 @@ func (r *recorder) through(t testing.TB, rev int64) []*clientv3.Event {
 			t.Fatalf("the recorder saw events up to revision %d, not %d", last, rev)
 		}
 	}
+}
+
+// sofar returns the events received so far.
+func (r *recorder) sofar() []*clientv3.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
+
+// mark writes a key under the test prefix that nothing reads and returns
+// its revision: a recorder that has seen it has seen everything before.
+func (c *cluster) mark() int64 {
+	c.t.Helper()
+	resp, err := c.admin.Put(context.Background(), testPrefix+"unrelated/mark", "")
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return resp.Header.Revision
 }
 
 func (r *recorder) stop() {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -50,8 +51,8 @@ var ErrShardCountMismatch = errors.New("shard count mismatch")
 // Changes. Its state lives in three places, each with one owner:
 //
 //   - the keeper: the lease (id, generation, lease clock);
-//   - the ledger: the ownership terms, one per shard key held, each moved
-//     only by ledger.move (see termState for the legal moves);
+//   - the ledger: the ownership terms, one per shard its owner key names,
+//     each moved only by ledger.move (see termState for the legal moves);
 //   - the Run loop's own fields below: the view of etcd and what it
 //     published, touched by no other goroutine.
 type Manager struct {
@@ -68,6 +69,10 @@ type Manager struct {
 
 	draining atomic.Bool
 	orphaned atomic.Bool
+	// conflict, when set, names a key of the runner id that another live
+	// process holds: the runner stands down (conflict.go). Set and
+	// cleared by the Run loop, read by the executor's calls.
+	conflict atomic.Pointer[string]
 
 	// group is the runner's capability group (GroupOf its queues and
 	// kinds): it owns shards of this group only.
@@ -89,7 +94,7 @@ type Manager struct {
 	unansweredSent map[int]time.Time
 	knownMembers   map[string]bool
 	settleUntil    time.Time
-	// retryAt: when to re-read the shard keys while assigned shards stay
+	// retryAt: when to re-read the owner keys while assigned shards stay
 	// held elsewhere (scheduleRetry).
 	retry   clock.Backoff
 	retryAt time.Time
@@ -97,6 +102,10 @@ type Manager struct {
 	// after one failed; storageRetry spaces the failures out.
 	storageRetry   clock.Backoff
 	storageRetryAt time.Time
+	// conflictCheckAt: the next check of the runner id's keys while
+	// another process holds them; conflictCheck spaces the checks out.
+	conflictCheck   clock.Backoff
+	conflictCheckAt time.Time
 
 	// hooks are set by tests only.
 	hooks hooks
@@ -140,9 +149,10 @@ func New(cfg Config) (*Manager, error) {
 		retry:   clock.Backoff{Min: 200 * time.Millisecond, Max: 5 * time.Second},
 		// Short enough to re-acquire within a lease TTL, long enough not
 		// to add load to an etcd that is electing a leader.
-		storageRetry: clock.Backoff{Min: 200 * time.Millisecond, Max: 2 * time.Second},
-		ledger:       newLedger(cfg.RunnerID, cfg.Clock, cfg.Logger, cfg.Metrics),
-		group:        GroupOf(cfg.Queues, cfg.Kinds),
+		storageRetry:  clock.Backoff{Min: 200 * time.Millisecond, Max: 2 * time.Second},
+		conflictCheck: clock.Backoff{Min: conflictCheckMin, Max: conflictCheckMax},
+		ledger:        newLedger(cfg.RunnerID, cfg.Clock, cfg.Logger, cfg.Metrics),
+		group:         GroupOf(cfg.Queues, cfg.Kinds),
 	}
 	m.keeper = &keeper{client: cfg.Client, cfg: cfg, machine: cfg.Detach, clock: cfg.Clock, log: cfg.Logger,
 		metrics: cfg.Metrics, newLease: m.ledger.kick.Notify}
@@ -320,15 +330,48 @@ func sortedSet(list []string) []string {
 
 // dropVanished ends the terms that the runner's owner key, as the view
 // shows it, no longer names (the lease was revoked, or an operator deleted
-// the key): the runner no longer owns them, whatever its keep-alives say.
+// the key), or whose key is under another lease than the runner's (an
+// earlier lease of its, gone with its keys, or another process's with the
+// same runner id): the runner no longer owns them, whatever its
+// keep-alives say. One event, one warning, however many shards it ends.
 func (m *Manager) dropVanished() {
+	lease, _ := m.keeper.lease()
 	mine := m.view.owners[m.group][m.cfg.RunnerID]
+	if mine.lease != int64(lease) {
+		mine = ownerEntry{}
+	}
 	gone := m.ledger.loseVanished(m.clock.Now(), func(s int, epoch int64) bool {
 		return mine.terms[s] == epoch
 	})
-	for _, t := range gone {
-		m.log.Warn("shard key vanished while owned; work cancelled", "shard", t.shard, "epoch", t.epoch)
+	if len(gone) == 0 {
+		return
 	}
+	shards := make([]int, len(gone))
+	for i, t := range gone {
+		shards[i] = t.shard
+		m.log.Debug("shard key vanished while owned", "shard", t.shard, "epoch", t.epoch)
+	}
+	m.log.Warn("owner key no longer names shards this runner held; their work is cancelled",
+		"shards", len(gone), "first", firstShards(shards))
+}
+
+// firstShards writes the lowest few of shards for a log line that counts
+// them all: one line per event, not one per shard.
+func firstShards(shards []int) string {
+	const few = 5
+	s := slices.Clone(shards)
+	slices.Sort(s)
+	out := ""
+	for i, n := range s {
+		if i == few {
+			return out + ",…"
+		}
+		if i > 0 {
+			out += ","
+		}
+		out += strconv.Itoa(n)
+	}
+	return out
 }
 
 // nextWake is how long the loop may sleep before some deadline of its own.
@@ -347,6 +390,9 @@ func (m *Manager) nextWake(drainBy time.Time) time.Duration {
 	}
 	if !drainBy.IsZero() && drainBy.Before(wake) {
 		wake = drainBy
+	}
+	if !m.conflictCheckAt.IsZero() && m.conflictCheckAt.Before(wake) {
+		wake = m.conflictCheckAt
 	}
 	// A term due already is held only by a failed release on etcd: it is
 	// retried with that backoff rather than spun on.
@@ -398,10 +444,10 @@ func (m *Manager) opContext(ctx context.Context) (context.Context, context.Cance
 	return context.WithTimeout(clientv3.WithRequireLeader(ctx), timeout)
 }
 
-// mayWork reports whether new work may start: attached, and the lease clock
-// before its detach point.
+// mayWork reports whether new work may start: attached, no other process
+// holding the runner id, and the lease clock before its detach point.
 func (m *Manager) mayWork() bool {
-	return !m.machine.IsDetached() && m.keeper.trusted(m.clock.Now())
+	return !m.machine.IsDetached() && m.conflict.Load() == nil && m.keeper.trusted(m.clock.Now())
 }
 
 // Group is the runner's capability group: the fences and claims of its
@@ -444,8 +490,14 @@ type Status struct {
 	RunnerID string
 	// Group is the runner's capability group (GroupOf).
 	Group string
-	// State is attached, detached or draining.
-	State         string
+	// State is attached, detached or draining; detached too while another
+	// process holds the runner id (Conflict).
+	State string
+	// Conflict names the key of this runner id that another live process
+	// holds — one started with the same --runner-id while this one was
+	// paused past its lease — while this one stands down, doing no work
+	// and checking until the key is free. Empty normally.
+	Conflict      string
 	LeaseID       int64
 	LeaseDeadline time.Time
 	LeaseTimeLeft time.Duration
@@ -461,10 +513,13 @@ func (m *Manager) Status() Status {
 	lease, _ := m.keeper.lease()
 	deadline, _ := m.keeper.deadline()
 	st := Status{RunnerID: m.cfg.RunnerID, Group: m.group, LeaseID: int64(lease), LeaseDeadline: deadline, LeaseTimeLeft: deadline.Sub(now)}
+	if key := m.conflict.Load(); key != nil {
+		st.Conflict = *key
+	}
 	switch {
 	case m.draining.Load():
 		st.State = StateDraining
-	case m.machine.IsDetached():
+	case m.machine.IsDetached() || st.Conflict != "":
 		st.State = StateDetached
 	default:
 		st.State = StateAttached
@@ -480,7 +535,7 @@ func (m *Manager) Status() Status {
 // terms it may work on changed.
 func (m *Manager) claimableChanged() {
 	owned := m.ledger.list(acquired, fenced)
-	if m.machine.IsDetached() {
+	if m.machine.IsDetached() || m.conflict.Load() != nil {
 		owned = nil
 	}
 	m.metrics.ShardsOwned.Set(float64(len(owned)))

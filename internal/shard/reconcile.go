@@ -37,6 +37,11 @@ func (p plan) leaving(s int, me string) bool {
 // events, detach event, end of in-flight work on a releasing shard, and
 // retry timer.
 func (m *Manager) reconcile(ctx context.Context) {
+	if m.conflict.Load() != nil {
+		m.standingDown(ctx)
+		m.claimableChanged()
+		return
+	}
 	p := m.target(ctx)
 	m.releaseStep(ctx, p)
 	if p.acquire {
@@ -96,8 +101,12 @@ func (m *Manager) releaseStep(ctx context.Context, p plan) {
 	if p.now.Before(m.storageRetryAt) {
 		return // etcd failed a moment ago: the key waits for the retry
 	}
+	// Shards named by a key under another lease are not strays of this
+	// runner's: an earlier lease's key is gone with it, and another
+	// process's is none of its business.
 	strays := false
-	if mine, ok := m.view.owners[m.group][me]; ok {
+	lease, _ := m.keeper.lease()
+	if mine, ok := m.view.owners[m.group][me]; ok && mine.lease == int64(lease) {
 		for s := range mine.terms {
 			if !m.holds(s) && m.unansweredSent[s].IsZero() {
 				strays = true
@@ -200,7 +209,9 @@ func (m *Manager) scheduleRetry(ctx context.Context, now time.Time, pending int)
 }
 
 // publish writes runners/<me> with state when it or the lease changed. It
-// reports whether the key now says state.
+// reports whether the key now says state. The write applies only to the
+// runner's own key (ownCmp): when another process with the same runner id
+// holds it, the runner stands down instead.
 func (m *Manager) publish(ctx context.Context, state string) bool {
 	lease, gen := m.keeper.lease()
 	if m.published == state && m.publishedGen == gen {
@@ -209,14 +220,27 @@ func (m *Manager) publish(ctx context.Context, state string) bool {
 	if m.clock.Now().Before(m.storageRetryAt) {
 		return false
 	}
+	me := m.cfg.RunnerID
+	key := m.keys.runner(me)
 	cctx, cancel := m.opContext(ctx)
-	_, err := m.client.Put(cctx, m.keys.runner(m.cfg.RunnerID), m.runnerValue(state), clientv3.WithLease(lease))
+	resp, err := m.client.Txn(cctx).
+		If(ownCmp(key, m.view.runners[me].lease, lease)).
+		Then(clientv3.OpPut(key, m.runnerValue(state), clientv3.WithLease(lease)), clientv3.OpGet(key)).
+		Else(clientv3.OpGet(key)).Commit()
 	cancel()
 	if err != nil {
 		m.storageError(fmt.Errorf("publishing runner state %s: %w", state, err))
 		return false
 	}
 	m.storageOK()
+	read := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs
+	m.view.loadKey(m.keys, key, read, resp.Header.Revision)
+	if !resp.Succeeded {
+		if !m.heldElsewhere(key, read, lease) {
+			m.ledger.kick.Notify() // the view was wrong about the key: again with what the read found
+		}
+		return false
+	}
 	m.log.Info("published runner state", "state", state)
 	m.published, m.publishedGen = state, gen
 	return true
@@ -242,35 +266,69 @@ func (m *Manager) storageOK() {
 	m.storageRetry.Reset()
 }
 
-// ownerOps is the write of the runner's owner key holding terms (epoch 0:
-// added by this write), and the comparison that makes it conditional on no
-// other change to the group's owner keys since the view's revision.
-func (m *Manager) ownerOps(terms map[int]int64, lease clientv3.LeaseID) (clientv3.Cmp, clientv3.Op) {
-	cmp := clientv3.Compare(clientv3.ModRevision(m.keys.group(m.group)), "<", m.groupRev+1).WithPrefix()
-	key := m.keys.owner(m.group, m.cfg.RunnerID)
-	if len(terms) == 0 {
-		return cmp, clientv3.OpDelete(key)
+// ownCmp is the condition under which the runner writes or deletes key,
+// one of its own (runners/<id>, owners/<group>/<id>): the key is under
+// its lease, or absent. Another process may use the same runner id — a
+// successor started while this one was paused past its lease — and an
+// unconditioned write would delete or take over that process's key, after
+// which the two take every shard from each other. A Txn's compares are a
+// conjunction and a missing key compares as a zero KeyValue (lease 0,
+// create revision 0), so the view's knowledge of the key, under the lease
+// of viewLease (0: absent), chooses one of the two; when the view was
+// wrong, the Txn's Else branch reads the key and the next pass chooses
+// again.
+func ownCmp(key string, viewLease int64, lease clientv3.LeaseID) clientv3.Cmp {
+	if viewLease == int64(lease) {
+		return clientv3.Compare(clientv3.LeaseValue(key), "=", int64(lease))
 	}
-	return cmp, clientv3.OpPut(key, encodeTerms(terms), clientv3.WithLease(lease))
+	return clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+}
+
+// ownerWrite is the write of the runner's owner key holding terms (epoch
+// 0: added by this write; a delete when terms is empty), and the
+// comparison that the key is the runner's own.
+func (m *Manager) ownerWrite(terms map[int]int64, lease clientv3.LeaseID) (clientv3.Cmp, clientv3.Op) {
+	key := m.keys.owner(m.group, m.cfg.RunnerID)
+	own := ownCmp(key, m.view.owners[m.group][m.cfg.RunnerID].lease, lease)
+	if len(terms) == 0 {
+		return own, clientv3.OpDelete(key)
+	}
+	return own, clientv3.OpPut(key, encodeTerms(terms), clientv3.WithLease(lease))
+}
+
+// groupUnchanged is the comparison that no owner key of the group was
+// written since groupRev, the revision up to which the view of them is
+// complete.
+func (m *Manager) groupUnchanged() clientv3.Cmp {
+	return clientv3.Compare(clientv3.ModRevision(m.keys.group(m.group)), "<", m.groupRev+1).WithPrefix()
+}
+
+// readGroup reads every owner key of the group: a Txn branch that holds it
+// makes the view of them complete up to the Txn's revision (loadGroup). A
+// branch that does not read them says nothing of what the view missed.
+func (m *Manager) readGroup() clientv3.Op {
+	return clientv3.OpGet(m.keys.group(m.group), clientv3.WithPrefix())
 }
 
 // acquire adds the free shards to the runner's owner key, in one
-// transaction that applies only if no other runner's owner key of the group
-// changed since the view saw them: then none of the shards was taken in
-// between, and the transaction's revision is the epoch of each (it grows
-// with every change of hands). Otherwise the transaction reads the group's
-// owner keys instead, and the next pass acquires what is still free. It
-// returns how many shards turned out to be held by someone else.
+// transaction that applies only if no owner key of the group changed
+// since the view's revision (then none of the shards was taken in
+// between, and the transaction's revision is the epoch of each: it grows
+// with every change of hands) and the key is the runner's own. Either
+// branch reads the group's owner keys, so that the view is complete up to
+// the transaction's revision; when it did not apply, the next pass
+// acquires what is still free. It returns how many shards turned out to
+// be held by someone else.
 func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
 	lease, gen := m.keeper.lease()
 	terms := m.ledger.current(gen)
 	for _, s := range shards {
 		terms[s] = 0
 	}
-	cmp, put := m.ownerOps(terms, lease)
+	own, write := m.ownerWrite(terms, lease)
 	sent := m.clock.Now()
 	cctx, cancel := m.opContext(ctx)
-	resp, err := m.client.Txn(cctx).If(cmp).Then(put).Else(clientv3.OpGet(m.keys.group(m.group), clientv3.WithPrefix())).Commit()
+	resp, err := m.client.Txn(cctx).If(m.groupUnchanged(), own).Then(write, m.readGroup()).Else(m.readGroup()).Commit()
 	cancel()
 	if err != nil {
 		if m.unansweredSent == nil {
@@ -284,8 +342,12 @@ func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
 	}
 	m.storageOK()
 	rev := resp.Header.Revision
+	read := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs
+	m.loadGroup(read, rev)
 	if !resp.Succeeded {
-		m.loadGroup(resp.Responses[0].GetResponseRange().Kvs, rev)
+		if m.heldElsewhere(m.keys.owner(m.group, m.cfg.RunnerID), read, lease) {
+			return 0
+		}
 		owners, _ := m.view.holders(m.group)
 		for _, s := range shards {
 			if owners[s] != "" && owners[s] != m.cfg.RunnerID {
@@ -295,13 +357,6 @@ func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
 		m.ledger.kick.Notify() // try again with what is free now
 		return held
 	}
-	m.groupRev = rev
-	for s, epoch := range terms {
-		if epoch == 0 {
-			terms[s] = rev
-		}
-	}
-	m.setMine(terms, rev, int64(lease))
 	for _, s := range shards {
 		m.ledger.adopt(s, rev, sent, gen)
 	}
@@ -310,58 +365,44 @@ func (m *Manager) acquire(ctx context.Context, shards []int) (held int) {
 
 // release drops the terms whose work has stopped from the runner's owner
 // key (and whatever else it names that the runner no longer tracks): one
-// write of the key with the terms it keeps. It applies whatever else the
-// group's keys did meanwhile; when they changed, the transaction also reads
-// them, so that the view stays current for the next acquisition.
+// write of the key with the terms it keeps, whatever the group's other
+// keys did meanwhile, as long as the key is the runner's own. Either
+// branch reads the group's owner keys, so that the view stays complete
+// for the next acquisition.
 func (m *Manager) release(ctx context.Context, ready []*term) {
 	lease, gen := m.keeper.lease()
 	terms := m.ledger.current(gen)
 	for _, t := range ready {
 		delete(terms, t.shard)
 	}
-	cmp, put := m.ownerOps(terms, lease)
+	own, write := m.ownerWrite(terms, lease)
 	// The work stopped before the write was sent: that is when the terms
 	// ended.
 	sent := m.clock.Now()
 	cctx, cancel := m.opContext(ctx)
-	resp, err := m.client.Txn(cctx).If(cmp).Then(put).Else(put, clientv3.OpGet(m.keys.group(m.group), clientv3.WithPrefix())).Commit()
+	resp, err := m.client.Txn(cctx).If(own).Then(write, m.readGroup()).Else(m.readGroup()).Commit()
 	cancel()
 	if err != nil {
 		m.storageError(fmt.Errorf("releasing %d shards: %w", len(ready), err))
 		return
 	}
 	m.storageOK()
-	rev := resp.Header.Revision
-	if resp.Succeeded {
-		m.groupRev = rev
-	} else {
-		m.loadGroup(resp.Responses[1].GetResponseRange().Kvs, rev)
+	read := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs
+	m.loadGroup(read, resp.Header.Revision)
+	if !resp.Succeeded {
+		if !m.heldElsewhere(m.keys.owner(m.group, m.cfg.RunnerID), read, lease) {
+			m.ledger.kick.Notify() // the view was wrong about the key: again with what the read found
+		}
+		return
 	}
-	m.setMine(terms, rev, int64(lease))
 	for _, t := range ready {
 		m.ledger.released(t, true, sent)
 	}
 }
 
-// setMine records in the view what the runner's owner key holds after its
-// own write at rev.
-func (m *Manager) setMine(terms map[int]int64, rev, lease int64) {
-	byRunner := m.view.owners[m.group]
-	if byRunner == nil {
-		byRunner = map[string]ownerEntry{}
-		m.view.owners[m.group] = byRunner
-	}
-	if len(terms) == 0 {
-		delete(byRunner, m.cfg.RunnerID)
-		m.view.gone[m.group+"/"+m.cfg.RunnerID] = rev
-		return
-	}
-	byRunner[m.cfg.RunnerID] = ownerEntry{terms: terms, modRev: rev, lease: lease}
-}
-
-// loadGroup replaces the view of the group's owner keys with what a read
-// at rev found, and makes rev the revision the next acquisition compares
-// against.
+// loadGroup replaces the view of the group's owner keys with what a
+// complete read of them at rev found, and makes rev the revision the next
+// acquisition compares against.
 func (m *Manager) loadGroup(kvs []*mvccpb.KeyValue, rev int64) {
 	seen := map[string]bool{}
 	for _, kv := range kvs {

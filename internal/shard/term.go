@@ -17,26 +17,29 @@ import (
 )
 
 // termState is where one ownership term is. A term is this runner's
-// ownership of one shard key from the moment it created the key (the term's
-// epoch is the key's CreateRevision) until the key is deleted or vanishes.
+// ownership of one shard (of its group) from the write of its owner key
+// that added the shard (the term's epoch is that write's revision) until a
+// write of the key drops the shard or the key stops naming it.
 // Every change goes through ledger.move; the legal moves are:
 //
 //	acquired  --fence raised, orphans requeued (Fenced)-->  fenced
 //	acquired  --assigned elsewhere, or draining-->          releasing
 //	fenced    --assigned elsewhere, or draining-->          releasing
 //	acquired|fenced|releasing --work cancelled-->           cancelled
-//	          (detached, fence lost, handoff timeout, orphaned, shutdown)
-//	releasing|cancelled --our conditional delete applied--> released   (term ends)
-//	any       --the key went without our delete-->          lost       (term ends)
-//	          (lease expired or revoked, deleted by someone else, our
-//	          delete found another term's key)
+//	          (detached, fence lost, handoff timeout, orphaned, shutdown,
+//	          another process holding the runner id)
+//	releasing|cancelled --our write dropping it applied-->  released   (term ends)
+//	any       --the key stopped naming it otherwise-->      lost       (term ends)
+//	          (lease expired or revoked, deleted by someone else, the
+//	          key under another lease)
 //
 // Invariants:
 //   - Claims are made only on fenced terms of the current lease (Hold);
 //     claimed work begins only on held terms that are fenced or releasing,
 //     never once cancelled. A term adopted while detached starts cancelled.
-//   - The key is deleted only from releasing with no work in flight, or
-//     from cancelled once its work returned or the cancel grace passed.
+//   - The shard is dropped from the key only from releasing with no work
+//     in flight, or from cancelled once its work returned or the cancel
+//     grace passed.
 //   - The term's context is cancelled, with a cause wrapping
 //     tasks.ErrOwnershipLost, on entering cancelled, released or lost.
 type termState int
@@ -328,15 +331,15 @@ func (h *Hold) Release() {
 	})
 }
 
-// loseVanished ends, as lost, the terms for which ours says the key is no
-// longer this term's (deleted, or re-created by someone else), and returns
-// them.
+// loseVanished ends, as lost, the terms for which ours says the owner key
+// no longer names them at their epoch (deleted, rewritten without them,
+// or under another lease), and returns them.
 func (l *ledger) loseVanished(now time.Time, ours func(shard int, epoch int64) bool) []*term {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var gone []*term
 	for s, t := range l.terms {
-		if !ours(s, t.epoch) && l.move(t, lost, now, "shard key vanished") {
+		if !ours(s, t.epoch) && l.move(t, lost, now, "the owner key no longer names it") {
 			gone = append(gone, t)
 		}
 	}

@@ -199,7 +199,12 @@ func (t *flakyTxn) Commit() (*clientv3.TxnResponse, error) {
 	}
 	// The comparison holds: the Then branch applies.
 	resp := &clientv3.TxnResponse{Header: &etcdserverpb.ResponseHeader{Revision: 100}, Succeeded: true}
-	for range t.ops {
+	for _, op := range t.ops {
+		if op.IsGet() {
+			resp.Responses = append(resp.Responses, &etcdserverpb.ResponseOp{
+				Response: &etcdserverpb.ResponseOp_ResponseRange{ResponseRange: &etcdserverpb.RangeResponse{}}})
+			continue
+		}
 		resp.Responses = append(resp.Responses, &etcdserverpb.ResponseOp{
 			Response: &etcdserverpb.ResponseOp_ResponsePut{ResponsePut: &etcdserverpb.PutResponse{}}})
 	}

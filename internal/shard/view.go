@@ -82,6 +82,25 @@ func (v *view) load(k keys, kvs []*mvccpb.KeyValue, rev int64) {
 	}
 }
 
+// loadKey takes into the view what a read of one key (a runner's or an
+// owner key) at rev found: its version, or its absence.
+func (v *view) loadKey(k keys, key string, kvs []*mvccpb.KeyValue, rev int64) {
+	if len(kvs) > 0 {
+		v.set(k, kvs[0], false)
+		return
+	}
+	if id, ok := k.parseRunner([]byte(key)); ok {
+		if e, ok := v.runners[id]; ok && e.modRev <= rev {
+			delete(v.runners, id)
+		}
+	} else if g, id, ok := k.parseOwner([]byte(key)); ok {
+		if e, ok := v.owners[g][id]; ok && e.modRev <= rev {
+			delete(v.owners[g], id)
+			v.gone[g+"/"+id] = rev
+		}
+	}
+}
+
 func (v *view) apply(k keys, u watchUpdate) {
 	if u.snapshot != nil || u.snapshotRev != 0 {
 		v.load(k, u.snapshot, u.snapshotRev)
