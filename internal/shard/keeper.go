@@ -82,6 +82,14 @@ func (k *keeper) trusted(now time.Time) bool {
 	return now.Before(at)
 }
 
+// trustedGen is trusted with the lease's generation, under one lock: the
+// hot path of Workable.
+func (k *keeper) trustedGen(now time.Time) (gen int, ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.gen, k.lc != nil && now.Before(k.lc.DetachAt())
+}
+
 // Keep-alive retry bounds. A keep-alive that fails or stalls — an etcd
 // leader election makes requests fail with "no leader" or hang until a new
 // leader is chosen — is retried at once, against whichever endpoint the

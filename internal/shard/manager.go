@@ -473,6 +473,22 @@ func (m *Manager) Hold() *Hold {
 	return m.ledger.hold(m.mayWork, gen)
 }
 
+// Workable reports whether new work may start now on the term of shard at
+// epoch (executor): the runner may work (mayWork), and the term exists at
+// that epoch, under the current lease, and is fenced — not acquired yet,
+// not releasing, not cancelled or ended. The executor asks it each time a
+// task claimed ahead of need is about to start from its buffer: a claim's
+// hold ended long ago, and the term may have moved on since. It is on
+// the executor's hot path: a few atomic loads, two short locks, a map
+// lookup, no allocation.
+func (m *Manager) Workable(shard int, epoch int64) bool {
+	if m.machine.IsDetached() || m.conflict.Load() != nil {
+		return false
+	}
+	gen, ok := m.keeper.trustedGen(m.clock.Now())
+	return ok && m.ledger.workable(shard, epoch, gen)
+}
+
 // FenceLost reports that a write for shard at epoch was refused because the
 // shard's fence moved on: the shard was taken over. Its work is cancelled
 // at once and the key released.

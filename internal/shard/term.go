@@ -273,6 +273,15 @@ func (l *ledger) hold(may func() bool, gen int) *Hold {
 	return h
 }
 
+// workable reports whether shard's term at epoch is fenced under the
+// lease of generation gen: one lookup under the lock, no allocation.
+func (l *ledger) workable(shard int, epoch int64, gen int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.terms[shard]
+	return t != nil && t.epoch == epoch && t.gen == gen && t.state == fenced
+}
+
 // end ends one unit of work or one hold on t.
 func (l *ledger) end(t *term) {
 	l.mu.Lock()
