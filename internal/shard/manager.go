@@ -208,6 +208,7 @@ func (m *Manager) register(ctx context.Context) error {
 	val := m.runnerValue(StateAttached)
 	lease, gen := m.keeper.lease()
 	deadline := m.clock.Now().Add(m.cfg.LeaseTTL + time.Second)
+	warned := false
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		resp, err := m.client.Txn(cctx).
@@ -224,7 +225,10 @@ func (m *Manager) register(ctx context.Context) error {
 		if !m.clock.Now().Before(deadline) {
 			return fmt.Errorf("--runner-id: runner id %q is already registered by another live process (%s exists)", m.cfg.RunnerID, key)
 		}
-		m.log.Warn("runner id still registered by a previous process; waiting for its lease to expire", "key", key)
+		if !warned {
+			m.log.Warn("runner id still registered by a previous process; waiting for its lease to expire", "key", key, "up_to", deadline.Sub(m.clock.Now()))
+			warned = true
+		}
 		if !clock.Sleep(m.clock, 250*time.Millisecond, ctx.Done()) {
 			return ctx.Err()
 		}
@@ -426,7 +430,9 @@ func (m *Manager) finishDrain(ctx context.Context) {
 // on detach every term's work is cancelled before Detach returns.
 func (m *Manager) onDetachEvent(ev detach.Event) {
 	if ev.Detached {
-		m.ledger.cancelAll(ev.At, "detached: "+ev.Reason.String())
+		if n := m.ledger.cancelAll(ev.At, "detached: "+ev.Reason.String()); n > 0 {
+			m.log.Info("work cancelled on detach", "shards", n)
+		}
 		m.metrics.Detached.Set(1)
 		m.ledger.events.Emit(Event{Kind: Detached, Runner: m.cfg.RunnerID, Shard: -1, At: ev.At})
 	} else {

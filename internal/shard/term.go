@@ -444,6 +444,8 @@ func (l *ledger) releaseStep(now time.Time, handoff time.Duration, leaving func(
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var ready []*term
+	var timedOut []int
+	inflight := 0
 	for s, t := range l.terms {
 		if t.state == acquired || t.state == fenced {
 			if why := leaving(s); why != "" {
@@ -451,7 +453,9 @@ func (l *ledger) releaseStep(now time.Time, handoff time.Duration, leaving func(
 			}
 		}
 		if t.state == releasing && t.inflight > 0 && now.Sub(t.since) >= handoff {
-			l.log.Warn("handoff timeout: cancelling in-flight work", "shard", s, "inflight", t.inflight)
+			timedOut = append(timedOut, s)
+			inflight += t.inflight
+			l.log.Debug("handoff timeout: cancelling in-flight work", "shard", s, "inflight", t.inflight)
 			l.move(t, cancelled, now, "handoff timeout")
 		}
 		if (t.state == releasing && t.inflight == 0) ||
@@ -459,12 +463,15 @@ func (l *ledger) releaseStep(now time.Time, handoff time.Duration, leaving func(
 			ready = append(ready, t)
 		}
 	}
+	if len(timedOut) > 0 {
+		l.log.Warn("handoff timeout: cancelling in-flight work", "shards", len(timedOut), "first", firstShards(timedOut), "inflight", inflight)
+	}
 	return ready
 }
 
-// released ends t after the conditional delete of its key was answered:
-// released when it deleted the key, lost when the key was no longer this
-// term's. A stray key (t is not a term of the ledger) ends nothing.
+// released ends t after the write of the owner key dropping it was
+// answered: released when the write applied, lost when the key was no
+// longer this term's. A term the ledger no longer has ends nothing.
 func (l *ledger) released(t *term, deleted bool, sent time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -173,3 +173,25 @@ func TestOneLostLeaseOneWarning(t *testing.T) {
 		}
 	}
 }
+
+// TestHandoffTimeoutWarnsOnce: when the handoff of many busy shards times
+// out in one pass, the runner warns once with the count.
+func TestHandoffTimeoutWarnsOnce(t *testing.T) {
+	lines := &logLines{t: t}
+	c := clock.NewFake()
+	l := newLedger("me", c, hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: lines}), NewMetrics(nil))
+	for s := range 64 {
+		l.adopt(s, 10, c.Now(), 1)
+		l.markFenced([]claims.ShardEpoch{{Shard: s, Epoch: 10}})
+	}
+	h := l.hold(func() bool { return true }, 1) // work in flight on every term
+	defer h.Release()
+	away := func(int) string { return "assigned to x" }
+	l.releaseStep(c.Now(), time.Second, away)
+	c.Advance(time.Second)
+	l.releaseStep(c.Now(), time.Second, away)
+	warned := lines.matching("[WARN]")
+	if len(warned) != 1 || len(lines.matching("[WARN]", "handoff timeout", "shards=64")) != 1 {
+		t.Fatalf("%d warnings for one handoff timeout of 64 shards, want one with the count; the first: %v", len(warned), warned[:min(len(warned), 1)])
+	}
+}
