@@ -364,6 +364,7 @@ func (s *fakeStore) fencedWrite(op, owner string, refs []claims.Ref, ends bool, 
 			out[i].Outcome = claims.TaskMoved
 		case s.locked[r.ID] > 0:
 			out[i].Outcome = claims.Busy
+			s.calls[op+" busy"]++
 		case ends && s.hasMark(r.ID):
 			t.State, t.Result = tasks.Completed, s.marked[r.ID]
 			delete(s.marked, r.ID)
