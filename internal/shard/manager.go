@@ -353,7 +353,7 @@ func (m *Manager) dropVanished() {
 	shards := make([]int, len(gone))
 	for i, t := range gone {
 		shards[i] = t.shard
-		m.log.Debug("shard key vanished while owned", "shard", t.shard, "epoch", t.epoch)
+		m.log.Debug("owner key no longer names a shard held", "shard", t.shard, "epoch", t.epoch)
 	}
 	m.log.Warn("owner key no longer names shards this runner held; their work is cancelled",
 		"shards", len(gone), "first", firstShards(shards))

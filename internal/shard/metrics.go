@@ -36,8 +36,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LeaseDeadline:     gauge("shardrun_lease_deadline_seconds", "Seconds until the earliest time etcd may expire the runner's lease (from keep-alive send times)."),
 		ShardsOwned:       gauge("shardrun_shards_owned", "Shards this runner owns and may work on."),
 		ShardsAssigned:    gauge("shardrun_shards_assigned", "Shards the assignment gives this runner; alert when it differs from shards_owned for long."),
-		Acquisitions:      counter("shardrun_shard_acquisitions_total", "Shard keys acquired."),
-		Releases:          counter("shardrun_shard_releases_total", "Shard keys released after their work stopped."),
+		Acquisitions:      counter("shardrun_shard_acquisitions_total", "Shards acquired (added to the runner's owner key)."),
+		Releases:          counter("shardrun_shard_releases_total", "Shards released (dropped from the runner's owner key) after their work stopped."),
 		AcquireRetries:    counter("shardrun_acquire_retry_attempts_total", "Retries to acquire an assigned shard that was still held elsewhere."),
 		EtcdErrors:        counter("shardrun_etcd_errors_total", "Failed etcd calls to acquire, release or publish (retried; the lease clock decides detaching)."),
 	}
