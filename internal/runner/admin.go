@@ -51,6 +51,9 @@ type Status struct {
 	Stuck []executor.Stuck `json:"stuck"`
 	// Stalled says why the claim loop is not making progress, if it is not.
 	Stalled string `json:"stalled,omitempty"`
+	// Conflict names the key another live process holds under this
+	// runner's id: the runner stands down, doing no work, until it leaves.
+	Conflict string `json:"runner_id_conflict,omitempty"`
 }
 
 // Status returns what GET /status serves.
@@ -61,7 +64,7 @@ func (r *Runner) Status() Status {
 		RunnerID: r.cfg.RunnerID, Version: r.cfg.Version, State: ms.State,
 		Sticky: ds.Sticky, LeaseTimeLeft: ms.LeaseTimeLeft.Seconds(), LeaseID: fmt.Sprintf("%x", ms.LeaseID),
 		Assigned: nonNil(ms.Assigned), Owned: ms.Owned, Releasing: ms.Releasing,
-		InFlight: r.exec.InFlight(), Kinds: r.handlers.Kinds(), Stuck: r.exec.Stuck(),
+		InFlight: r.exec.InFlight(), Kinds: r.handlers.Kinds(), Stuck: r.exec.Stuck(), Conflict: ms.Conflict,
 	}
 	if st.Stuck == nil {
 		st.Stuck = []executor.Stuck{}
