@@ -1134,7 +1134,9 @@ func (s *Store) SweepDeadlines(ctx context.Context, epoch int64, runningGrace ti
 // SweepStale requeues up to limit running tasks whose last sign of life —
 // the last heartbeat, or the claim when there was none — is older than
 // threshold: to ready with attempt+1 after a backoff, or to dead when the
-// attempts are used up. Tasks past their deadline are left to SweepDeadlines
+// attempts are used up; a task claimed ahead whose handler never started
+// goes back with its attempt, and one whose handler recorded its
+// completion (CompleteTx) is completed. Tasks past their deadline are left to SweepDeadlines
 // (deadline wins over staleness). It applies under the leadership epoch only
 // (ErrNotLeader otherwise). It reads task_claims, one row per running task
 // (bounded by the runners' workers), until it has limit stale ones, in id
@@ -1151,7 +1153,8 @@ func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Dura
 				  AND EXISTS (SELECT 1 FROM lf)
 				ORDER BY c.id LIMIT $3 FOR UPDATE SKIP LOCKED))
 			RETURNING k.*, format('stale claim: no sign of life since %s', coalesce(k.heartbeat_at, k.claimed_at)) AS msg
-		)`+endClaims(retryOrBury("now() + shardrun_backoff("+budgetAttempt+", $4, $5)", "k.msg"))+`
+		)`+endClaimsOr(retryOrBury("now() + shardrun_backoff("+budgetAttempt+", $4, $5)", "k.msg"),
+			interrupted("k.msg || ' before its handler started'"))+`
 		SELECT EXISTS (SELECT 1 FROM lf), `+filedOnce+`,
 		       count(*) FILTER (WHERE t.state = 'ready'), count(*) FILTER (WHERE t.state = 'dead')
 		FROM t`,
