@@ -84,7 +84,7 @@ type ahead struct {
 	log   hclog.Logger
 
 	mu      sync.Mutex
-	list    []*waiting // in claim order
+	list    []*waiting // in the order they came
 	byQueue map[string]int
 	// wrong marks the queues one of whose tasks outstayed aheadPatience:
 	// none of their tasks is claimed ahead until one of their handlers
@@ -196,7 +196,11 @@ func (a *ahead) startNext() {
 		var back []*waiting
 		for i := 0; i < len(a.list); {
 			w := a.list[i]
-			if !a.pool.take(w.task.Queue, w.task.ID) {
+			ok, full := a.pool.take(w.task.Queue, w.task.ID)
+			if full {
+				break
+			}
+			if !ok {
 				i++
 				continue
 			}
@@ -357,15 +361,13 @@ func (a *ahead) size() int {
 }
 
 // nextStale is when the first waiting task outstays aheadPatience (zero:
-// none waits), so that the claim round that gives it back comes then.
+// none waits), so that the claim round that gives it back comes then. The
+// list is in the order the tasks came, so the first waited longest.
 func (a *ahead) nextStale() time.Time {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var at time.Time
-	for _, w := range a.list {
-		if t := w.since.Add(aheadPatience); at.IsZero() || t.Before(at) {
-			at = t
-		}
+	if len(a.list) == 0 {
+		return time.Time{}
 	}
-	return at
+	return a.list[0].since.Add(aheadPatience)
 }

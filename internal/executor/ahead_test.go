@@ -280,6 +280,7 @@ func TestAheadRoom(t *testing.T) {
 				p.attempts[ref] = &attempt{task: tasks.Task{ID: ref.ID, Queue: r.queue}, started: now.Add(-r.ran)}
 				p.taken++
 				p.byQueue[r.queue]++
+				p.handlers[r.queue]++
 			}
 			for q, d := range c.took {
 				p.took[q] = d

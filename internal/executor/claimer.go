@@ -83,6 +83,9 @@ type claimer struct {
 	// budget is the last round's measure of the workers that free up
 	// soon. Owned by Run, as are the fields below.
 	budget budget
+	// sweepDue: the terms changed, or the poll interval passed, since the
+	// tasks waiting ahead were last checked (ahead.sweep).
+	sweepDue bool
 	// raiseAt is when a fence raise that failed is tried again, paced by
 	// raiseBackoff.
 	raiseAt      time.Time
@@ -107,7 +110,7 @@ type queueClaims struct {
 func newClaimer(cfg Config, p *pool, a *ahead, w *writer, tr *tracer) *claimer {
 	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p, ahead: a, writer: w,
 		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr, wake: wake.New(),
-		raiseBackoff: dbRetry, orphans: map[claims.ShardEpoch]bool{},
+		raiseBackoff: dbRetry, orphans: map[claims.ShardEpoch]bool{}, sweepDue: true,
 		orphansBackoff: clock.Backoff{Min: cfg.PollInterval, Max: max(cfg.PollInterval, orphansRetryMax)}}
 	probed := len(cfg.Queues) > probeAbove
 	if probed {
@@ -192,7 +195,9 @@ func (c *claimer) Run(ctx context.Context) {
 		case <-c.wake.C():
 		case <-c.pool.freed.C():
 		case <-c.own.Changes():
+			c.sweepDue = true
 		case <-poll.C():
+			c.sweepDue = true
 		}
 	}
 }
@@ -216,8 +221,19 @@ func (c *claimer) wait() time.Duration {
 // from the held shards that may have due tasks, and starts them.
 func (c *claimer) once(ctx context.Context) error {
 	// First, whatever happens to the rest of the round: a moving shard's
-	// release waits for them.
-	c.ahead.sweep(c.clock.Now())
+	// release waits for them. Only when the terms changed (the loop may go
+	// from round to round without waiting, under load), at the poll, or
+	// when one of them is due to outstay its patience: a round follows
+	// nearly every handler's return when handlers are short.
+	select {
+	case <-c.own.Changes():
+		c.sweepDue = true
+	default:
+	}
+	if now, at := c.clock.Now(), c.ahead.nextStale(); c.sweepDue || (!at.IsZero() && !now.Before(at)) {
+		c.sweepDue = false
+		c.ahead.sweep(now)
+	}
 	c.fence(ctx)
 	hold := c.own.Hold()
 	defer hold.Release()
@@ -352,6 +368,9 @@ func (c *claimer) more() bool {
 // now (startNow), and exactly those start at once, on the reserved slots.
 // The others wait ahead.
 func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, first, order []claims.ShardEpoch, share int) error {
+	// A slot a handler just freed goes to a task waiting ahead, not to this
+	// claim: reserved, it would stay idle for the claim's round trip.
+	c.ahead.startNext()
 	now, more := c.ahead.room(q.name, c.budget)
 	limit := min(now+more, claimBatch, share)
 	if len(order) == 0 || limit <= 0 {

@@ -273,26 +273,26 @@ func (s *fakeStore) claim(_ context.Context, owner string, terms []claims.ShardE
 	if err := s.enter("claim"); err != nil {
 		return nil, err
 	}
-	ids := make([]int64, 0, len(s.tasks))
-	for id := range s.tasks {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
+	// The shards of terms in the order given, each drained (by id) before
+	// the next, as the store's claim visits them.
+	ids := s.ids()
 	var out []tasks.Task
-	for _, id := range ids {
-		t := s.tasks[id]
-		if len(out) == limit {
-			break
-		}
-		if t.State != tasks.Ready || t.Queue != queue || !slices.Contains(kinds, t.Kind) || cmp.Or(t.Priority, tasks.DefaultPriority) > maxPriority {
+	for _, term := range terms {
+		if s.fences[term.Shard] != (fence{term.Epoch, owner}) {
 			continue
 		}
-		for _, term := range terms {
-			if term.Shard == t.Shard && s.fences[t.Shard] == (fence{term.Epoch, owner}) {
-				t.State, t.ClaimedBy, t.Epoch = tasks.Running, owner, term.Epoch
-				s.ahead[id] = len(out) >= startNow
-				out = append(out, *t)
+		for _, id := range ids {
+			t := s.tasks[id]
+			if len(out) == limit {
+				break
 			}
+			if t.Shard != term.Shard || t.State != tasks.Ready || t.Queue != queue || !slices.Contains(kinds, t.Kind) ||
+				cmp.Or(t.Priority, tasks.DefaultPriority) > maxPriority {
+				continue
+			}
+			t.State, t.ClaimedBy, t.Epoch = tasks.Running, owner, term.Epoch
+			s.ahead[id] = len(out) >= startNow
+			out = append(out, *t)
 		}
 	}
 	if s.claimAnswersLost > 0 {

@@ -126,8 +126,9 @@ type pool struct {
 	// running counts the handlers running per task: a sweep may requeue a
 	// task whose handler still runs here (its heartbeats could not be
 	// written), and this runner may claim it again; the new attempt waits
-	// until the old handler returned.
-	running map[int64]int
+	// until the old handler returned. handlers counts them per queue.
+	running  map[int64]int
+	handlers map[string]int
 	// attempts is keyed by the whole claim, for the same reason.
 	attempts map[claims.Ref]*attempt
 	// took is each queue's mean handler time (a moving average): with
@@ -138,7 +139,7 @@ type pool struct {
 func newPool(registry *Registry, max int, limits map[string]int, results chan<- result, stuckAfter time.Duration, clk clock.Clock, m *Metrics, tr *tracer) *pool {
 	return &pool{registry: registry, max: max, limits: limits, results: results, stuckAfter: stuckAfter, clock: clk, m: m, tr: tr,
 		freed: wake.New(), returned: func(string) {}, attempts: map[claims.Ref]*attempt{}, byQueue: map[string]int{},
-		running: map[int64]int{}, took: map[string]time.Duration{}}
+		running: map[int64]int{}, handlers: map[string]int{}, took: map[string]time.Duration{}}
 }
 
 func (p *pool) inFlight() int { return int(p.inflight.Load()) }
@@ -182,17 +183,21 @@ func (p *pool) unreserve(queue string, n int) {
 }
 
 // take takes a free slot of queue for task id, unless none is free or a
-// handler of the same task still runs here.
-func (p *pool) take(queue string, id int64) bool {
+// handler of the same task still runs here; full says that no slot of
+// any queue is free.
+func (p *pool) take(queue string, id int64) (ok, full bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.taken >= p.max || p.byQueue[queue] >= p.limits[queue] || p.running[id] > 0 {
-		return false
+	if p.taken >= p.max {
+		return false, true
+	}
+	if p.byQueue[queue] >= p.limits[queue] || p.running[id] > 0 {
+		return false, false
 	}
 	p.taken++
 	p.byQueue[queue]++
 	p.running[id]++
-	return true
+	return true, false
 }
 
 // untake gives back a slot take took, with its mark of the task's
@@ -237,24 +242,38 @@ type budget struct {
 // of a queue none of whose handlers has returned yet has no estimate: one
 // such handler in all counts, so that a queue's first tasks are not held
 // back from other runners by the worker count.
+//
+// Every handler of a queue whose mean is within cover counts, so only the
+// handlers of longer queues are looked at one by one: a claim round runs
+// at nearly every handler's return when handlers are short, and must not
+// cost a pass over every running attempt.
 func (p *pool) soon(now time.Time, cover time.Duration) budget {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b := budget{soon: map[string]int{}}
-	unknown := false
-	for _, a := range p.attempts {
-		if a.finished {
-			continue
-		}
-		took := p.took[a.task.Queue]
-		switch {
+	unknown, long := false, false
+	for q, n := range p.handlers {
+		switch took := p.took[q]; {
 		case took == 0 && !unknown:
 			unknown = true
-		case took == 0 || now.Sub(a.started) < took-cover:
-			continue
+			b.soon[q]++
+			b.total++
+		case took == 0:
+		case took <= cover:
+			b.soon[q] += n
+			b.total += n
+		default:
+			long = true
 		}
-		b.soon[a.task.Queue]++
-		b.total++
+	}
+	if !long {
+		return b
+	}
+	for _, a := range p.attempts {
+		if took := p.took[a.task.Queue]; !a.finished && took > cover && now.Sub(a.started) >= took-cover {
+			b.soon[a.task.Queue]++
+			b.total++
+		}
 	}
 	return b
 }
@@ -274,6 +293,7 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), par
 	a := &attempt{task: t, ctx: ctx, cancel: cancel, started: p.clock.Now()}
 	p.mu.Lock()
 	p.attempts[ref] = a
+	p.handlers[t.Queue]++
 	p.mu.Unlock()
 	stopWatch := context.AfterFunc(ctx, func() {
 		p.mu.Lock()
@@ -316,6 +336,9 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), par
 		p.byQueue[t.Queue]--
 		if p.running[t.ID]--; p.running[t.ID] == 0 {
 			delete(p.running, t.ID)
+		}
+		if p.handlers[t.Queue]--; p.handlers[t.Queue] == 0 {
+			delete(p.handlers, t.Queue)
 		}
 		if m := p.took[t.Queue]; m == 0 {
 			p.took[t.Queue] = max(r.elapsed, time.Microsecond)
