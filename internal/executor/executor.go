@@ -22,9 +22,9 @@
 //
 // The pool (not a loop) starts one goroutine per attempt and knows which
 // attempts run; the claim-ahead buffer (not a loop either) holds the tasks
-// claimed before a worker is free for them. Every write is fenced by the shard's epoch in the store; a
-// write the fence refuses is reported to Ownership as FenceLost, which stops
-// all work on that shard.
+// claimed before a worker is free for them. Every write is fenced by the
+// shard's epoch in the store; a write the fence refuses is reported to
+// Ownership as FenceLost, which stops all work on that shard.
 package executor
 
 import (
@@ -90,7 +90,7 @@ type Store interface {
 	// Claimed lists the attempts owner holds claims of under terms.
 	Claimed(ctx context.Context, owner string, terms []claims.ShardEpoch) ([]claims.Ref, error)
 	// Unclaim gives back claims whose handlers never ran: ready again with
-	// the same attempt.
+	// the same attempt (cancelled, if an operator asked meanwhile).
 	Unclaim(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error)
 	Heartbeat(ctx context.Context, owner string, refs []claims.Ref) ([]claims.WriteResult, error)
 	Complete(ctx context.Context, owner string, done []claims.Completion) ([]claims.WriteResult, error)
