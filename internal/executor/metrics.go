@@ -33,6 +33,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		StuckTotal: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_handlers_stuck_total",
 			Help: "Handlers that ignored their cancellation for longer than the handoff timeout."}),
 		WriteRefused: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_outcome_writes_refused_total",
-			Help: "Task outcomes the database refused to store (not for being unavailable); the task is retried once its claim goes stale."}),
+			Help: "Writes about a claim (outcomes, give-backs, starts) the database refused to store (not for being unavailable); the stale sweep takes the claim back."}),
 	}
 }

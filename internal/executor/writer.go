@@ -329,7 +329,7 @@ func writeEach[T any](ctx context.Context, w *writer, what string, items []*resu
 			w.batchErr = cmp.Or(w.batchErr, err)
 		}
 		w.m.WriteRefused.Inc()
-		w.log.Error("the database refused a task outcome; the task is retried once its claim goes stale",
+		w.log.Error("the database refused a write about a claim; the stale sweep takes the claim back (an attempt whose handler never started keeps its attempt)",
 			"what", what, "task", items[0].task.ID, "attempt", items[0].task.Attempt, "error", err)
 	default:
 		for i := range ins {

@@ -35,7 +35,6 @@ type ownershipHarness struct {
 
 var (
 	_ executortest.OwnershipHarness = (*ownershipHarness)(nil)
-	_ executortest.Pauser           = (*ownershipHarness)(nil)
 )
 
 // contractOwnership is the manager as the runner hands it to the

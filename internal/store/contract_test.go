@@ -30,7 +30,6 @@ type storeHarness struct{ s *store.Store }
 
 var (
 	_ executortest.StoreHarness = (*storeHarness)(nil)
-	_ executortest.StaleSweeper = (*storeHarness)(nil)
 )
 
 func (h *storeHarness) Store() executor.Store { return h.s }

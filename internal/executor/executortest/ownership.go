@@ -28,14 +28,10 @@ type OwnershipHarness interface {
 	Move(t *testing.T, held []claims.ShardEpoch) claims.ShardEpoch
 	// Detach detaches the runner, as an operator's manual detach does.
 	Detach(t *testing.T)
-}
-
-// Pauser is an OwnershipHarness that can move the runner's lease clock past
-// its detach point without the runner being told (a process paused and
-// woken before its keep-alive loop noticed): the ownership contract then
-// also checks that nothing may start, whether or not the terms' work has
-// been cancelled yet.
-type Pauser interface {
+	// Pause moves the runner's lease clock past its detach point without
+	// the runner being told (a process paused and woken before its
+	// keep-alive loop noticed): nothing may start then, whether or not
+	// the terms' work has been cancelled yet.
 	Pause(t *testing.T)
 }
 
@@ -47,14 +43,7 @@ func OwnershipContract(t *testing.T, open func(t *testing.T) OwnershipHarness) {
 	t.Run("AMoveLeavesBegunWorkRunningUntilItIsDone", func(t *testing.T) { move(t, open(t)) })
 	t.Run("DetachEndsEveryTerm", func(t *testing.T) { detach(t, open(t)) })
 	t.Run("FenceLostEndsTheTerm", func(t *testing.T) { fenceLostTerm(t, open(t)) })
-	t.Run("NothingStartsPastTheDetachPoint", func(t *testing.T) {
-		h := open(t)
-		p, ok := h.(Pauser)
-		if !ok {
-			t.Skip("the harness cannot pause the runner")
-		}
-		paused(t, h, p)
-	})
+	t.Run("NothingStartsPastTheDetachPoint", func(t *testing.T) { paused(t, open(t)) })
 }
 
 // drain takes a pending change signal, if any.
@@ -313,13 +302,13 @@ func fenceLostTerm(t *testing.T, h OwnershipHarness) {
 // Past the lease clock's detach point nothing may start — no term is
 // workable or held, and a hold taken before admits nothing — although no
 // term has been cancelled yet.
-func paused(t *testing.T, h OwnershipHarness, p Pauser) {
+func paused(t *testing.T, h OwnershipHarness) {
 	own := h.Ownership()
 	terms := fenced(t, h)
 	hold := own.Hold()
 	defer hold.Release()
 	works := beginAll(t, hold, terms)
-	p.Pause(t)
+	h.Pause(t)
 	for _, term := range terms {
 		if own.Workable(term.Shard, term.Epoch) {
 			t.Fatalf("term %+v workable past the detach point", term)

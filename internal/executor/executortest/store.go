@@ -33,14 +33,9 @@ type StoreHarness interface {
 	// transaction of its own, as a handler's CompleteTx does, and leaves it
 	// open until commit commits it.
 	CompleteInTx(t *testing.T, ref claims.Ref, result json.RawMessage) (commit func())
-}
-
-// StaleSweeper is a StoreHarness that can run the sweeper's stale rule:
-// the store contract then also checks that a stale sweep spends only the
-// attempts of claims whose handlers started.
-type StaleSweeper interface {
 	// SweepStale makes the claims of refs stale (their heartbeats older
-	// than the stale threshold) and runs the sweeper's stale rule.
+	// than the stale threshold) and runs the sweeper's stale rule: it must
+	// spend only the attempts of claims whose handlers started.
 	SweepStale(t *testing.T, refs []claims.Ref)
 }
 
@@ -51,14 +46,7 @@ func StoreContract(t *testing.T, open func(t *testing.T) StoreHarness) {
 	t.Run("WritesAfterANewerRaiseAreFenceLost", func(t *testing.T) { fenceLost(t, open(t)) })
 	t.Run("UnclaimKeepsTheAttempt", func(t *testing.T) { unclaimKeeps(t, open(t)) })
 	t.Run("OrphanRequeueSpendsOnlyStartedAttempts", func(t *testing.T) { orphansSpendStarted(t, open(t)) })
-	t.Run("StaleSweepSpendsOnlyStartedAttempts", func(t *testing.T) {
-		h := open(t)
-		sw, ok := h.(StaleSweeper)
-		if !ok {
-			t.Skip("the harness cannot run the sweeper")
-		}
-		staleSpendsStarted(t, h, sw)
-	})
+	t.Run("StaleSweepSpendsOnlyStartedAttempts", func(t *testing.T) { staleSpendsStarted(t, open(t)) })
 	for _, w := range claimWrites {
 		t.Run("ABusyClaimIsSkippedBy"+w.name, func(t *testing.T) { busySkipped(t, open(t), w) })
 	}
@@ -237,7 +225,7 @@ func orphansSpendStarted(t *testing.T, h StoreHarness) {
 }
 
 // The stale sweep, likewise: it spends only the attempts of started claims.
-func staleSpendsStarted(t *testing.T, h StoreHarness, sw StaleSweeper) {
+func staleSpendsStarted(t *testing.T, h StoreHarness) {
 	f := storeFixture{h, t}
 	f.Add(t, Kind, 0, 1)
 	f.Add(t, Kind, 0, 1)
@@ -246,7 +234,7 @@ func staleSpendsStarted(t *testing.T, h StoreHarness, sw StaleSweeper) {
 	if len(got) != 2 {
 		t.Fatalf("claimed %d tasks, want 2", len(got))
 	}
-	sw.SweepStale(t, refsOf(got))
+	h.SweepStale(t, refsOf(got))
 	f.expect(got[0].ID, tasks.Dead, 1, "a stale started claim spends its attempt")
 	f.expect(got[1].ID, tasks.Ready, 1, "a stale claim taken ahead, never started, keeps its attempt")
 }
