@@ -178,8 +178,16 @@ func (c *claimer) Run(ctx context.Context) {
 		if err != nil {
 			wait := backoff.Next()
 			c.log.Warn("claiming failed", "error", err, "backoff", wait)
-			if !clock.Sleep(c.clock, wait, ctx.Done()) {
+			// A wake-up ends the wait: the listener sends one for every
+			// shard as soon as it has reconnected, which after an outage
+			// says the database is back (the first task then starts within
+			// a round trip of the reconnection, not a backoff later).
+			poll.Reset(wait)
+			select {
+			case <-ctx.Done():
 				return
+			case <-c.wake.C():
+			case <-poll.C():
 			}
 			continue
 		}

@@ -41,10 +41,12 @@ func (s *Store) NewListener(log hclog.Logger, fn func(Notification)) *Listener {
 
 // Run listens until ctx ends.
 func (l *Listener) Run(ctx context.Context) error {
-	// Capped low: after a database restart the first notification (and the
-	// All wake-up sent on reconnecting) must come within a fraction of a
-	// second, whatever the outage's length.
-	backoff := clock.Backoff{Min: 50 * time.Millisecond, Max: 400 * time.Millisecond}
+	// Capped low: after a database restart the All wake-up sent on
+	// reconnecting is what ends the runner's claim backoff, so the first
+	// task starts within this cap of the database's return, whatever the
+	// outage's length. One connection attempt per runner every 100 ms is
+	// nothing to a database that is starting.
+	backoff := clock.Backoff{Min: 20 * time.Millisecond, Max: 100 * time.Millisecond}
 	for ctx.Err() == nil {
 		err := l.listen(ctx)
 		if ctx.Err() != nil {
