@@ -156,7 +156,7 @@ func (c Config) shardConfig() shard.Config {
 func (c Config) detachConfig() detach.Config { return detach.Config{RecoveryWindow: c.RecoveryWindow} }
 
 func (c Config) storeOptions() store.Options {
-	return store.Options{MaxConns: c.DBMaxConns, ApplicationName: "shardrun-runner " + c.RunnerID, HandlerTxTimeout: c.LeaseTTL}
+	return store.Options{MaxConns: c.DBMaxConns, ApplicationName: "shardrun-runner " + c.RunnerID, HandlerTxTimeout: max(c.LeaseTTL, 0)}
 }
 
 func (c Config) retryPolicy() tasks.RetryPolicy {

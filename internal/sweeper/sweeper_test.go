@@ -406,9 +406,11 @@ func TestLoopStopsWhenDeposed(t *testing.T) {
 		t.Fatalf("Run returned %v", err)
 	}
 
+	// A term that ended (its context cancelled before Run began, so that
+	// no pass can see the fence first and end it as deposed) returns nil.
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { done <- loop.Run(ctx, epoch+2) }()
 	cancel()
+	go func() { done <- loop.Run(ctx, epoch+2) }()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
