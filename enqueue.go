@@ -136,6 +136,9 @@ func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, batch []EnqueuePa
 // warnings says which of the tasks no attached runner can run. It is
 // advice: when etcd does not answer, it says nothing.
 func (c *Client) warnings(ctx context.Context, ns ...tasks.NewTask) []string {
+	if c.caps == nil {
+		return nil // no etcd: the fleet's membership is not known here
+	}
 	runnable, err := c.caps.Runnable(ctx)
 	if err != nil {
 		return nil

@@ -32,7 +32,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -44,6 +46,7 @@ import (
 	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/schedule"
 	"github.com/shardrun/shardrun/internal/shard"
+	"github.com/shardrun/shardrun/internal/slogbridge"
 	"github.com/shardrun/shardrun/internal/store"
 )
 
@@ -57,6 +60,8 @@ const (
 	DefaultShardCount = shard.DefaultShardCount
 	// DefaultDBMaxConns bounds the client's own connection pool.
 	DefaultDBMaxConns = 8
+	// DefaultEtcdTimeout bounds NewClient's calls to etcd.
+	DefaultEtcdTimeout = 10 * time.Second
 )
 
 // Config configures a Client. Every field is optional.
@@ -78,8 +83,15 @@ type Config struct {
 	// you pass in (EnqueueTx, CompleteTx) run on your pool.
 	DBMaxConns int
 	// Logger receives the client's and its runner's logs (default: hclog
-	// at info on stderr).
+	// at info on stderr). Slog, when set and Logger is not, receives them
+	// instead: a program that logs with log/slog gets every record there,
+	// the component as the attribute "logger".
 	Logger hclog.Logger
+	Slog   *slog.Logger
+	// EtcdTimeout bounds how long NewClient waits for etcd (the cluster's
+	// shard count): past it, NewClient fails with an error naming the
+	// endpoints, whatever ctx says. Defaults to DefaultEtcdTimeout (10s).
+	EtcdTimeout time.Duration
 	// TracerProvider traces enqueues and the runner's claims, handler runs
 	// and outcome writes (OpenTelemetry); nil: no tracing.
 	TracerProvider trace.TracerProvider
@@ -136,14 +148,40 @@ type Client struct {
 // migrations (idempotently, under a lock), reads the cluster's shard count
 // (creating the cluster with Config.ShardCount, or DefaultShardCount, when
 // it is new) and stores the declared periodic tasks. Close releases it.
+//
+// etcd may be nil: the client then enqueues (every form), reads, waits,
+// cancels and retries on the database alone, as a producer or an
+// operator's tool needs, with the shard count the database recorded when
+// the cluster was created (Config.ShardCount, if set, must match it; it
+// is required when no runner or coordinator has started yet). Start then
+// fails: a runner needs etcd. Such a client sets no Enqueued.Warnings,
+// which need the fleet's membership; the coordinator's status page and
+// GET /api/queues show work no runner can run.
+//
+// With etcd, NewClient waits at most Config.EtcdTimeout for it and then
+// fails naming its endpoints. A pool given with workers added by
+// AddWorkerTx must serve Config.MaxWorkers connections (its MaxConns): each
+// running task holds one for its transaction.
 func NewClient(ctx context.Context, pool *pgxpool.Pool, etcd *clientv3.Client, cfg Config) (*Client, error) {
-	if pool == nil || etcd == nil {
-		return nil, errors.New("shardrun: NewClient needs a database pool and an etcd client")
+	if pool == nil {
+		return nil, errors.New("shardrun: NewClient needs a database pool")
 	}
 	cfg.Cluster = cmp.Or(cfg.Cluster, DefaultCluster)
 	cfg.EtcdPrefix = cmp.Or(cfg.EtcdPrefix, DefaultEtcdPrefix)
-	if cfg.Logger == nil {
+	cfg.EtcdTimeout = cmp.Or(cfg.EtcdTimeout, DefaultEtcdTimeout)
+	switch {
+	case cfg.Logger != nil:
+	case cfg.Slog != nil:
+		cfg.Logger = slogbridge.New(cfg.Slog).Named("shardrun")
+	default:
 		cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "shardrun", Level: hclog.Info, Output: os.Stderr})
+	}
+	if w := cfg.Workers; w != nil && w.tx.Load() {
+		workers := cmp.Or(cfg.MaxWorkers, runner.DefaultConfig().MaxWorkers)
+		if have := int(pool.Config().MaxConns); have < workers {
+			return nil, fmt.Errorf("shardrun: the pool given to NewClient serves %d connections (MaxConns) but Config.MaxWorkers is %d: "+
+				"AddWorkerTx handlers would run %d at a time; raise the pool's pool_max_conns to %d or lower MaxWorkers", have, workers, have, workers)
+		}
 	}
 	prefix := cfg.EtcdPrefix + cfg.Cluster + "/"
 	st, err := store.OpenLike(ctx, pool, store.Options{MaxConns: cmp.Or(cfg.DBMaxConns, DefaultDBMaxConns),
@@ -151,8 +189,10 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, etcd *clientv3.Client, c
 	if err != nil {
 		return nil, fmt.Errorf("shardrun: opening the database: %w", err)
 	}
-	c := &Client{cfg: cfg, pool: pool, etcd: etcd, st: st, log: cfg.Logger,
-		caps: &shard.Capabilities{Client: etcd, Prefix: prefix}}
+	c := &Client{cfg: cfg, pool: pool, etcd: etcd, st: st, log: cfg.Logger}
+	if etcd != nil {
+		c.caps = &shard.Capabilities{Client: etcd, Prefix: prefix}
+	}
 	if err := c.init(ctx, prefix); err != nil {
 		st.Close()
 		return nil, err
@@ -164,9 +204,9 @@ func (c *Client) init(ctx context.Context, prefix string) error {
 	if err := c.st.Migrate(ctx); err != nil {
 		return fmt.Errorf("shardrun: migrating the database: %w", err)
 	}
-	n, err := shard.ClusterShardCount(ctx, c.etcd, prefix, c.cfg.ShardCount)
+	n, err := c.shardCount(ctx, prefix)
 	if err != nil {
-		return fmt.Errorf("shardrun: %w", err)
+		return err
 	}
 	if _, err := c.st.EnsureShardCount(ctx, n); err != nil {
 		return fmt.Errorf("shardrun: %w", err)
@@ -192,6 +232,37 @@ func (c *Client) init(ctx context.Context, prefix string) error {
 	return nil
 }
 
+// shardCount is the cluster's shard count: etcd's (bounded by
+// EtcdTimeout), or without etcd the one the database recorded.
+func (c *Client) shardCount(ctx context.Context, prefix string) (int, error) {
+	if c.etcd == nil {
+		n, ok, err := c.st.ShardCount(ctx)
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("shardrun: %w", err)
+		case !ok && c.cfg.ShardCount == 0:
+			return 0, errors.New("shardrun: the database records no shard count yet (no runner or coordinator has started on it): " +
+				"set Config.ShardCount to the cluster's, or give NewClient an etcd client")
+		case !ok:
+			return c.cfg.ShardCount, nil
+		case c.cfg.ShardCount != 0 && c.cfg.ShardCount != n:
+			return 0, fmt.Errorf("shardrun: Config.ShardCount is %d but the database's cluster has %d shards", c.cfg.ShardCount, n)
+		}
+		return n, nil
+	}
+	ectx, cancel := context.WithTimeout(ctx, c.cfg.EtcdTimeout)
+	defer cancel()
+	n, err := shard.ClusterShardCount(ectx, c.etcd, prefix, c.cfg.ShardCount)
+	if err != nil && ectx.Err() != nil && ctx.Err() == nil {
+		return 0, fmt.Errorf("shardrun: etcd at %s did not answer within %s (Config.EtcdTimeout): %w",
+			strings.Join(c.etcd.Endpoints(), ","), c.cfg.EtcdTimeout, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("shardrun: %w", err)
+	}
+	return n, nil
+}
+
 // ShardCount is the cluster's shard count.
 func (c *Client) ShardCount() int { return c.shards }
 
@@ -199,6 +270,10 @@ func (c *Client) ShardCount() int { return c.shards }
 // its Workers, and returns once it has joined (or with the error that
 // stopped it: a bad setting, etcd unreachable). Stop drains it.
 func (c *Client) Start(ctx context.Context) error {
+	if c.etcd == nil {
+		return errors.New("shardrun: Start needs an etcd client (NewClient was given none): a runner holds its shards in etcd; " +
+			"a client without one enqueues, reads, cancels and retries only")
+	}
 	w := c.cfg.Workers
 	if w == nil || len(w.reg.Kinds()) == 0 {
 		return errors.New("shardrun: Start needs Config.Workers with at least one worker")
@@ -224,7 +299,7 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	for _, kind := range w.reg.Kinds() {
 		h, _ := w.reg.Lookup(kind)
-		if err := r.Handle(kind, h); err != nil {
+		if err := r.Handle(kind, c.withRuntime(h)); err != nil {
 			return fmt.Errorf("shardrun: %w", err)
 		}
 	}

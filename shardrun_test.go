@@ -46,7 +46,14 @@ type world struct {
 func newWorld(t *testing.T) world {
 	t.Helper()
 	dsn := pgtest.NewDatabase(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One connection per worker for AddWorkerTx handlers (NewClient
+	// refuses fewer), the default 64.
+	pcfg.MaxConns = 64
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

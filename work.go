@@ -12,6 +12,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/executor"
+	"github.com/shardrun/shardrun/internal/handlerctx"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -34,6 +35,9 @@ type Task[A Args] struct {
 type Workers struct {
 	reg    *executor.Registry
 	client atomic.Pointer[Client]
+	// tx: some handler runs in a transaction of the client's pool
+	// (AddWorkerTx), so the pool must serve one per worker.
+	tx atomic.Bool
 }
 
 // NewWorkers returns an empty set of workers.
@@ -51,33 +55,50 @@ func AddWorker[A Args](w *Workers, fn func(ctx context.Context, t *Task[A]) erro
 
 // AddWorkerTx registers fn as the handler of A's kind, run in a
 // transaction of the client's pool that also records the task's
-// completion: fn's writes and the completion commit together, or neither
-// does. The completion is fenced (CompleteTx): when the runner lost the
+// completion (CompleteTx): fn's writes and the completion commit together,
+// or neither does. The completion is fenced: when the runner lost the
 // task's shard meanwhile (it was paused or cut off past its lease, and
 // another runner took the task over), the transaction is rolled back and
 // fn's writes are not committed a second time. An error from fn rolls the
 // transaction back and fails the attempt, as AddWorker's does.
+//
+// Each running task holds one connection of the pool given to NewClient
+// for its transaction, so NewClient refuses a pool whose MaxConns is below
+// Config.MaxWorkers when some worker is added with AddWorkerTx.
 func AddWorkerTx[A Args](w *Workers, fn func(ctx context.Context, tx pgx.Tx, t *Task[A]) error) error {
-	return w.reg.Register(kindOf[A](), typed(func(ctx context.Context, t *Task[A]) error {
-		c := w.client.Load()
-		if c == nil {
-			return errors.New("shardrun: workers not bound to a client")
+	if err := w.reg.Register(kindOf[A](), typed(func(ctx context.Context, t *Task[A]) error {
+		rt, ok := handlerctx.From(ctx)
+		if !ok {
+			return errNoRuntime
 		}
-		return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
-			if err := fn(ctx, tx, t); err != nil {
-				return err
-			}
-			return c.CompleteTx(ctx, tx, t.Task)
-		})
-	}))
+		tx, err := rt.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("beginning the transaction of %s task %d: %w", t.Kind, t.ID, err)
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		if err := fn(ctx, tx, t); err != nil {
+			return err
+		}
+		if err := rt.CompleteTx(ctx, tx, t.Task); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	})); err != nil {
+		return err
+	}
+	w.tx.Store(true)
+	return nil
 }
+
+// errNoRuntime: a handler's context that no runner (and no test package)
+// gave it.
+var errNoRuntime = errors.New("shardrun: the context is not the one the runner gives a task's handler (run it with Client.Start, or shardruntest in tests)")
 
 // Handle registers an untyped handler for kind: for kinds known only at
 // run time, or payloads a program decodes itself.
 func (w *Workers) Handle(kind string, h tasks.Handler) error { return w.reg.Register(kind, h) }
 
-// bind gives the workers the client whose pool and runner their
-// transactional handlers use.
+// bind gives the workers the client that runs them.
 func (w *Workers) bind(c *Client) error {
 	if !w.client.CompareAndSwap(nil, c) && w.client.Load() != c {
 		return errors.New("shardrun: these Workers belong to another client already")
@@ -115,16 +136,18 @@ func typed[A Args](fn func(ctx context.Context, t *Task[A]) error) tasks.Handler
 
 // ErrTaskMovedOn says that a task's attempt no longer holds its claim
 // though its runner still owns the shard: the leader's stale-claim sweep
-// requeued it, or an operator's move ended it. A write for the attempt
+// requeued it, an operator's move ended it, or its completion was
+// committed already by another transaction. A write for the attempt
 // changes nothing.
 var ErrTaskMovedOn = errors.New("the task moved on: this attempt no longer holds it")
 
-// CompleteTx records the completion of t, an attempt this client's runner
-// is running, inside tx, a transaction of the program's own (on the
-// cluster's database): the program's writes in tx and the completion
-// commit together or not at all. Call it last, right before committing,
-// and return the commit's error from the handler: nil tells the runner
-// the task is done.
+// CompleteTx records the completion of t, the attempt a handler runs,
+// inside tx, a transaction of the program's own on the cluster's database:
+// the program's writes in tx and the completion commit together or not at
+// all. ctx must be the handler's context (or one derived from it): it
+// carries what runs the task. Call it last, right before committing, and
+// return the commit's error from the handler: nil tells the runner the
+// task is done. AddWorkerTx does all of this for you.
 //
 // It locks one row in tx, the attempt's claim, and nothing else waits for
 // it but this task's own end: the runner's heartbeats and writes, other
@@ -137,17 +160,27 @@ var ErrTaskMovedOn = errors.New("the task moved on: this attempt no longer holds
 //
 // The completion is fenced: when the runner has lost the task's shard (a
 // new owner requeued the attempt) it fails with tasks.ErrOwnershipLost,
-// and ErrTaskMovedOn when the attempt was swept or ended meanwhile, or its
-// completion was committed already by another transaction; roll tx back
-// then, and the program's writes are not committed twice. What the
+// and with ErrTaskMovedOn when the attempt was swept or ended meanwhile,
+// or its completion was committed already by another transaction; roll tx
+// back then, and the program's writes are not committed twice. What the
 // handler did outside the database is not covered: it may have happened
 // in an attempt whose completion was refused, and happen again in the
 // next.
-func (c *Client) CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error {
-	if c.runner == nil {
-		return errors.New("shardrun: CompleteTx: this client runs no task (Start)")
+func CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error {
+	rt, ok := handlerctx.From(ctx)
+	if !ok {
+		return errNoRuntime
 	}
-	res, err := c.st.CompleteTx(ctx, tx, c.runner.ID(), claims.Completion{Ref: claims.RefOf(*t), Result: t.Result})
+	return rt.CompleteTx(ctx, tx, t)
+}
+
+// runtime is what the client's runner puts in its handlers' contexts.
+type runtime struct{ c *Client }
+
+// CompleteTx records the attempt's completion with the store, under the
+// claim's owner.
+func (r runtime) CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error {
+	res, err := r.c.st.CompleteTx(ctx, tx, t.ClaimedBy, claims.Completion{Ref: claims.RefOf(*t), Result: t.Result})
 	if err != nil {
 		return fmt.Errorf("shardrun: completing task %d: %w", t.ID, err)
 	}
@@ -157,6 +190,15 @@ func (c *Client) CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error
 	case claims.FenceLost:
 		return fmt.Errorf("shardrun: completing task %d (shard %d, epoch %d): %w", t.ID, t.Shard, t.Epoch, tasks.ErrOwnershipLost)
 	default:
-		return fmt.Errorf("shardrun: completing task %d attempt %d: %w", t.ID, t.Attempt, ErrTaskMovedOn)
+		return fmt.Errorf("shardrun: completing task %d attempt %d (%s): %w", t.ID, t.Attempt, res.Outcome, ErrTaskMovedOn)
 	}
+}
+
+// Begin starts an AddWorkerTx handler's transaction on the client's pool.
+func (r runtime) Begin(ctx context.Context) (pgx.Tx, error) { return r.c.pool.Begin(ctx) }
+
+// withRuntime wraps h so that its context carries the client's runtime.
+func (c *Client) withRuntime(h tasks.Handler) tasks.Handler {
+	rt := runtime{c}
+	return func(ctx context.Context, t *tasks.Task) error { return h(handlerctx.With(ctx, rt), t) }
 }

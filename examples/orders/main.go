@@ -109,7 +109,14 @@ func main() {
 }
 
 func run(ctx context.Context, s settings, out io.Writer) error {
-	pool, err := pgxpool.New(ctx, s.dsn)
+	pcfg, err := pgxpool.ParseConfig(s.dsn)
+	if err != nil {
+		return err
+	}
+	// A charge's transaction holds a connection while it runs: one per
+	// worker, and a few for the shop (NewClient refuses fewer).
+	pcfg.MaxConns = maxWorkers + 4
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return err
 	}
@@ -130,7 +137,7 @@ func run(ctx context.Context, s settings, out io.Writer) error {
 	}); err != nil {
 		return fmt.Errorf("creating the shop's tables: %w", err)
 	}
-	cfg := shardrun.Config{Cluster: "orders", RunnerID: s.runnerID, LeaseTTL: s.leaseTTL,
+	cfg := shardrun.Config{Cluster: "orders", RunnerID: s.runnerID, LeaseTTL: s.leaseTTL, MaxWorkers: maxWorkers,
 		Logger: hclog.New(&hclog.LoggerOptions{Name: "orders", Level: hclog.Warn, Output: os.Stderr}),
 		// Declared at every start; stored once.
 		Periodic: []shardrun.PeriodicTask{{Name: "charges-report", Every: time.Minute, Args: Report{}}}}
@@ -159,6 +166,9 @@ func run(ctx context.Context, s settings, out io.Writer) error {
 		return fmt.Errorf("--role: all, worker or shop, got %q", s.role)
 	}
 }
+
+// maxWorkers is how many tasks a worker process runs at once.
+const maxWorkers = 16
 
 // workers are the handlers of the shop's tasks.
 func workers(s settings) (*shardrun.Workers, error) {

@@ -56,6 +56,20 @@ func (s *Store) EnsureShardCount(ctx context.Context, n int) (created bool, err 
 	return created, nil
 }
 
+// ShardCount is the shard count the database recorded at its cluster's
+// first start (EnsureShardCount); ok is false when none is recorded yet.
+// A producer without etcd takes its shards from it.
+func (s *Store) ShardCount(ctx context.Context) (n int, ok bool, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT shard_count FROM shardrun_cluster WHERE id = 1`).Scan(&n)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("reading the database's shard count: %w", err)
+	}
+	return n, true, nil
+}
+
 // ensureShardRange adds tasks_shard_in_range if it is missing and validates
 // it if it is not yet.
 func (s *Store) ensureShardRange(ctx context.Context, n int) error {

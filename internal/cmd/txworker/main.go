@@ -85,7 +85,6 @@ func run(ctx context.Context, dsn string, endpoints []string, cfg shardrun.Confi
 	defer etcd.Close()
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: "txworker", Level: hclog.Info, Output: os.Stderr})
 	cfg.Workers = shardrun.NewWorkers()
-	var c *shardrun.Client
 	err = shardrun.AddWorker(cfg.Workers, func(ctx context.Context, t *shardrun.Task[Effect]) error {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
@@ -93,10 +92,10 @@ func run(ctx context.Context, dsn string, endpoints []string, cfg shardrun.Confi
 		}
 		defer func() { _ = tx.Rollback(context.Background()) }()
 		if _, err := tx.Exec(ctx, `INSERT INTO effects (task_id, attempt, epoch, runner) VALUES ($1, $2, $3, $4)`,
-			t.ID, t.Attempt, t.Epoch, c.RunnerID()); err != nil {
+			t.ID, t.Attempt, t.Epoch, t.ClaimedBy); err != nil {
 			return err
 		}
-		if err := c.CompleteTx(ctx, tx, t.Task); err != nil {
+		if err := shardrun.CompleteTx(ctx, tx, t.Task); err != nil {
 			return err
 		}
 		if t.Args.HoldMS > 0 && t.Attempt <= t.Args.HoldAttempts {
@@ -110,7 +109,8 @@ func run(ctx context.Context, dsn string, endpoints []string, cfg shardrun.Confi
 	if err != nil {
 		return err
 	}
-	if c, err = shardrun.NewClient(ctx, pool, etcd, cfg); err != nil {
+	c, err := shardrun.NewClient(ctx, pool, etcd, cfg)
+	if err != nil {
 		return err
 	}
 	defer c.Close()
