@@ -1154,7 +1154,7 @@ func (s *Store) SweepStale(ctx context.Context, epoch int64, threshold time.Dura
 				ORDER BY c.id LIMIT $3 FOR UPDATE SKIP LOCKED))
 			RETURNING k.*, format('stale claim: no sign of life since %s', coalesce(k.heartbeat_at, k.claimed_at)) AS msg
 		)`+endClaimsOr(retryOrBury("now() + shardrun_backoff("+budgetAttempt+", $4, $5)", "k.msg"),
-			interrupted("k.msg || ' before its handler started'"))+`
+		interrupted("k.msg || ' before its handler started'"))+`
 		SELECT EXISTS (SELECT 1 FROM lf), `+filedOnce+`,
 		       count(*) FILTER (WHERE t.state = 'ready'), count(*) FILTER (WHERE t.state = 'dead')
 		FROM t`,
