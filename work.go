@@ -2,14 +2,13 @@ package shardrun
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/shardrun/shardrun/internal/argsjson"
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/handlerctx"
@@ -108,29 +107,17 @@ func (w *Workers) bind(c *Client) error {
 
 // kindOf is A's kind, from its zero value (a new one, for a pointer
 // type).
-func kindOf[A Args]() string { return zeroArgs[A]().Kind() }
-
-func zeroArgs[A Args]() A {
-	var a A
-	if t := reflect.TypeFor[A](); t.Kind() == reflect.Pointer {
-		a = reflect.New(t.Elem()).Interface().(A)
-	}
-	return a
-}
+func kindOf[A Args]() string { return argsjson.Zero[A]().Kind() }
 
 // typed adapts a typed handler: it decodes the payload into A, a payload
 // that does not decode failing the task at once.
 func typed[A Args](fn func(ctx context.Context, t *Task[A]) error) tasks.Handler {
 	return func(ctx context.Context, t *tasks.Task) error {
-		task := &Task[A]{Task: t, Args: zeroArgs[A]()}
-		into := any(&task.Args)
-		if reflect.TypeFor[A]().Kind() == reflect.Pointer {
-			into = task.Args
-		}
-		if err := json.Unmarshal(t.Payload, into); err != nil {
+		args, err := argsjson.Decode[A](t.Payload)
+		if err != nil {
 			return fmt.Errorf("%w of %s task %d: %w", tasks.ErrPayload, t.Kind, t.ID, err)
 		}
-		return fn(ctx, task)
+		return fn(ctx, &Task[A]{Task: t, Args: args})
 	}
 }
 

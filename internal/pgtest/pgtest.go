@@ -14,6 +14,7 @@ package pgtest
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -226,6 +227,17 @@ func NewDatabase(t testing.TB) string {
 		}
 	})
 	return dsn
+}
+
+// ExampleDatabase creates an empty database that lives until the tests
+// end, for runnable examples, which get no testing.TB.
+func ExampleDatabase() (string, error) {
+	if adminDSN == "" {
+		return "", errors.New("pgtest: no server; call pgtest.Main(m) from TestMain")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return pgtmp.CreateDatabase(ctx, adminDSN, fmt.Sprintf("example%d_%d", os.Getpid(), seq.Add(1)))
 }
 
 // skipLayout holds the tests that leave the task layout broken on purpose

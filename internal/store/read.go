@@ -68,6 +68,23 @@ func (s *Store) Get(ctx context.Context, id int64) (tasks.Task, error) {
 	return t, nil
 }
 
+// EnqueuedIn returns the tasks of kind that tx sees, newest first (at most
+// limit): for tests of producers that enqueue inside their own
+// transaction (shardruntest.RequireEnqueuedTx), which see its tasks
+// before it commits.
+func EnqueuedIn(ctx context.Context, tx pgx.Tx, kind string, limit int) ([]tasks.Task, error) {
+	rows, err := tx.Query(ctx, `/* shardrun.enqueued_in */ SELECT `+taskColumns+` FROM task_view t
+		WHERE t.id = ANY (ARRAY(SELECT id FROM tasks WHERE kind = $1 ORDER BY kind, id DESC LIMIT $2)) ORDER BY t.id DESC`, kind, limit)
+	if err != nil {
+		return nil, fmt.Errorf("reading the tasks of kind %q: %w", kind, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Task, error) { return scanTask(r) })
+	if err != nil {
+		return nil, fmt.Errorf("reading the tasks of kind %q: %w", kind, err)
+	}
+	return out, nil
+}
+
 // taskColumns are the columns of a whole task, as scanTask reads them, over
 // a row t of task_view.
 const taskColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, coalesce(t.sequence_key, ''), coalesce(t.sequence_blocks, false), t.payload, t.state, t.attempt, t.max_attempts, coalesce(t.attempt_budget, 0), t.run_after, t.deadline,
