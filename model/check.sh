@@ -5,7 +5,9 @@
 # non-zero on any surprise. MEMLIM (megabytes, default 8192) caps what one
 # search may use. ./check.sh: both models; ./check.sh bounds: the
 # ownership bounds; ./check.sh groups: the ownership model's capability
-# group checks alone; ./check.sh sequences: the sequence model alone.
+# group checks alone; ./check.sh slowparts: its checks of the slow parts
+# (issue 39: a lagging watch, tasks claimed ahead, an open transaction)
+# alone; ./check.sh sequences: the sequence model alone.
 set -euo pipefail
 cd "$(dirname "$0")"
 command -v spin >/dev/null || { echo "spin is not installed: apt-get install spin"; exit 1; }
@@ -80,10 +82,14 @@ run() {
 				(cd "$work" && spin -T -t $defs $pml 2>/dev/null) | sed -n '/^start$/,/^spin: trail ends/p'
 			} > "$trace"
 		else
+			# A liveness counterexample comes from the nested depth-first
+			# search: a run into a cycle, not the shortest one.
+			local which="the shortest counterexample"
+			[ "$result" = fails:acceptance ] && which="a counterexample (a run and the cycle it repeats; depth-first, not the shortest)"
 			{
 				echo "# $name: $(grep -m1 -E 'assertion violated|acceptance cycle' "$out")"
-				echo "# spin -t -p $defs $pml, statements of the shortest counterexample"
-				echo "# proc 0: clock; proc 1: init; proc 2+2i: network(i); proc 3+2i: worker(i)"
+				echo "# spin -t -p $defs $pml, statements of $which"
+				echo "# proc 0: clock; proc 1: init; proc 2+2i: network(i); proc 3+2i: worker(i); then session (OPEN_TX)"
 				(cd "$work" && spin -t -p -g $defs $pml 2>/dev/null) | grep -E '^ *[0-9]+:' | sed "s/$pml:[0-9]* //"
 			} > "$trace"
 		fi
@@ -123,7 +129,10 @@ run weakened:margin_0_slow_clock               fails:NoDoubleExecution "-DTTL=4 
 run weakened:deadline_from_receipt             fails:NoDoubleExecution "-DTTL=5 -DMARGIN=1 -DRECEIPT_BUG=1" "$fails" "-E"
 run weakened:raise_and_requeue_apart          fails:NoStaleWrite "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DSPLIT_RAISE=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
 run weakened:claim_without_fence_lock          fails:NoStaleWrite "-DTTL=4 -DMARGIN=2 -DCLAIM_NOLOCK=1 -DNO_DOUBLE_EXEC_CHECK" "$fails" "-E"
-run weakened:claim_without_lease_clock         fails:NoDoubleExecution "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DIDLE_PAUSE=1 -DCLAIM_NO_CLOCK=1" "$fails" "-E"
+# (NoStartPastDetach fails first, below: checked off here, so that the
+# counterexample is the overlap itself)
+run weakened:claim_without_lease_clock         fails:NoDoubleExecution "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DIDLE_PAUSE=1 -DCLAIM_NO_CLOCK=1 -DNO_START_CHECK" "$fails" "-E"
+run weakened:claim_without_lease_clock_start   fails:NoStartPastDetach "-DTTL=4 -DMARGIN=2 -DPAUSE=3 -DIDLE_PAUSE=1 -DCLAIM_NO_CLOCK=1" "$fails" "-E"
 fi
 
 if [ "${1:-}" = "" ] || [ "${1:-}" = groups ]; then
@@ -160,6 +169,61 @@ run groups:weakened:claim_without_own_unit      fails:NoStaleWrite "$g -DFAULTS=
 # ... and its raise, when it acquires the unit, requeues what it runs.
 run groups:weakened:claim_without_own_unit_overlap fails:NoDoubleExecution "$g -DFAULTS=0 -DCLAIM_UNOWNED=1 -DNO_STALE_WRITE_CHECK" "$fails" "-E"
 run groups:weakened:claim_lanes_of_other_kinds  fails:RunsWhereItCan "$g -DFAULTS=0 -DCLAIM_ANY_KIND=1" "$fails" "-E"
+fi
+
+if [ "${1:-}" = "" ] || [ "${1:-}" = slowparts ]; then
+# The slow parts (issue 39), in the one-group model: two runners of one
+# group, one shard.
+s="-DTTL=4 -DMARGIN=2"
+# A lagging watch (WATCH): each runner's view of the other member's owner
+# key comes from its watch, late, several events at once, in batches whose
+# header is etcd's current revision; one other write under the prefix.
+# Runner 0 loses and delays keep-alives (its unit changes hands by expiry
+# and release) while both watches lag: no two keys name the unit, and the
+# rest holds.
+run slow:watch:OneNamer+safety_A_keepalives    holds "$s -DWATCH=1 -DFAULTY=1" "$holds" "-E"
+run slow:watch:Progress                        holds "$s -DWATCH=1 -DFAULTS=0" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+# Before the fix: groupRev from the batch's header. No fault is needed.
+run slow:watch:weakened:header_revision        fails:OneNamer "$s -DWATCH=1 -DFAULTS=0 -DHEADER_REV=1" "$fails" "-E"
+# ... and what follows from it: the two holders run the task at once.
+run slow:watch:weakened:header_revision_overlap fails:NoDoubleExecution "$s -DWATCH=1 -DFAULTS=0 -DHEADER_REV=1 -DNO_ONE_NAMER_CHECK" "$fails" "-E"
+# ... though the fence refuses the lower epoch's writes: one outcome.
+run slow:watch:weakened:header_revision_writes holds "$s -DWATCH=1 -DFAULTS=0 -DHEADER_REV=1 -DNO_ONE_NAMER_CHECK -DNO_DOUBLE_EXEC_CHECK" "$holds" "-E"
+# Tasks claimed ahead (AHEAD): a pause beyond the margin that begins while
+# the runner runs nothing but may hold tasks in its buffer (keep-alives
+# lost, not delayed) ...
+run slow:ahead:idle_pause_over_margin          holds "$s -DAHEAD=1 -DPAUSE=3 -DIDLE_PAUSE=1 -DDELAYS=0" "$holds" "-E"
+# ... a slow clock ...
+run slow:ahead:slow_clock                      holds "$s -DAHEAD=1 -DLAG=1 -DDELAYS=0" "$holds" "-E"
+# (no give-back for patience: it comes after ten times the expected wait,
+# so it does not repeat forever)
+run slow:ahead:Progress                        holds "$s -DAHEAD=1 -DFAULTS=0 -DPATIENCE=0" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+# Before the fix: a buffered task starts unless its term's context ended.
+# The woken runner starts it past its detach point ...
+run slow:ahead:weakened:start_unchecked        fails:NoStartPastDetach "$s -DAHEAD=1 -DPAUSE=3 -DIDLE_PAUSE=1 -DDELAYS=0 -DAHEAD_NO_CHECK=1" "$fails" "-E"
+# ... while the next owner runs the task it requeued ...
+run slow:ahead:weakened:start_unchecked_overlap fails:NoDoubleExecution "$s -DAHEAD=1 -DPAUSE=3 -DIDLE_PAUSE=1 -DDELAYS=0 -DAHEAD_NO_CHECK=1 -DNO_START_CHECK" "$fails" "-E"
+# ... but its writes are still refused and there is one outcome.
+run slow:ahead:weakened:start_unchecked_writes holds "$s -DAHEAD=1 -DPAUSE=3 -DIDLE_PAUSE=1 -DDELAYS=0 -DAHEAD_NO_CHECK=1 -DNO_START_CHECK -DNO_DOUBLE_EXEC_CHECK" "$holds" "-E"
+# A handler's transaction holding its claim row (OPEN_TX: two tasks). Its
+# runner may freeze for good with it open (keep-alives lost, not delayed):
+# the raise skips the row and the transaction ends (commit, or rollback
+# after its bound) ...
+run slow:open_tx:safety_freeze                 holds "$s -DOPEN_TX=1 -DFREEZE=1 -DDELAYS=0" "$holds" "-E"
+# ... runner 0 paused beyond the margin with it open: its late writes are
+# refused (NoDoubleExecution not checked: the at-least-once limit) ...
+run slow:open_tx:NoStaleWrite+OutcomeOnce_pause_A holds "$s -DOPEN_TX=1 -DFAULTY=1 -DPAUSE=3 -DNO_DOUBLE_EXEC_CHECK" "$holds" "-E"
+# ... every task completes once the bound ends the transaction ...
+run slow:open_tx:Progress                      holds "$s -DOPEN_TX=1 -DFREEZE=1 -DFAULTS=0" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+# ... and with it open forever, every other task.
+run slow:open_tx:OthersProgress                holds "$s -DOPEN_TX=1 -DTX_FOREVER=1 -DFREEZE=1 -DFAULTS=0" "-DCOLLAPSE -DNFAIR=3" "-a -f -N OthersProgress"
+# Before the fix: the raise waits for the locked row. Nothing else moves.
+run slow:open_tx:weakened:raise_waits_for_locks fails:acceptance "$s -DOPEN_TX=1 -DTX_FOREVER=1 -DFREEZE=1 -DFAULTS=0 -DWAIT_LOCKS=1" "-DCOLLAPSE -DNFAIR=3" "-a -f -N OthersProgress"
+# ... which only the transaction open forever tells from slow: with it
+# bounded, the old raise also gets there.
+run slow:open_tx:weakened:raise_waits_bounded  holds "$s -DOPEN_TX=1 -DFREEZE=1 -DFAULTS=0 -DWAIT_LOCKS=1" "-DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+# A row the raise skipped outlives it: writes must read the fence.
+run slow:open_tx:weakened:writes_without_fence_read fails:NoStaleWrite "$s -DOPEN_TX=1 -DFAULTY=1 -DPAUSE=3 -DNO_DOUBLE_EXEC_CHECK -DWRITE_FENCE=0" "$fails" "-E"
 fi
 
 if [ "${1:-}" = "" ] || [ "${1:-}" = sequences ]; then
