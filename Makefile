@@ -81,7 +81,8 @@ demo:
 bench:
 	@$(DEPS) bench
 	$(BUILD)
-	cd bench && $(GO) run . -out results/latest.json -runner $(abspath $(BIN))/runner $(BENCH_FLAGS)
+	$(GO) build -o $(BIN)/ ./internal/cmd/txworker
+	cd bench && $(GO) run . -out results/latest.json -runner $(abspath $(BIN))/runner -txworker $(abspath $(BIN))/txworker $(BENCH_FLAGS)
 
 ## model: model-check the ownership protocol (capability groups included) and the sequence protocol with spin
 model:

@@ -43,7 +43,11 @@ type env struct {
 	// coordinatorBin is bin/coordinator, which the unclaimable section
 	// runs as a deployment does.
 	coordinatorBin string
-	log            io.Writer
+	// txworkerBin is internal/cmd/txworker, which the outage section runs
+	// (a runner on package shardrun whose handler holds its transaction
+	// open when asked); empty when that section does not run.
+	txworkerBin string
+	log         io.Writer
 	// statStatements: pg_stat_statements is loaded, so statements are counted.
 	statStatements bool
 }
@@ -76,7 +80,8 @@ type Report struct {
 	Features    *featuresResult   `json:"features,omitempty"`
 	Tracing     *tracingCost      `json:"tracing,omitempty"`
 	Idle        []idleRun         `json:"idle_queues,omitempty"`
-	// Targets are the targets of issues 23, 26 and 31, judged from this run.
+	Outage      *outageResult     `json:"outage,omitempty"`
+	// Targets are the targets of issues 23, 26, 31, 35 and 39, judged from this run.
 	Targets []target `json:"targets"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
@@ -100,12 +105,13 @@ func main() {
 	n := flag.Int("n", 200_000, "tasks per throughput trial")
 	runnerBin := flag.String("runner", "../bin/runner", "the runner binary")
 	coordinatorBin := flag.String("coordinator", "../bin/coordinator", "the coordinator binary (the unclaimable section runs one)")
+	txworkerBin := flag.String("txworker", "../bin/txworker", "the txworker binary, internal/cmd/txworker (the outage section runs two)")
 	maxWorkers := flag.String("max-workers", "1=1024,3=1024", "shardrun runners' --max-workers per process count in the throughput runs")
 	riverWorkers := flag.Int("river-workers", 1000, "River's MaxWorkers in the throughput runs")
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,work,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,startup,mixed,tracing,idle (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,work,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,startup,mixed,tracing,idle,outage (default all)")
 	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
 	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
 	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
@@ -158,6 +164,16 @@ func main() {
 	flag.IntVar(&featuresFlags.seconds, "priority-seconds", featuresFlags.seconds, "seconds of the one-by-one enqueue during the drain")
 	flag.StringVar(&idleFlags.queues, "idle-queues", idleFlags.queues, "queue counts the idle section's runner serves in turn (default, then q0001...)")
 	flag.IntVar(&idleFlags.seconds, "idle-seconds", idleFlags.seconds, "measured window of each idle run, seconds")
+	flag.IntVar(&outageFlags.trials, "outage-trials", outageFlags.trials, "PostgreSQL restarts of the outage section (first task after the restart)")
+	flag.IntVar(&outageFlags.freezeTrials, "outage-freeze-trials", outageFlags.freezeTrials, "trials of the outage section's failover with a frozen open transaction, at each lease TTL")
+	flag.IntVar(&outageFlags.tasks, "outage-tasks", outageFlags.tasks, "noop tasks enqueued once the restarted PostgreSQL accepts connections")
+	flag.DurationVar(&outageFlags.down, "outage-down", outageFlags.down, "how long the outage section keeps PostgreSQL down")
+	flag.StringVar(&outageFlags.ttls, "outage-ttls", outageFlags.ttls, "lease TTLs of the outage section's failover with a frozen open transaction")
+	flag.IntVar(&outageFlags.rate, "outage-rate", outageFlags.rate, "effect tasks/s enqueued during the outage section's frozen-transaction trials")
+	flag.IntVar(&outageFlags.shards, "outage-shards", outageFlags.shards, "shards of the outage section's frozen-transaction clusters")
+	flag.DurationVar(&outageFlags.hold, "outage-hold", outageFlags.hold, "how long the frozen runner's handler holds its transaction open after CompleteTx")
+	flag.DurationVar(&outageFlags.bound, "outage-bound", outageFlags.bound, "how long a frozen-transaction trial waits for the failover (longer: reported as more than this)")
+	flag.StringVar(&outageFlags.logs, "outage-logs", "", "a directory for the runners' logs of each outage restart trial (none when empty)")
 	flag.IntVar(&tracingFlags.procs, "tracing-procs", tracingFlags.procs, "runner processes of the tracing section (--max-workers as in the throughput runs at that count)")
 	flag.Parse()
 	if *redraw != "" {
@@ -181,13 +197,13 @@ func main() {
 		fmt.Sscan(p, &n)
 		tuning.procs = append(tuning.procs, n)
 	}
-	if err := run(ctx, *out, *trials, *faultTrials, *n, *runnerBin, *coordinatorBin, *only); err != nil {
+	if err := run(ctx, *out, *trials, *faultTrials, *n, *runnerBin, *coordinatorBin, *txworkerBin, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin, coordinatorBin, only string) error {
+func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin, coordinatorBin, txworkerBin, only string) error {
 	want := func(section string) bool {
 		return only == "" || slices.Contains(strings.Split(only, ","), section)
 	}
@@ -207,6 +223,15 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 			return fmt.Errorf("no coordinator binary at %s: run `make build` first (make bench does)", coordBin)
 		}
 		coordBin = ""
+	}
+	txBin := ""
+	if want("outage") {
+		if txBin, err = filepath.Abs(txworkerBin); err != nil {
+			return err
+		}
+		if _, err := os.Stat(txBin); err != nil {
+			return fmt.Errorf("no txworker binary at %s: run `go build -o bin/ ./internal/cmd/txworker` first (make bench does)", txBin)
+		}
 	}
 	settings := map[string]string{"shared_buffers": "256MB", "max_wal_size": "2GB"}
 	statStatements := pgStatStatementsInstalled()
@@ -238,7 +263,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		return err
 	}
 	defer etcdCli.Close()
-	e := &env{pg: pg, etcd: etcd, cli: etcdCli, runnerBin: bin, coordinatorBin: coordBin, log: os.Stdout, statStatements: statStatements}
+	e := &env{pg: pg, etcd: etcd, cli: etcdCli, runnerBin: bin, coordinatorBin: coordBin, txworkerBin: txBin, log: os.Stdout, statStatements: statStatements}
 
 	rep := &Report{GeneratedAt: time.Now().UTC(), Machine: machine(ctx, pg), Settings: map[string]any{}}
 	rep.Postgres = map[string]string{"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on",
@@ -273,6 +298,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"mixed", func() error { return e.mixedSection(ctx, rep) }},
 		{"tracing", func() error { return e.tracingSection(ctx, rep, trials, n) }},
 		{"idle", func() error { return e.idleSection(ctx, rep) }},
+		{"outage", func() error { return e.outageSection(ctx, rep) }},
 	}
 	rep.SectionSeconds = map[string]float64{}
 	benchStart := time.Now()
@@ -466,6 +492,9 @@ func printTable(w io.Writer, rep *Report) {
 	for _, l := range rep.Failover {
 		fmt.Fprintf(w, "| kill -9, lease TTL %s: %s | p50 %.2fs, max %.2fs over %d trials |\n", l.LeaseTTL, l.What, l.P50, l.Max, len(l.Trials))
 	}
+	if o := rep.Outage; o != nil {
+		printOutage(w, o)
+	}
 	if h := rep.Handoff; h != nil {
 		fmt.Fprintf(w, "| graceful handoff: %s | p50 %.3fs, max %.3fs over %d trials |\n", h.What, h.P50, h.Max, len(h.Trials))
 	}
@@ -615,7 +644,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "features", "curve", "work", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "startup", "mixed", "tracing"} {
+	for _, name := range []string{"throughput", "features", "curve", "work", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "startup", "mixed", "tracing", "idle", "outage"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}
