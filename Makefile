@@ -36,7 +36,7 @@ test:
 UPGRADE_ROWS ?= 1000000
 upgrade-test:
 	@$(DEPS) test
-	SHARDRUN_UPGRADE_ROWS=$(UPGRADE_ROWS) $(GO) test -count=1 -timeout 20m -run '^TestUpgradeToTheTaskLayout$$' -v ./internal/store/
+	SHARDRUN_UPGRADE_ROWS=$(UPGRADE_ROWS) $(GO) test -count=1 -timeout 20m -run '^TestUpgradeToTheTaskLayout$$' -v ./store/
 
 ## fuzz: every decoder of outside input (bodies, query strings, flags), briefly (FUZZTIME each; go test -fuzz takes one
 ## package and one target per run). The committed seeds in testdata/fuzz/ also run in `make test`.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/schedule"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/store"
 )
 
 // PeriodicTask is a task enqueued at every tick of a schedule, declared in

@@ -45,9 +45,9 @@ import (
 	"github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/schedule"
-	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/slogbridge"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
 )
 
 // Defaults of Config.

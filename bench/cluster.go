@@ -19,7 +19,7 @@ import (
 	"github.com/shardrun/shardrun/internal/freeport"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/runner"
-	"github.com/shardrun/shardrun/internal/shard"
+	"github.com/shardrun/shardrun/shard"
 )
 
 // cluster is one trial's set of runner processes under a fresh etcd prefix.

@@ -11,8 +11,8 @@ import (
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/leader"
-	"github.com/shardrun/shardrun/internal/store"
-	"github.com/shardrun/shardrun/internal/sweeper"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/sweeper"
 )
 
 // sweepResult is one table size's sweep pass timings.

@@ -17,8 +17,8 @@ import (
 	srclient "github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/linewriter"
-	"github.com/shardrun/shardrun/internal/shard"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
 )
 
 // scaleOpts are the scale section's flags.

@@ -21,7 +21,7 @@ import (
 
 	srclient "github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/linewriter"
-	"github.com/shardrun/shardrun/internal/shard"
+	"github.com/shardrun/shardrun/shard"
 )
 
 // startupOpts are the startup section's flags.

@@ -17,7 +17,7 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 
 	srclient "github.com/shardrun/shardrun/internal/client"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

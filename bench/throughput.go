@@ -15,7 +15,7 @@ import (
 	srclient "github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtmp"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/store"
 )
 
 // benchTag starts every statement the bench sends to a trial's database

@@ -30,8 +30,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardrun/shardrun/internal/cli"
-	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/shard"
 )
 
 // The deploy test runs docker-compose.yml on a Docker engine through the

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
 )
 

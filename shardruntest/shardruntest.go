@@ -33,7 +33,7 @@ import (
 	"github.com/shardrun/shardrun"
 	"github.com/shardrun/shardrun/internal/argsjson"
 	"github.com/shardrun/shardrun/internal/handlerctx"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

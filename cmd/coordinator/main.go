@@ -22,10 +22,10 @@ import (
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/maintenance"
-	"github.com/shardrun/shardrun/internal/shard"
-	"github.com/shardrun/shardrun/internal/store"
-	"github.com/shardrun/shardrun/internal/sweeper"
 	"github.com/shardrun/shardrun/internal/tracing"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/sweeper"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -19,8 +19,8 @@ import (
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/runner"
-	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/tracing"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -36,8 +36,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/tracing"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

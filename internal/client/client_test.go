@@ -11,7 +11,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/pgtest"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -14,9 +14,9 @@ import (
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/maintenance"
-	"github.com/shardrun/shardrun/internal/shard"
-	"github.com/shardrun/shardrun/internal/store"
-	"github.com/shardrun/shardrun/internal/sweeper"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/sweeper"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -25,9 +25,9 @@ import (
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/maintenance"
 	"github.com/shardrun/shardrun/internal/schedule"
-	"github.com/shardrun/shardrun/internal/shard"
-	"github.com/shardrun/shardrun/internal/sweeper"
 	"github.com/shardrun/shardrun/internal/tracing"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/sweeper"
 	"github.com/shardrun/shardrun/tasks"
 )
 

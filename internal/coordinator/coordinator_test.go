@@ -15,11 +15,11 @@ import (
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
-	"github.com/shardrun/shardrun/internal/shard"
-	"github.com/shardrun/shardrun/internal/store"
-	"github.com/shardrun/shardrun/internal/sweeper"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/sweeper"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -12,8 +12,8 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/testsignal"
+	"github.com/shardrun/shardrun/store"
 )
 
 // elector is the election loop: it campaigns under a fresh etcd session

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/store"
 )
 
 // An operator removes a queue that has no unfinished task: the listing says

@@ -12,7 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/shard"
+	"github.com/shardrun/shardrun/shard"
 )
 
 // Runner health as the status page and /api/cluster show it. etcd alone

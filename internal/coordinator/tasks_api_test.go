@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/claims"
-	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

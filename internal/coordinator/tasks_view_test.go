@@ -16,8 +16,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/shardrun/shardrun/internal/runner"
-	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -13,9 +13,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/wake"
+	"github.com/shardrun/shardrun/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -30,8 +30,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/shardrun/shardrun/internal/pgtmp"
-	"github.com/shardrun/shardrun/internal/store"
 	"github.com/shardrun/shardrun/internal/tempdir"
+	"github.com/shardrun/shardrun/store"
 )
 
 // rootPrefix names the test binaries' temporary roots, so that the root of
@@ -255,7 +255,7 @@ func SkipLayoutCheck(t testing.TB, why string) {
 }
 
 // checkLayout fails t when the task layout of the database behind dsn
-// breaks one of its invariants (internal/store/sql/shardrun_layout_violations.sql),
+// breaks one of its invariants (store/sql/shardrun_layout_violations.sql),
 // listing each violation. Every test database is checked when its test
 // ends, once everything the test started has stopped; a database without
 // the layout (never migrated, or migrated to an earlier version) is not.

@@ -19,11 +19,11 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/cli"
-	"github.com/shardrun/shardrun/internal/detach"
 	"github.com/shardrun/shardrun/internal/executor"
-	"github.com/shardrun/shardrun/internal/shard"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

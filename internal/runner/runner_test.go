@@ -13,8 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/internal/executor"
-	"github.com/shardrun/shardrun/internal/shard"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/client"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
 

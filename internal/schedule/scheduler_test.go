@@ -12,7 +12,7 @@ import (
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
-	"github.com/shardrun/shardrun/internal/store"
+	"github.com/shardrun/shardrun/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
