@@ -437,6 +437,12 @@ func uniqueArgs(ins []Insert, todo []int, drawn []*int64) []any {
 // row is held by its transaction until it ends: every other producer of
 // that queue would wait for the producer's transaction, however long it
 // stays open. Queues known to have a row are not asked again.
+//
+// The statement itself waits for no transaction: a row another open
+// transaction is inserting (after an operator removed the queue a moment
+// before; possibly the very transaction this enqueue belongs to, which
+// would then wait for this statement forever) makes it give up at once,
+// and the insert trigger files the row in the producer's transaction.
 func (s *Store) registerQueues(ctx context.Context, ins []Insert) error {
 	var names []string
 	for _, in := range ins {
@@ -449,8 +455,19 @@ func (s *Store) registerQueues(ctx context.Context, ins []Insert) error {
 		return nil
 	}
 	slices.Sort(names)
-	if _, err := s.pool.Exec(ctx, `/* shardrun.register_queues */
-		INSERT INTO queues (name) SELECT n FROM unnest($1::text[]) n ORDER BY n ON CONFLICT (name) DO NOTHING`, names); err != nil {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '50ms'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `/* shardrun.register_queues */
+			INSERT INTO queues (name) SELECT n FROM unnest($1::text[]) n ORDER BY n ON CONFLICT (name) DO NOTHING`, names)
+		return err
+	})
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "55P03" {
+		return nil // an open transaction is inserting one of the rows
+	}
+	if err != nil {
 		return fmt.Errorf("registering queues %v: %w", names, err)
 	}
 	for _, q := range names {

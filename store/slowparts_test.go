@@ -308,3 +308,27 @@ func TestAProducerOfANewQueueStallsNoOtherProducer(t *testing.T) {
 		})
 	})
 }
+
+// A producer's transaction that filed a queue's row itself (raw SQL, or an
+// operator removed the queue between the store's filing and the insert)
+// enqueues into that queue again through the store: the store's own
+// filing of the row must not wait for the row the transaction holds (it
+// would wait for its own transaction: before, it failed after the pool's
+// lock_timeout, and the stress test hit it).
+func TestAProducerTransactionHoldingItsQueueRowEnqueuesAgain(t *testing.T) {
+	t.Parallel()
+	s := setup(t)
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, s.Pool(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO tasks (kind, shard, key, queue) VALUES ('k', 1, 'raw', 'raw-queue')`); err != nil {
+			return err
+		}
+		in := insert("k", 1, 3)
+		in.Queue = "raw-queue"
+		_, err := s.EnqueueIn(ctx, tx, in)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("enqueueing into the queue whose row the transaction holds: %v", err)
+	}
+}
