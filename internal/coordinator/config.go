@@ -2,8 +2,6 @@ package coordinator
 
 import (
 	"cmp"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -13,24 +11,19 @@ import (
 
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/leadership"
 	"github.com/shardrun/shardrun/internal/maintenance"
-	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/sweeper"
-	"github.com/shardrun/shardrun/tasks"
 )
 
 // Defaults of Config.
 const (
 	// DefaultElectionTTL is the default leader session TTL.
-	DefaultElectionTTL = 10 * time.Second
+	DefaultElectionTTL = leadership.DefaultElectionTTL
 	// DefaultHTTPAddr serves the API and the status page.
 	DefaultHTTPAddr = "127.0.0.1:8080"
 )
-
-// MaxElectionTTL bounds the election TTL: a leader that dies is replaced
-// within about this long, and nobody sweeps meanwhile.
-const MaxElectionTTL = time.Hour
 
 // Config configures a Coordinator.
 type Config struct {
@@ -79,18 +72,20 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
-// WithDefaults returns c with its zero settings (and its sweeper's)
+// WithDefaults returns c with its zero settings (and its leader's)
 // replaced by the defaults, as New does.
 func (c Config) WithDefaults() Config {
-	c.ElectionTTL = cmp.Or(c.ElectionTTL, DefaultElectionTTL)
+	l := c.leadership().WithDefaults()
+	c.ElectionTTL, c.MaxAttempts, c.Sweep, c.Retention, c.Unhandled = l.ElectionTTL, l.MaxAttempts, l.Sweep, l.Retention, l.Unhandled
 	c.HTTPAddr = cmp.Or(c.HTTPAddr, DefaultHTTPAddr)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, tasks.DefaultMaxAttempts)
-	c.Sweep = c.Sweep.WithDefaults()
-	c.Retention = c.Retention.WithDefaults()
-	if c.Unhandled.After != 0 {
-		c.Unhandled = c.Unhandled.WithDefaults()
-	}
 	return c
+}
+
+// leadership is the settings of the coordinator's leader.
+func (c Config) leadership() leadership.Config {
+	return leadership.Config{ID: c.ID, Prefix: c.Prefix, ShardCount: c.ShardCount, MaxAttempts: c.MaxAttempts,
+		ElectionTTL: c.ElectionTTL, Sweep: c.Sweep, Retention: c.Retention, Unhandled: c.Unhandled,
+		Clock: c.Clock, Logger: c.Logger}
 }
 
 // Validate reports the first bad setting in one line naming its flag,
@@ -99,33 +94,10 @@ func (c Config) WithDefaults() Config {
 // refused rather than replaced (use WithDefaults for library defaults).
 // Client and Store are New's business.
 func (c Config) Validate() error {
-	if err := shard.CheckName("--coordinator-id", c.ID); err != nil {
-		return err
-	}
-	if !strings.HasPrefix(c.Prefix, "/") || !strings.HasSuffix(c.Prefix, "/") {
-		return fmt.Errorf("--etcd-prefix: the key prefix must start and end with /, got %q", c.Prefix)
-	}
-	if err := shard.ValidateShardCount(c.ShardCount); err != nil {
-		return err
-	}
-	if c.ElectionTTL < time.Second || c.ElectionTTL > MaxElectionTTL || c.ElectionTTL%time.Second != 0 {
-		return fmt.Errorf("--election-ttl: must be a whole number of seconds from 1s to %s (nobody sweeps while a dead leader's session lives), got %s", MaxElectionTTL, c.ElectionTTL)
-	}
 	if err := c.httpServer().Check(); err != nil {
 		return err
 	}
-	if err := tasks.ValidateMaxAttempts(c.MaxAttempts); err != nil {
-		return err
-	}
-	if err := c.Retention.Validate(); err != nil {
-		return err
-	}
-	if c.Unhandled.After != 0 {
-		if err := c.Unhandled.Validate(); err != nil {
-			return err
-		}
-	}
-	return c.Sweep.Validate()
+	return c.leadership().Validate()
 }
 
 func (c Config) httpServer() cli.Server {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/leader"
+	"github.com/shardrun/shardrun/internal/leadership"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/testutil"
@@ -47,13 +48,13 @@ func newEnv(t *testing.T) *env {
 // signals are what the coordinators of one test tell it: leadership terms
 // on one timeline, and each coordinator's sweep passes.
 type signals struct {
-	leadership *testsignal.Signal[Leadership]
+	leadership *testsignal.Signal[leadership.Event]
 	// passes are every coordinator's leader passes, of every service.
 	passes map[string]*testsignal.Signal[leader.Event]
 }
 
 func newSignals() *signals {
-	return &signals{leadership: testsignal.New[Leadership](), passes: map[string]*testsignal.Signal[leader.Event]{}}
+	return &signals{leadership: testsignal.New[leadership.Event](), passes: map[string]*testsignal.Signal[leader.Event]{}}
 }
 
 // sweeps are coordinator id's sweep passes.
@@ -105,7 +106,7 @@ func (e *env) start(id string, sig *signals, mut ...func(*Config)) *running {
 	}
 	if sig != nil {
 		sig.passes[id] = testsignal.New[leader.Event]()
-		c.elector.leadership, c.loop.Events = sig.leadership, sig.passes[id]
+		c.leader.Terms, c.leader.Passes = sig.leadership, sig.passes[id]
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{Coordinator: c, cancel: cancel, done: make(chan error, 1)}
@@ -169,7 +170,7 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 	// Stale work for the sweeps to find throughout.
 	seedStale(t, e.store, 200)
 
-	sess := a.elector.session.Load()
+	sess := a.leader.Session()
 	killed := time.Now()
 	if _, err := e.admin.Revoke(context.Background(), sess.Lease()); err != nil {
 		t.Fatal(err)
@@ -199,7 +200,7 @@ func TestStandbyTakesOverWhenTheLeaderSessionDies(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "b sweeps", func() bool { return sig.swept("coord-b") })
 	// a campaigns again with a new session and stands by.
 	testutil.WaitFor(t, 5*time.Second, "a has a new session", func() bool {
-		s := a.elector.session.Load()
+		s := a.leader.Session()
 		return s != nil && s.Lease() != sess.Lease()
 	})
 	if a.IsLeader() {

@@ -56,7 +56,7 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 	}
 	testutil.WaitFor(t, 10*time.Second, "a enqueued 3 ticks", func() bool { return len(pgtest.ScheduleTicks(t, e.store, "every-second")) >= 3 })
 
-	sess := a.elector.session.Load()
+	sess := a.leader.Session()
 	if _, err := e.admin.Revoke(ctx, sess.Lease()); err != nil {
 		t.Fatal(err)
 	}
