@@ -65,22 +65,6 @@ func (h *History) Apply(ev *clientv3.Event) []UnitEvent {
 	return out
 }
 
-// Owners returns, for every shard of group, the runner whose key names it
-// now ("" when none does).
-func (h *History) Owners(group string) []string {
-	out := make([]string, h.shards)
-	for key, terms := range h.held {
-		g, runner, _ := h.keys.parseOwner([]byte(key))
-		if g != group {
-			continue
-		}
-		for s := range terms {
-			out[s] = runner
-		}
-	}
-	return out
-}
-
 func keysOf(m map[int]int64) func(func(int) bool) {
 	return func(yield func(int) bool) {
 		for k := range m {

@@ -130,12 +130,6 @@ func (c *counter) View(ctx context.Context) (taskCounts, error) {
 	return v, nil
 }
 
-// Counts returns the tasks by state, at most countsMaxAge old.
-func (c *counter) Counts(ctx context.Context) (map[tasks.State]int64, error) {
-	v, err := c.View(ctx)
-	return v.counts, err
-}
-
 func (c *counter) attention(ctx context.Context) (Attention, error) {
 	a := Attention{Dead: []AttentionTask{}, Failed: []AttentionTask{}, LongRunning: []AttentionTask{}}
 	for _, l := range []struct {

@@ -1,8 +1,6 @@
 package executor
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,20 +8,6 @@ import (
 
 	"github.com/shardrun/shardrun/tasks"
 )
-
-// Typed adapts a handler that takes a decoded payload of type P. A payload
-// that does not decode into P fails the task at once with the decode
-// error, which wraps tasks.ErrPayload and so ErrPermanent: no retry would decode
-// it either.
-func Typed[P any](fn func(ctx context.Context, t *tasks.Task, payload P) error) tasks.Handler {
-	return func(ctx context.Context, t *tasks.Task) error {
-		var p P
-		if err := json.Unmarshal(t.Payload, &p); err != nil {
-			return fmt.Errorf("%w of %s task %d: %w", tasks.ErrPayload, t.Kind, t.ID, err)
-		}
-		return fn(ctx, t, p)
-	}
-}
 
 // Registry maps task kinds to handlers. A runner claims only the kinds it
 // has handlers for, so tasks of other kinds wait for a runner that has one.

@@ -240,29 +240,12 @@ func ExampleDatabase() (string, error) {
 	return pgtmp.CreateDatabase(ctx, adminDSN, fmt.Sprintf("example%d_%d", os.Getpid(), seq.Add(1)))
 }
 
-// skipLayout holds the tests that leave the task layout broken on purpose
-// (SkipLayoutCheck).
-var skipLayout sync.Map
-
-// SkipLayoutCheck exempts t's databases from the layout check at its end,
-// for a test that breaks the layout on purpose (one that builds an earlier
-// layout, or one that checks that the check finds what it should); why is
-// logged.
-func SkipLayoutCheck(t testing.TB, why string) {
-	t.Helper()
-	t.Logf("pgtest: no layout check at the end: %s", why)
-	skipLayout.Store(t.Name(), true)
-}
-
 // checkLayout fails t when the task layout of the database behind dsn
 // breaks one of its invariants (store/sql/shardrun_layout_violations.sql),
 // listing each violation. Every test database is checked when its test
 // ends, once everything the test started has stopped; a database without
 // the layout (never migrated, or migrated to an earlier version) is not.
 func checkLayout(ctx context.Context, t testing.TB, dsn string) {
-	if _, skip := skipLayout.Load(t.Name()); skip {
-		return
-	}
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Errorf("pgtest: checking the task layout: %v", err)

@@ -3,7 +3,7 @@
 // owns with the handlers you register, and serves the admin endpoint.
 //
 //	r, err := runner.New(cfg)
-//	runner.HandleTyped(r, "resize-image", func(ctx context.Context, t *tasks.Task, p Resize) error { ... })
+//	err = r.Handle("resize-image", func(ctx context.Context, t *tasks.Task) error { ... })
 //	err = r.Run(ctx) // until ctx ends, then drains
 package runner
 

@@ -62,13 +62,6 @@ func New(cfg Config) (*Runner, error) {
 // kinds it has handlers for.
 func (r *Runner) Handle(kind string, h tasks.Handler) error { return r.handlers.Register(kind, h) }
 
-// HandleTyped registers a handler that receives the task's payload decoded
-// into P; a payload that does not decode fails the task at once (dead)
-// with the decode error, which wraps tasks.ErrPayload: it is permanent.
-func HandleTyped[P any](r *Runner, kind string, fn func(ctx context.Context, t *tasks.Task, payload P) error) error {
-	return r.Handle(kind, executor.Typed(fn))
-}
-
 // Started is closed once the runner has joined the cluster and serves.
 func (r *Runner) Started() <-chan struct{} { return r.started }
 
@@ -78,9 +71,6 @@ func (r *Runner) AdminAddr() string { return r.adminAddr }
 // ID is the runner's id in the cluster (Config.RunnerID): the owner its
 // claims and fenced writes carry.
 func (r *Runner) ID() string { return r.cfg.RunnerID }
-
-// Registry is the runner's metrics registry (what /metrics serves).
-func (r *Runner) Registry() *prometheus.Registry { return r.reg }
 
 // Run connects, joins the cluster and executes tasks until ctx ends. Then it
 // drains: it leaves the membership, stops claiming, lets running tasks
