@@ -1,8 +1,9 @@
-// Package coordinator is the shardrun coordinator as a library: leader
-// election among coordinators; the leader's sweeps, retention, schedule
-// ticks and (with --unhandled-after) unhandled-kind rule; and the cluster
-// API and status page. cmd/coordinator wraps it with flags, the
-// embedded etcd and the --dev all-in-one mode.
+// Package coordinator is the shardrun coordinator as a library: the
+// cluster's leader (internal/leadership: the election, the coordinator
+// fence, the leader's sweeps, retention, schedule ticks and, with
+// --unhandled-after, the unrunnable rule) and the cluster API and status
+// page. cmd/coordinator wraps it with flags, the embedded etcd and the
+// --dev all-in-one mode.
 package coordinator
 
 import (
@@ -22,26 +23,16 @@ import (
 
 	"github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/clock"
-	"github.com/shardrun/shardrun/internal/leader"
-	"github.com/shardrun/shardrun/internal/maintenance"
+	"github.com/shardrun/shardrun/internal/leadership"
 	"github.com/shardrun/shardrun/internal/schedule"
 	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/shard"
-	"github.com/shardrun/shardrun/sweeper"
 )
 
-// Leadership is the start or end of one leadership term of one coordinator.
-type Leadership struct {
-	ID     string
-	Leader bool // true: the term started; false: it ended
-	Epoch  int64
-	At     time.Time
-}
-
-// Coordinator elects a leader among coordinators; the leader runs the
-// leader's services (sweeps, retention, schedules, the unhandled-kind
-// rule) in one leader.Loop. Every coordinator serves the API and status
-// page.
+// Coordinator takes part in the cluster's leader election
+// (leadership.Leader); the leader runs the leader's services (sweeps,
+// retention, schedules, the unrunnable rule). Every coordinator serves
+// the API and status page.
 type Coordinator struct {
 	cfg     Config
 	log     hclog.Logger
@@ -55,9 +46,8 @@ type Coordinator struct {
 	tracer trace.Tracer
 
 	counter   *counter
-	elector   *elector
+	leader    *leadership.Leader
 	unhandled *unrunnableWatch
-	loop      *leader.Loop
 	schedules *schedule.Client
 	// scheduler is the leader's schedule service: a schedule created on
 	// this coordinator wakes it.
@@ -74,8 +64,8 @@ type Coordinator struct {
 }
 
 // New fills the defaults, validates cfg and builds the coordinator's
-// parts, each once: the leader's services, the loop that runs them in
-// every leadership term, the elector, the clients the API uses.
+// parts, each once: the leader (its election and services), the clients
+// the API uses.
 func New(cfg Config) (*Coordinator, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -105,19 +95,14 @@ func New(cfg Config) (*Coordinator, error) {
 	if c.schedules, err = schedule.NewClient(cfg.Store, prep); err != nil {
 		return nil, err
 	}
-	services, err := c.leaderServices(prep)
-	if err != nil {
+	if c.leader, err = leadership.New(cfg.Client, cfg.Store, c.reg, cfg.leadership()); err != nil {
 		return nil, err
 	}
-	c.loop = leader.New(leader.Config{Clock: cfg.Clock, Logger: cfg.Logger, Registry: c.reg}, services...)
+	c.scheduler = c.leader.Scheduler()
 	f := promauto.With(c.reg)
 	c.counter = &counter{store: cfg.Store, clock: cfg.Clock, log: cfg.Logger,
 		gauge: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_tasks",
 			Help: "Tasks by state (refreshed every few seconds)."}, []string{"state"})}
-	c.elector = &elector{client: cfg.Client, key: cfg.Prefix + "coordinator/leader", id: cfg.ID, ttl: cfg.ElectionTTL,
-		store: cfg.Store, clock: cfg.Clock, log: cfg.Logger, lead: c.loop.Run,
-		isLeader: f.NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
-			Help: "1 while this coordinator is the leader and sweeps."})}
 	c.unhandled = &unrunnableWatch{store: cfg.Store, runnable: c.runnableClasses, clock: c.clock, log: c.log.Named("unrunnable"),
 		gauge: f.NewGaugeVec(prometheus.GaugeOpts{Name: "shardrun_unrunnable_tasks",
 			Help: "Ready tasks no attached runner can run (serves their queue and handles their kind), by queue and kind (refreshed every few seconds)."},
@@ -125,39 +110,8 @@ func New(cfg Config) (*Coordinator, error) {
 	return c, nil
 }
 
-// leaderServices builds the leader's services from their settings: the
-// sweeper and the scheduler always, retention unless it keeps everything,
-// the unhandled-kind rule when --unhandled-after is set.
-func (c *Coordinator) leaderServices(prep client.Config) ([]leader.Service, error) {
-	sw, err := sweeper.New(c.cfg.Store, c.cfg.Sweep, c.reg)
-	if err != nil {
-		return nil, err
-	}
-	if c.scheduler, err = schedule.NewScheduler(c.cfg.Store, prep, c.reg); err != nil {
-		return nil, err
-	}
-	services := []leader.Service{sw, c.scheduler}
-	if c.cfg.Retention.Off() {
-		c.log.Info("retention is off: finished tasks are kept forever")
-	} else {
-		ret, err := maintenance.NewRetainer(c.cfg.Store, c.cfg.Retention, c.reg)
-		if err != nil {
-			return nil, err
-		}
-		services = append(services, ret)
-	}
-	if c.cfg.Unhandled.After > 0 {
-		rp, err := maintenance.NewReaper(c.cfg.Store, c.runnableClasses, c.cfg.Unhandled, c.reg)
-		if err != nil {
-			return nil, err
-		}
-		services = append(services, rp)
-	}
-	return services, nil
-}
-
 // IsLeader reports whether this coordinator leads now.
-func (c *Coordinator) IsLeader() bool { return c.elector.leader.Load() }
+func (c *Coordinator) IsLeader() bool { return c.leader.IsLeader() }
 
 // Addr is the bound HTTP address (after Started).
 func (c *Coordinator) Addr() string { return c.addr }
@@ -210,7 +164,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.log.Info("coordinator started", "http", c.addr, "prefix", c.cfg.Prefix, "election_ttl", c.cfg.ElectionTTL)
 	close(c.started)
 
-	c.elector.Run(ctx)
+	c.leader.Run(ctx)
 
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	_ = srv.Shutdown(sctx)
@@ -218,11 +172,4 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	wg.Wait()
 	c.log.Info("coordinator stopped")
 	return nil
-}
-
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }
