@@ -72,6 +72,11 @@ func (r *Runner) AdminAddr() string { return r.adminAddr }
 // claims and fenced writes carry.
 func (r *Runner) ID() string { return r.cfg.RunnerID }
 
+// Registry is the runner's metrics registry (what /metrics serves): a
+// client that also leads the cluster (shardrun.Config.Leader) registers
+// the leader's metrics there.
+func (r *Runner) Registry() *prometheus.Registry { return r.reg }
+
 // Run connects, joins the cluster and executes tasks until ctx ends. Then it
 // drains: it leaves the membership, stops claiming, lets running tasks
 // finish (up to the handoff timeout), releases its shard keys and revokes
