@@ -20,8 +20,14 @@
 // task's completion in one transaction (AddWorkerTx, or Client.CompleteTx):
 // the completion is fenced like every write of a runner, so a runner that
 // lost the task's shard (paused, partitioned) cannot commit the effects a
-// second time. The sweeps, retention, schedules and the HTTP API run in the
-// coordinator process (cmd/coordinator), which every cluster needs.
+// second time.
+//
+// One process of the cluster leads it: it sweeps the work of runners that
+// stopped, deletes finished tasks after their retention and enqueues the
+// ticks of periodic tasks. A client with Config.Leader takes part in that
+// election, so a program with workers and a Leader needs no other
+// process; the coordinator (cmd/coordinator) takes part in it too, and
+// serves the HTTP API and status page.
 //
 // Task records and their vocabulary (states, filters, pages, errors) are in
 // package tasks.
@@ -35,14 +41,18 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/internal/client"
+	"github.com/shardrun/shardrun/internal/leadership"
 	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/schedule"
 	"github.com/shardrun/shardrun/internal/slogbridge"
@@ -115,14 +125,27 @@ type Config struct {
 	LeaseTTL, HandoffTimeout, PollInterval, HeartbeatInterval, RetryBase, RetryCap time.Duration
 	// AdminAddr, when set, serves the runner's admin endpoint there
 	// (health, status, metrics, detach and attach: the runner binary's
-	// --admin-addr), protected by AdminToken (required off loopback).
+	// --admin-addr), protected by AdminToken (required off loopback). Its
+	// metrics include the leader's, with Leader.
 	AdminAddr, AdminToken string
 
 	// Periodic are the periodic tasks this program declares: NewClient
 	// stores each (an upsert by name: a restart with the same declarations
 	// changes nothing, and a changed task keeps its next tick), and the
-	// coordinators' leader enqueues their ticks.
+	// cluster's leader enqueues their ticks.
 	Periodic []PeriodicTask
+
+	// Leader, when set, makes the client take part in the election of the
+	// cluster's leader (LeaderConfig): Start campaigns beside the runner,
+	// or alone when the client has no Workers (a producer that wants
+	// schedules and sweeps without running tasks), and while it leads the
+	// client runs what a leading coordinator runs. With a Leader and
+	// Workers a program needs no coordinator process; coordinators of the
+	// same cluster may run too, and one process leads at a time. Its logs
+	// are named "leader"; its metrics are served with the runner's
+	// (AdminAddr), so a client that leads without Workers serves none. It
+	// needs etcd. Defaults to nil: the client never leads.
+	Leader *LeaderConfig
 }
 
 // Client enqueues, reads and waits for tasks, and runs them when it has
@@ -137,10 +160,23 @@ type Client struct {
 	caps      *shard.Capabilities
 	log       hclog.Logger
 	shards    int
+	// leaderCfg is the leader's settings, with Config.Leader.
+	leaderCfg leadership.Config
 
-	runner *runner.Runner
+	// mu serialises Start and Stop; run is what Start started (nil when
+	// stopped).
+	mu  sync.Mutex
+	run atomic.Pointer[running]
+}
+
+// running is what one Start started: the runner, the leader or both.
+type running struct {
+	runner *runner.Runner     // nil without Workers
+	leader *leadership.Leader // nil without Config.Leader
 	stop   context.CancelFunc
-	done   chan error
+	// done is closed when both have stopped; err is the runner's.
+	done chan struct{}
+	err  error
 }
 
 // NewClient connects a client to the cluster whose tasks live in pool's
@@ -166,6 +202,9 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, etcd *clientv3.Client, c
 	if pool == nil {
 		return nil, errors.New("shardrun: NewClient needs a database pool")
 	}
+	if cfg.Leader != nil && etcd == nil {
+		return nil, errLeaderNeedsEtcd
+	}
 	cfg.Cluster = cmp.Or(cfg.Cluster, DefaultCluster)
 	cfg.EtcdPrefix = cmp.Or(cfg.EtcdPrefix, DefaultEtcdPrefix)
 	cfg.EtcdTimeout = cmp.Or(cfg.EtcdTimeout, DefaultEtcdTimeout)
@@ -183,13 +222,21 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, etcd *clientv3.Client, c
 				"AddWorkerTx handlers would run %d at a time; raise the pool's pool_max_conns to %d or lower MaxWorkers", have, workers, have, workers)
 		}
 	}
+	var leaderCfg leadership.Config
+	if cfg.Leader != nil {
+		var err error
+		if leaderCfg, err = leaderSettings(cfg); err != nil {
+			return nil, err
+		}
+		leaderCfg.Logger = cfg.Logger.Named("leader")
+	}
 	prefix := cfg.EtcdPrefix + cfg.Cluster + "/"
 	st, err := store.OpenLike(ctx, pool, store.Options{MaxConns: cmp.Or(cfg.DBMaxConns, DefaultDBMaxConns),
 		ApplicationName: "shardrun-client", Logger: cfg.Logger.Named("store"), HandlerTxTimeout: cfg.LeaseTTL})
 	if err != nil {
 		return nil, fmt.Errorf("shardrun: opening the database: %w", err)
 	}
-	c := &Client{cfg: cfg, pool: pool, etcd: etcd, st: st, log: cfg.Logger}
+	c := &Client{cfg: cfg, pool: pool, etcd: etcd, st: st, log: cfg.Logger, leaderCfg: leaderCfg}
 	if etcd != nil {
 		c.caps = &shard.Capabilities{Client: etcd, Prefix: prefix}
 	}
@@ -212,6 +259,12 @@ func (c *Client) init(ctx context.Context, prefix string) error {
 		return fmt.Errorf("shardrun: %w", err)
 	}
 	c.shards = n
+	if c.cfg.Leader != nil {
+		c.leaderCfg.ShardCount = n
+		if err := c.leaderCfg.WithDefaults().Validate(); err != nil {
+			return fmt.Errorf("shardrun: Config.Leader: %w", err)
+		}
+	}
 	prep := client.Config{ShardCount: n, MaxAttempts: c.cfg.MaxAttempts, TracerProvider: c.cfg.TracerProvider}
 	if c.tasks, err = client.New(c.st, prep); err != nil {
 		return fmt.Errorf("shardrun: %w", err)
@@ -267,20 +320,81 @@ func (c *Client) shardCount(ctx context.Context, prefix string) (int, error) {
 func (c *Client) ShardCount() int { return c.shards }
 
 // Start makes the client a runner of the cluster, running the tasks of
-// its Workers, and returns once it has joined (or with the error that
-// stopped it: a bad setting, etcd unreachable). Stop drains it.
+// its Workers, and with Config.Leader a candidate for the cluster's
+// leadership. It returns once the runner has joined (or with the error
+// that stopped it: a bad setting, etcd unreachable); the leader campaigns
+// in the background. Stop drains the runner and resigns the leadership.
 func (c *Client) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.etcd == nil {
 		return errors.New("shardrun: Start needs an etcd client (NewClient was given none): a runner holds its shards in etcd; " +
 			"a client without one enqueues, reads, cancels and retries only")
 	}
 	w := c.cfg.Workers
-	if w == nil || len(w.reg.Kinds()) == 0 {
-		return errors.New("shardrun: Start needs Config.Workers with at least one worker")
+	working := w != nil && len(w.reg.Kinds()) > 0
+	if !working && c.cfg.Leader == nil {
+		return errors.New("shardrun: Start needs Config.Workers with at least one worker, or Config.Leader")
 	}
-	if c.runner != nil {
+	if c.run.Load() != nil {
 		return errors.New("shardrun: the client is started already")
 	}
+	run := &running{done: make(chan struct{})}
+	var reg prometheus.Registerer
+	if working {
+		r, err := c.newRunner(w)
+		if err != nil {
+			return err
+		}
+		run.runner, reg = r, r.Registry()
+	}
+	if c.cfg.Leader != nil {
+		l, err := leadership.New(c.etcd, c.st, reg, c.leaderCfg)
+		if err != nil {
+			return fmt.Errorf("shardrun: Config.Leader: %w", err)
+		}
+		run.leader = l
+	}
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	run.stop = stop
+	var runnerDone chan error
+	if r := run.runner; r != nil {
+		runnerDone = make(chan error, 1)
+		go func() { runnerDone <- r.Run(runCtx) }()
+		select {
+		case <-r.Started():
+		case err := <-runnerDone:
+			stop()
+			return fmt.Errorf("shardrun: starting the runner: %w", err)
+		case <-ctx.Done():
+			stop()
+			<-runnerDone
+			return ctx.Err()
+		}
+	}
+	var leaderDone chan struct{}
+	if l := run.leader; l != nil {
+		leaderDone = make(chan struct{})
+		go func() {
+			defer close(leaderDone)
+			l.Run(runCtx)
+		}()
+	}
+	go func() {
+		if runnerDone != nil {
+			run.err = <-runnerDone
+		}
+		if leaderDone != nil {
+			<-leaderDone
+		}
+		close(run.done)
+	}()
+	c.run.Store(run)
+	return nil
+}
+
+// newRunner builds the runner of the client's workers.
+func (c *Client) newRunner(w *Workers) (*runner.Runner, error) {
 	rc := runner.DefaultConfig()
 	rc.Cluster, rc.EtcdPrefix, rc.ShardCount = c.cfg.Cluster, c.cfg.EtcdPrefix, c.shards
 	rc.Etcd, rc.Store, rc.Logger, rc.TracerProvider = c.etcd, c.st, c.log.Named("runner"), c.cfg.TracerProvider
@@ -295,60 +409,58 @@ func (c *Client) Start(ctx context.Context) error {
 	rc.AdminAddr, rc.AdminToken, rc.NoAdmin = c.cfg.AdminAddr, c.cfg.AdminToken, c.cfg.AdminAddr == ""
 	r, err := runner.New(rc)
 	if err != nil {
-		return fmt.Errorf("shardrun: %w", err)
+		return nil, fmt.Errorf("shardrun: %w", err)
 	}
 	for _, kind := range w.reg.Kinds() {
 		h, _ := w.reg.Lookup(kind)
 		if err := r.Handle(kind, c.withRuntime(h)); err != nil {
-			return fmt.Errorf("shardrun: %w", err)
+			return nil, fmt.Errorf("shardrun: %w", err)
 		}
 	}
-	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	select {
-	case <-r.Started():
-	case err := <-done:
-		stop()
-		return fmt.Errorf("shardrun: starting the runner: %w", err)
-	case <-ctx.Done():
-		stop()
-		<-done
-		return ctx.Err()
-	}
-	c.runner, c.stop, c.done = r, stop, done
-	return nil
+	return r, nil
 }
 
-// RunnerID is the id of the client's runner in the cluster (after Start).
+// RunnerID is the id of the client's runner in the cluster (after Start;
+// "" without Workers).
 func (c *Client) RunnerID() string {
-	if c.runner == nil {
-		return ""
+	if run := c.run.Load(); run != nil && run.runner != nil {
+		return run.runner.ID()
 	}
-	return c.runner.ID()
+	return ""
 }
 
-// Stop drains the runner Start started: it stops claiming, lets running
-// tasks finish (up to Config.HandoffTimeout, then cancels them), gives its
-// shards to the other runners and leaves. It returns when that is done, or
-// when ctx ends first.
+// IsLeader reports whether the client leads the cluster now (with
+// Config.Leader, after Start).
+func (c *Client) IsLeader() bool {
+	run := c.run.Load()
+	return run != nil && run.leader != nil && run.leader.IsLeader()
+}
+
+// Stop stops what Start started: the leader resigns, so that another
+// process of the cluster leads at once, and the runner drains: it stops
+// claiming, lets running tasks finish (up to Config.HandoffTimeout, then
+// cancels them), gives its shards to the other runners and leaves. It
+// returns when that is done, or when ctx ends first.
 func (c *Client) Stop(ctx context.Context) error {
-	if c.runner == nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	run := c.run.Load()
+	if run == nil {
 		return nil
 	}
-	c.stop()
+	run.stop()
 	select {
-	case err := <-c.done:
-		c.runner = nil
-		return err
+	case <-run.done:
+		c.run.Store(nil)
+		return run.err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
-// Close stops the runner if it runs (as Stop, waiting for it) and closes
-// the client's own connections. The pool and etcd client given to
-// NewClient stay open: they are the caller's.
+// Close stops the runner and the leader if they run (as Stop, waiting for
+// them) and closes the client's own connections. The pool and etcd client
+// given to NewClient stay open: they are the caller's.
 func (c *Client) Close() error {
 	err := c.Stop(context.Background())
 	c.st.Close()
