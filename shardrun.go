@@ -190,7 +190,8 @@ type running struct {
 // operator's tool needs, with the shard count the database recorded when
 // the cluster was created (Config.ShardCount, if set, must match it; it
 // is required when no runner or coordinator has started yet). Start then
-// fails: a runner needs etcd. Such a client sets no Enqueued.Warnings,
+// fails: a runner needs etcd, and so does a leader (NewClient refuses
+// Config.Leader without etcd). Such a client sets no Enqueued.Warnings,
 // which need the fleet's membership; the coordinator's status page and
 // GET /api/queues show work no runner can run.
 //
