@@ -17,10 +17,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/coordinator"
 	"github.com/shardrun/shardrun/internal/embedetcd"
-	"github.com/shardrun/shardrun/internal/executor"
 	"github.com/shardrun/shardrun/internal/maintenance"
 	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/shard"
@@ -84,7 +84,7 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	fs.Duration(&o.electionTTL, "election-ttl", "SHARDRUN_ELECTION_TTL", coordinator.DefaultElectionTTL, "leader session TTL, whole seconds, 1s to 1h: a dead leader is replaced within about this long")
 	fs.Duration(&o.sweepInterval, "sweep-interval", "SHARDRUN_SWEEP_INTERVAL", sweeper.DefaultInterval, "time between sweep passes, 10ms to 1h")
 	fs.Duration(&o.staleThreshold, "stale-threshold", "SHARDRUN_STALE_THRESHOLD", sweeper.DefaultStaleThreshold, "a running task silent for longer is requeued (must exceed --heartbeat-interval; at most 24h)")
-	fs.Duration(&o.heartbeatInterval, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", executor.DefaultHeartbeatInterval, "the runners' task heartbeat interval (to check --stale-threshold against)")
+	fs.Duration(&o.heartbeatInterval, "heartbeat-interval", "SHARDRUN_HEARTBEAT_INTERVAL", claims.DefaultHeartbeatInterval, "the runners' task heartbeat interval (to check --stale-threshold against)")
 	fs.Int(&o.sweepBatch, "sweep-batch", "SHARDRUN_SWEEP_BATCH", sweeper.DefaultBatchSize, fmt.Sprintf("rows one sweep statement may change, 1 to %d", sweeper.MaxBatchSize))
 	fs.Duration(&o.retryBase, "retry-base", "SHARDRUN_RETRY_BASE", tasks.DefaultRetryBase, "backoff before a swept task's next attempt (doubles per attempt, with jitter), 1ms to 24h")
 	fs.Duration(&o.retryCap, "retry-cap", "SHARDRUN_RETRY_CAP", tasks.DefaultRetryCap, "longest backoff, --retry-base to 24h")
