@@ -214,17 +214,16 @@ func seedStale(t *testing.T, st *store.Store, n int) {
 		"gone", 1, "now() - interval '1 hour'", n)
 }
 
+// The leader resigns on shutdown: a's election session (TTL 30s) would
+// outlive the wait, so b leading within it proves the resignation.
 func TestResignOnShutdownHandsOverAtOnce(t *testing.T) {
 	e := newEnv(t)
-	a := e.start("coord-a", nil)
+	a := e.start("coord-a", nil, func(c *Config) { c.ElectionTTL = 30 * time.Second })
 	testutil.WaitFor(t, 10*time.Second, "a leads", a.IsLeader)
 	b := e.start("coord-b", nil)
 	a.stop()
-	took := testutil.WaitFor(t, 5*time.Second, "b leads", b.IsLeader)
+	took := testutil.WaitFor(t, 15*time.Second, "b leads, before a's session could expire", b.IsLeader)
 	t.Logf("after a's shutdown b led in %s (a resigned; no TTL wait)", took)
-	if took > time.Second {
-		t.Fatalf("handover took %s: the leader must resign on shutdown", took)
-	}
 }
 
 func TestTasksAPI(t *testing.T) {

@@ -173,9 +173,12 @@ func TestManualDetachOverHTTPAndAttach(t *testing.T) {
 	}
 }
 
-func TestDrainHandsShardsOverWithinASecond(t *testing.T) {
+// A drained runner hands its shards over by releasing them, not by
+// letting its lease expire: a's lease (30s) outlives the wait, so b owning
+// everything within it proves the release.
+func TestDrainHandsShardsOverWithoutWaitingForTheLease(t *testing.T) {
 	e := newEnv(t)
-	a := e.start("a")
+	a := e.start("a", func(c *Config, _ *Runner) { c.LeaseTTL = 30 * time.Second })
 	b := e.start("b")
 	testutil.Until(t, 10*time.Second, "both own shards", func() (bool, string) {
 		return len(a.Status().Owned) == testShards/2 && len(b.Status().Owned) == testShards/2, "not balanced"
@@ -183,7 +186,7 @@ func TestDrainHandsShardsOverWithinASecond(t *testing.T) {
 	ids := e.enqueue("sleep", `{"ms": 200}`, 20)
 	testutil.Until(t, 10*time.Second, "a is running tasks", func() (bool, string) { return a.exec.InFlight() > 0, "idle" })
 	go a.stop()
-	took := testutil.Until(t, 5*time.Second, "b owns everything", func() (bool, string) {
+	took := testutil.Until(t, 15*time.Second, "b owns everything, before a's lease could expire", func() (bool, string) {
 		owners := e.etcdOwners()
 		for s := range testShards {
 			if owners[s] != "b" {
@@ -193,9 +196,6 @@ func TestDrainHandsShardsOverWithinASecond(t *testing.T) {
 		return true, ""
 	})
 	t.Logf("drain: b owned every shard %s after a was told to stop (in-flight sleeps of 200ms finished first)", took)
-	if took > time.Second {
-		t.Fatalf("handoff took %s, want under a second", took)
-	}
 	testutil.Until(t, 15*time.Second, "all tasks completed", func() (bool, string) {
 		return e.counts()[tasks.Completed] == int64(len(ids)), jsonString(e.counts())
 	})
@@ -241,7 +241,7 @@ func TestFailBuiltinRetriesThenCompletes(t *testing.T) {
 	e := newEnv(t)
 	e.start("a")
 	retried := e.enqueue("fail", `{"times": 2}`, 1)[0]
-	doomed, err := e.client.Enqueue(context.Background(), tasks.NewTask{Kind: "fail", Payload: []byte(`{"times": 9}`), MaxAttempts: 3})
+	doomed, err := e.client.Enqueue(context.Background(), tasks.NewTask{Kind: "fail", Payload: []byte(`{"times": 9}`), Options: tasks.Options{MaxAttempts: 3}})
 	if err != nil {
 		t.Fatal(err)
 	}
