@@ -54,8 +54,9 @@ type scalePhase struct {
 	Moved int `json:"shards_moved"`
 	// MoveBound: the assignment's documented bound on Moved (shard.Assign).
 	MoveBound int `json:"move_bound,omitempty"`
-	// Acquisitions and Releases are the shard key creations and deletions
-	// seen under the cluster's prefix; above Moved they are thrash.
+	// Acquisitions and Releases are the shards written into and removed
+	// from owner keys under the cluster's prefix; above Moved they are
+	// thrash.
 	Acquisitions int `json:"shard_acquisitions"`
 	Releases     int `json:"shard_releases"`
 	// RunnerKeyWrites are writes of runners/<id> (state publications).
@@ -64,7 +65,7 @@ type scalePhase struct {
 	// from the change to the end of the stability check (so including a
 	// second of keep-alives).
 	EtcdMessages float64 `json:"etcd_messages_received"`
-	// ChangesAfter: shard key events in the scaleStableFor after
+	// ChangesAfter: owner key events in the scaleStableFor after
 	// convergence (0 expected).
 	ChangesAfter int `json:"shard_key_events_after_convergence"`
 	// MinShards and MaxShards per runner at convergence.
@@ -137,9 +138,9 @@ func (e *env) topStatements(ctx context.Context, db string, n int) ([]stmtStat, 
 func (e *env) scaleSection(ctx context.Context, rep *Report) error {
 	o := scaleFlags
 	res := &scaleResult{Runners: o.runners, Shards: o.shards, LeaseTTL: "10s", MaxWorkers: o.maxWorkers, DBMaxConns: scaleDBConns,
-		Convergence: "every shard key present and owned by a live runner, and shard.Assign(live runners, owners) == owners: the runners' own " +
+		Convergence: "every shard owned (in an owner key) by a live runner, and shard.Assign(live runners, owners) == owners: the runners' own " +
 			"assignment leaves every shard where it is (a fixed point; its quotas are exact, so this is also balanced to ±1); timed to the " +
-			"receipt of the shard key event that completed it, then checked to stay unchanged for 1s"}
+			"receipt of the owner key event that completed it, then checked to stay unchanged for 1s"}
 	rep.Scale = res
 	dsn, err := e.database(ctx, "scale")
 	if err != nil {
@@ -363,7 +364,7 @@ func (c *cluster) converge(ctx context.Context, w *ownerWatch, mark watchMark, s
 		return err
 	}
 	if p.ChangesAfter != 0 {
-		return fmt.Errorf("converged, then %d shard key events within %s\n%s", p.ChangesAfter, scaleStableFor, c.describe(w, ids))
+		return fmt.Errorf("converged, then %d owner key events within %s\n%s", p.ChangesAfter, scaleStableFor, c.describe(w, ids))
 	}
 	return nil
 }
@@ -444,7 +445,7 @@ func (c *cluster) describe(w *ownerWatch, ids []string) string {
 	return b.String()
 }
 
-// ownerWatch follows the shard keys of a cluster through one etcd watch,
+// ownerWatch follows the owner keys of a cluster through one etcd watch,
 // so that waiting for convergence costs etcd nothing per poll (reading
 // thousands of keys every few milliseconds would load the machine being
 // measured), and counts the key events.
@@ -529,7 +530,7 @@ func (w *ownerWatch) failed() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err != nil {
-		return fmt.Errorf("watching the shard keys: %w", w.err)
+		return fmt.Errorf("watching the owner keys: %w", w.err)
 	}
 	return nil
 }

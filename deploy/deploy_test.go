@@ -1034,7 +1034,7 @@ func (d *deployment) checkTasks(t *testing.T) {
 		return open == 0, fmt.Sprintf("%d ready or running", open)
 	})
 
-	// etcd's history of the shard keys, complete up to now.
+	// etcd's history of the owner keys, complete up to now.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	now, err := d.etcd.Get(ctx, d.prefix+"meta/")

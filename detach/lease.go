@@ -12,8 +12,9 @@ import (
 //	deadline = send time of the newest successful keep-alive + granted TTL
 //
 // (on the monotonic clock) the lease cannot expire before deadline, and a
-// runner that stops work by deadline - margin has stopped before any other
-// runner can create one of its shard keys. The margin absorbs the local
+// runner that stops work by deadline - margin has stopped before its owner
+// key (owners/<group>/<runner>, under the lease) goes away, so before any
+// other runner can take one of its shards. The margin absorbs the local
 // clock running slower than the server's and the time it takes to cancel
 // work. Computing the deadline from the response's receipt time instead
 // would be unsafe: a response delayed in the network would push the deadline

@@ -31,8 +31,9 @@ type summary struct {
 //  2. no recorded outcome came from a stale epoch: every completed task was
 //     claimed by the runner that held its shard's key at exactly that epoch,
 //     as etcd's history shows;
-//  3. no shard was owned twice at once: every shard key's history is an
-//     alternation of create and delete, each create the key's first version;
+//  3. no unit (a shard of a group) was owned twice at once: in the owner
+//     keys' history (owners/<group>/<runner>) a unit is acquired only while
+//     no runner holds it, with an epoch that grows (checkEtcdHistory);
 //  4. no temporary directory of ours is left behind.
 func (c *cluster) finish(drain time.Duration) summary {
 	c.t.Helper()

@@ -79,9 +79,10 @@ func (r *Runner) Registry() *prometheus.Registry { return r.reg }
 
 // Run connects, joins the cluster and executes tasks until ctx ends. Then it
 // drains: it leaves the membership, stops claiming, lets running tasks
-// finish (up to the handoff timeout), releases its shard keys and revokes
-// its lease. Errors before joining (bad address, unreachable database or
-// etcd, shard count mismatch) are returned at once, naming the flag.
+// finish (up to the handoff timeout), releases its shards (deletes its
+// owner key) and revokes its lease. Errors before joining (bad address,
+// unreachable database or etcd, shard count mismatch) are returned at
+// once, naming the flag.
 func (r *Runner) Run(ctx context.Context) error {
 	cfg := r.cfg
 	if len(r.handlers.Kinds()) == 0 {
