@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -13,29 +12,18 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// EnqueueOpts are a task's options; the zero value of each is its default.
-type EnqueueOpts struct {
-	// Key decides the task's shard (default: a random one). Tasks that must
-	// run on one shard share a key.
-	Key string
-	// UniqueKey makes the enqueue idempotent: while an unfinished task
-	// holds it, enqueueing it again returns that task (Duplicate).
-	UniqueKey string
-	// Queue (default "default") and Priority (1 most urgent to 5, default
-	// 3).
-	Queue    string
-	Priority int
-	// MaxAttempts (default Config.MaxAttempts, 5).
-	MaxAttempts int
-	// RunAfter delays the task; Deadline fails it when it has not finished
-	// by then.
-	RunAfter, Deadline time.Time
-	// SequenceKey runs the tasks of one key one at a time, in enqueue
-	// order; a task of it that ends dead or failed holds the rest back
-	// until an operator retries or cancels it, unless SequenceContinue.
-	SequenceKey      string
-	SequenceContinue bool
-}
+// EnqueueOpts are a task's options (tasks.Options, the one shape of them:
+// the same fields in a tasks.NewTask, a PeriodicTask's Opts and the JSON
+// of POST /api/tasks); the zero value of each is its default. Key decides
+// the task's shard (default: a random one); UniqueKey makes the enqueue
+// idempotent while an unfinished task holds it (Duplicate); Queue
+// (default "default") and Priority (1 most urgent to 5, default 3);
+// MaxAttempts (default Config.MaxAttempts, 5); RunAfter delays the task
+// and Deadline fails it when it has not finished by then; SequenceKey runs
+// the tasks of one key one at a time, in enqueue order, a task of it that
+// ends dead or failed holding the rest back until an operator retries or
+// cancels it, unless SequenceContinue.
+type EnqueueOpts = tasks.Options
 
 // Enqueued is what an enqueue did: the task's id (an existing one when
 // Duplicate), and Warnings when no attached runner can run the task yet
@@ -68,10 +56,7 @@ func newTask(args Args, opts *EnqueueOpts) (tasks.NewTask, error) {
 	if err != nil {
 		return tasks.NewTask{}, &tasks.FieldError{Field: "payload", Problem: fmt.Sprintf("encoding %T: %v", args, err)}
 	}
-	o := cmp.Or(opts, &EnqueueOpts{})
-	return tasks.NewTask{Kind: args.Kind(), Payload: payload, Key: o.Key, UniqueKey: o.UniqueKey, Queue: o.Queue,
-		Priority: o.Priority, MaxAttempts: o.MaxAttempts, RunAfter: o.RunAfter, Deadline: o.Deadline,
-		SequenceKey: o.SequenceKey, SequenceContinue: o.SequenceContinue}, nil
+	return tasks.NewTask{Kind: args.Kind(), Payload: payload, Options: *cmp.Or(opts, &EnqueueOpts{})}, nil
 }
 
 // Enqueue enqueues a task of args's kind with args as its payload.
@@ -108,7 +93,7 @@ func (c *Client) EnqueueTaskTx(ctx context.Context, tx pgx.Tx, n tasks.NewTask) 
 
 // BatchError names the task of a batch that is invalid; nothing of the
 // batch was enqueued.
-type BatchError = client.BatchError
+type BatchError = tasks.BatchError
 
 // EnqueueMany enqueues a batch in one transaction: all of it or, when one
 // is invalid, none (a *BatchError naming it).
@@ -122,7 +107,7 @@ func (c *Client) EnqueueManyTx(ctx context.Context, tx pgx.Tx, batch []EnqueuePa
 	for i, p := range batch {
 		n, err := newTask(p.Args, p.Opts)
 		if err != nil {
-			return EnqueuedMany{}, &client.BatchError{Index: i, Len: len(batch), Err: err}
+			return EnqueuedMany{}, &tasks.BatchError{Index: i, Len: len(batch), Err: err}
 		}
 		ns[i] = n
 	}
@@ -145,7 +130,7 @@ func (c *Client) warnings(ctx context.Context, ns ...tasks.NewTask) []string {
 	}
 	classes := make([]tasks.Class, len(ns))
 	for i, n := range ns {
-		classes[i] = tasks.Class{Queue: cmp.Or(n.Queue, tasks.DefaultQueue), Kind: n.Kind}
+		classes[i] = n.Class()
 	}
 	return client.Warnings(runnable, classes)
 }

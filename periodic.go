@@ -2,7 +2,6 @@ package shardrun
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -15,7 +14,7 @@ import (
 // the Unix epoch, unless Start says from when) or by Cron (five fields, in
 // Timezone, default UTC). Opts are each tick's task's options; RunAfter,
 // Deadline and UniqueKey are not a schedule's (each tick is its own task,
-// at most one per tick).
+// at most one per tick, run at its tick).
 type PeriodicTask struct {
 	// Name identifies the schedule: 1 to 200 letters, digits, '.', '_',
 	// '-' or ':'.
@@ -30,28 +29,18 @@ type PeriodicTask struct {
 
 // declare stores p, or updates the schedule of its name to it.
 func (c *Client) declare(ctx context.Context, p PeriodicTask) error {
-	if p.Args == nil {
-		return fmt.Errorf("shardrun: periodic task %q: no Args", p.Name)
-	}
-	payload, err := json.Marshal(p.Args)
+	n, err := newTask(p.Args, p.Opts)
 	if err != nil {
-		return fmt.Errorf("shardrun: periodic task %q: encoding %T: %w", p.Name, p.Args, err)
+		return fmt.Errorf("shardrun: periodic task %q: %w", p.Name, err)
 	}
-	d := schedule.Definition{Name: p.Name, Kind: p.Args.Kind(), Payload: payload,
+	d := schedule.Definition{Name: p.Name, Task: n,
 		Every: p.Every, Start: p.Start, Cron: p.Cron, Timezone: p.Timezone}
-	if o := p.Opts; o != nil {
-		if !o.RunAfter.IsZero() || !o.Deadline.IsZero() || o.UniqueKey != "" {
-			return fmt.Errorf("shardrun: periodic task %q: RunAfter, Deadline and UniqueKey are not options of a schedule's tasks", p.Name)
-		}
-		d.Key, d.Queue, d.Priority, d.MaxAttempts = o.Key, o.Queue, o.Priority, o.MaxAttempts
-		d.SequenceKey, d.SequenceContinue = o.SequenceKey, o.SequenceContinue
-	}
 	sc, what, err := c.schedules.Upsert(ctx, d)
 	if err != nil {
 		return fmt.Errorf("shardrun: periodic task %q: %w", p.Name, err)
 	}
 	if what != store.ScheduleUnchanged {
-		c.log.Info("periodic task declared", "name", sc.Name, "kind", sc.Kind, "next", sc.NextTick, "created", what == store.ScheduleCreated)
+		c.log.Info("periodic task declared", "name", sc.Name, "kind", sc.Task.Kind, "next", sc.NextTick, "created", what == store.ScheduleCreated)
 	}
 	return nil
 }

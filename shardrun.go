@@ -155,8 +155,8 @@ type Client struct {
 	pool      *pgxpool.Pool
 	etcd      *clientv3.Client
 	st        *store.Store
-	tasks     *client.Client
-	schedules *schedule.Client
+	tasks     *client.Tasks
+	schedules *schedule.Catalog
 	caps      *shard.Capabilities
 	log       hclog.Logger
 	shards    int
@@ -270,7 +270,7 @@ func (c *Client) init(ctx context.Context, prefix string) error {
 	if c.tasks, err = client.New(c.st, prep); err != nil {
 		return fmt.Errorf("shardrun: %w", err)
 	}
-	if c.schedules, err = schedule.NewClient(c.st, prep); err != nil {
+	if c.schedules, err = schedule.NewCatalog(c.st, prep); err != nil {
 		return fmt.Errorf("shardrun: %w", err)
 	}
 	if c.cfg.Workers != nil {

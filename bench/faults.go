@@ -34,7 +34,7 @@ func summarize(what, ttl string, xs []float64) latencies {
 type faultDB struct {
 	dsn    string
 	st     *store.Store
-	client *srclient.Client
+	client *srclient.Tasks
 }
 
 func (e *env) faultDB(ctx context.Context, name string) (*faultDB, error) {

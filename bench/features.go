@@ -162,7 +162,9 @@ func (e *env) queueFigure(ctx context.Context, f *featuresResult, trials, n int,
 		base := trialOpts{label: "fq", trial: trial, processes: f.Processes, n: n, maxWorkers: f.MaxWorkers}
 		named := base
 		named.label, named.queues = "fqn", featuresQueue
-		named.task = func(int) tasks.NewTask { return tasks.NewTask{Kind: "noop", Queue: featuresQueue} }
+		named.task = func(int) tasks.NewTask {
+			return tasks.NewTask{Kind: "noop", Options: tasks.Options{Queue: featuresQueue}}
+		}
 		var def, nq burnDown
 		arms := []struct {
 			name string
@@ -200,7 +202,7 @@ func (e *env) sequenceFigure(ctx context.Context, f *featuresResult) (*sequenceR
 			seqs, per, insertBatch, f.Processes, f.MaxWorkers)}
 	o := trialOpts{label: "fseq", processes: f.Processes, n: seqs * per, maxWorkers: f.MaxWorkers,
 		task: func(i int) tasks.NewTask {
-			return tasks.NewTask{Kind: "noop", SequenceKey: fmt.Sprintf("seq-%d", i/per)}
+			return tasks.NewTask{Kind: "noop", Options: tasks.Options{SequenceKey: fmt.Sprintf("seq-%d", i/per)}}
 		},
 		check: s.check}
 	var err error
@@ -310,7 +312,7 @@ func (e *env) priorityFigure(ctx context.Context, f *featuresResult) (p *priorit
 	var wg sync.WaitGroup
 	errs := make([]error, len(trickles))
 	for i, t := range trickles {
-		task := tasks.NewTask{Kind: "noop", Priority: t.priority, Payload: json.RawMessage(fmt.Sprintf(`{"trickle": %q}`, t.name))}
+		task := tasks.NewTask{Kind: "noop", Payload: json.RawMessage(fmt.Sprintf(`{"trickle": %q}`, t.name)), Options: tasks.Options{Priority: t.priority}}
 		one := func(ctx context.Context) error {
 			_, err := client.Enqueue(ctx, task)
 			return err

@@ -261,7 +261,7 @@ type churn struct {
 
 // steady enqueues rate noop tasks per second in ten batches a second until
 // stop is closed, and returns how many it enqueued.
-func steady(ctx context.Context, client *srclient.Client, rate int, limit int, stop <-chan struct{}) (int, error) {
+func steady(ctx context.Context, client *srclient.Tasks, rate int, limit int, stop <-chan struct{}) (int, error) {
 	per := max(rate/10, 1)
 	batch := make([]tasks.NewTask, per)
 	for i := range batch {

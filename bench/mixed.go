@@ -655,7 +655,7 @@ func (e *env) fleetCost(ctx context.Context, f *mixedFleet, o mixedOpts, change 
 	f.Classes = len(classes)
 	b, err := e.classBurnDown(ctx, st, c, o.shards, o.pagesTasks, func(i int) tasks.NewTask {
 		cl := classes[i%len(classes)]
-		return tasks.NewTask{Kind: cl.Kind, Queue: cl.Queue}
+		return tasks.NewTask{Kind: cl.Kind, Options: tasks.Options{Queue: cl.Queue}}
 	})
 	if err != nil {
 		return err
@@ -1027,9 +1027,9 @@ func (e *env) queueTrialRun(ctx context.Context, emails, side capSet, o mixedOpt
 	}
 	_, err = enqueueAtOnce(ctx, st, srclient.Config{ShardCount: shards}.WithDefaults(), t.SideBacklog+t.Tasks, func(i int) tasks.NewTask {
 		if i < t.SideBacklog {
-			return tasks.NewTask{Kind: side.Kinds[i%len(side.Kinds)], Queue: sideQueue, Payload: payload}
+			return tasks.NewTask{Kind: side.Kinds[i%len(side.Kinds)], Payload: payload, Options: tasks.Options{Queue: sideQueue}}
 		}
-		return tasks.NewTask{Kind: emails.Kinds[i%len(emails.Kinds)], Queue: queue, Payload: payload}
+		return tasks.NewTask{Kind: emails.Kinds[i%len(emails.Kinds)], Payload: payload, Options: tasks.Options{Queue: queue}}
 	})
 	if err != nil {
 		return t, err

@@ -38,7 +38,7 @@ type notifyVariant struct {
 	baseline bool
 	// raw: the producers insert with plain SQL, as a producer without the
 	// client (or inside its own transaction) does, so the trigger notifies
-	// each statement; otherwise through client.Client.Enqueue, whose
+	// each statement; otherwise through client.Tasks.Enqueue, whose
 	// inserts skip the trigger and are notified after their commit,
 	// coalesced (store/notify.go).
 	raw bool
@@ -93,7 +93,7 @@ type notifyResult struct {
 // elsewhere on the machine affects them alike.
 func (e *env) notifySection(ctx context.Context, rep *Report) error {
 	res := &notifyResult{
-		What: fmt.Sprintf("single-row inserts (autocommit; plain SQL, or client.Client.Enqueue for the store's path), %ds per run, each producer a goroutine with its own connection, fresh database per run, one LISTEN connection", notifySeconds),
+		What: fmt.Sprintf("single-row inserts (autocommit; plain SQL, or client.Tasks.Enqueue for the store's path), %ds per run, each producer a goroutine with its own connection, fresh database per run, one LISTEN connection", notifySeconds),
 	}
 	for _, v := range notifyVariants {
 		if v.baseline {

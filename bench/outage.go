@@ -221,7 +221,7 @@ func (e *env) outageSection(ctx context.Context, rep *Report) error {
 // outageStore creates a fresh database and opens a store and a client on
 // it without migrating it: the runners migrate it with their own build's
 // migrations. drop closes the store and drops the database.
-func (e *env) outageStore(ctx context.Context, name string, shards int) (st *store.Store, client *srclient.Client, dsn string, drop func() error, err error) {
+func (e *env) outageStore(ctx context.Context, name string, shards int) (st *store.Store, client *srclient.Tasks, dsn string, drop func() error, err error) {
 	if dsn, err = e.database(ctx, name); err != nil {
 		return nil, nil, "", nil, err
 	}
@@ -472,8 +472,9 @@ func (e *env) freezeTrial(ctx context.Context, ttl time.Duration, trial int) (t 
 			break
 		}
 	}
-	if _, err := client.Enqueue(ctx, tasks.NewTask{Kind: "effect", Key: holdKey, MaxAttempts: 5,
-		Payload: fmt.Appendf(nil, `{"hold_ms": %d, "hold_attempts": 1}`, outageFlags.hold.Milliseconds())}); err != nil {
+	if _, err := client.Enqueue(ctx, tasks.NewTask{Kind: "effect",
+		Payload: fmt.Appendf(nil, `{"hold_ms": %d, "hold_attempts": 1}`, outageFlags.hold.Milliseconds()), Options: tasks.Options{Key: holdKey, MaxAttempts: 5},
+	}); err != nil {
 		return t, fmt.Errorf("enqueueing the held task: %w", err)
 	}
 	if err := waitUntil(30*time.Second, func() bool {
@@ -504,7 +505,7 @@ func (e *env) freezeTrial(ctx context.Context, ttl time.Duration, trial int) (t 
 	defer kill()
 	probes := make([]tasks.NewTask, shards)
 	for s := range probes {
-		probes[s] = tasks.NewTask{Kind: "effect", Key: keys[s], MaxAttempts: 5}
+		probes[s] = tasks.NewTask{Kind: "effect", Options: tasks.Options{Key: keys[s], MaxAttempts: 5}}
 	}
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	res, err := client.EnqueueBatch(pctx, probes)
@@ -706,7 +707,7 @@ type effectLoad struct {
 	errors   atomic.Int64
 }
 
-func startEffectLoad(ctx context.Context, client *srclient.Client, rate int) *effectLoad {
+func startEffectLoad(ctx context.Context, client *srclient.Tasks, rate int) *effectLoad {
 	ctx, cancel := context.WithCancel(ctx)
 	l := &effectLoad{cancel: cancel}
 	const tick = 20 * time.Millisecond
@@ -727,7 +728,7 @@ func startEffectLoad(ctx context.Context, client *srclient.Client, rate int) *ef
 			}
 			batch := make([]tasks.NewTask, n)
 			for i := range batch {
-				batch[i] = tasks.NewTask{Kind: "effect", MaxAttempts: 5}
+				batch[i] = tasks.NewTask{Kind: "effect", Options: tasks.Options{MaxAttempts: 5}}
 			}
 			sent += n
 			ectx, cancel := context.WithTimeout(ctx, 5*time.Second)

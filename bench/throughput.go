@@ -229,7 +229,7 @@ func runnerShares(ctx context.Context, pool *pgxpool.Pool, kind string) ([]runne
 // enqueueNoops inserts n noop tasks by COPY in batches of insertBatch, each
 // batch its own transaction, in order (task(0), task(1)...; plain noop
 // tasks when task is nil), and returns the rows per second.
-func enqueueNoops(ctx context.Context, client *srclient.Client, n int, task func(i int) tasks.NewTask) (float64, error) {
+func enqueueNoops(ctx context.Context, client *srclient.Tasks, n int, task func(i int) tasks.NewTask) (float64, error) {
 	batch := make([]tasks.NewTask, insertBatch)
 	for i := range batch {
 		batch[i] = tasks.NewTask{Kind: "noop"}

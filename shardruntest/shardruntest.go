@@ -130,9 +130,10 @@ func newTask[A shardrun.Args](tb testing.TB, args A, opts *Opts) *shardrun.Task[
 	}
 	o := cmp.Or(opts, &Opts{})
 	now := time.Now()
+	filled := tasks.Options{Queue: o.Queue, Priority: o.Priority, MaxAttempts: o.MaxAttempts}.WithDefaults(tasks.DefaultMaxAttempts)
 	t := &tasks.Task{ID: cmp.Or(o.ID, 1), Kind: args.Kind(), Shard: o.Shard, Key: cmp.Or(o.Key, "shardruntest"),
-		Queue: cmp.Or(o.Queue, tasks.DefaultQueue), Priority: cmp.Or(o.Priority, tasks.DefaultPriority), Payload: payload,
-		State: tasks.Running, Attempt: cmp.Or(o.Attempt, 1), MaxAttempts: cmp.Or(o.MaxAttempts, tasks.DefaultMaxAttempts),
+		Queue: filled.Queue, Priority: filled.Priority, Payload: payload,
+		State: tasks.Running, Attempt: cmp.Or(o.Attempt, 1), MaxAttempts: filled.MaxAttempts,
 		Epoch: cmp.Or(o.Epoch, 1), ClaimedBy: "shardruntest", RunAfter: now, CreatedAt: now, ClaimedAt: &now}
 	return &shardrun.Task[A]{Task: t, Args: decoded}
 }

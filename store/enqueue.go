@@ -1,9 +1,7 @@
 package store
 
 import (
-	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -28,22 +26,14 @@ import (
 // is simply tried again. The insert trigger files every inserted task into
 // its lane of task_ready.
 
-// Insert is a task ready for the store: validated, with its key, payload,
-// max_attempts and shard filled in (client.Config.Prepare makes one).
+// Insert is a task ready for the store, as client.Config.Prepare makes
+// it: the task checked (tasks.NewTask.Check), its options with their
+// defaults (tasks.Options.WithDefaults), a key, a payload, and the shard
+// of its key (of its sequence key, in a sequence). A zero RunAfter is the
+// database's now(), a zero Deadline none.
 type Insert struct {
-	Kind        string
-	Shard       int
-	Key         string
-	Payload     json.RawMessage
-	MaxAttempts int
-	RunAfter    *time.Time
-	Deadline    *time.Time
-	UniqueKey   string // empty: none
-	Queue       string
-	Priority    int
-	SequenceKey string // empty: none
-	// SequenceBlocks: this task, dead or failed, blocks its sequence.
-	SequenceBlocks bool
+	tasks.NewTask
+	Shard int
 	// TraceContext is the W3C trace context of the enqueue span
 	// (internal/tracing.Inject), stored so that the runner's spans join
 	// the producer's trace; empty (NULL, nothing written) with tracing off.
@@ -99,8 +89,8 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in Insert) (tasks.Enqu
 	cols := `kind, shard, key, payload, max_attempts, run_after, deadline, unique_key, queue, priority, sequence_key, sequence_blocks`
 	vals := `$1::text, $2::int, $3::text, $4::jsonb, $5::int, coalesce($6::timestamptz, now()), $7::timestamptz, $8::text,
 		$9::text, $10::smallint, $11::text, $12::boolean`
-	args := []any{in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, in.RunAfter, in.Deadline, nil,
-		queueOf(in), priorityOf(in), nullable(in.SequenceKey), sequenceBlocks(in)}
+	args := []any{in.Kind, in.Shard, in.Key, string(in.Payload), in.MaxAttempts, nullTime(in.RunAfter), nullTime(in.Deadline), nil,
+		in.Queue, int16(in.Priority), nullable(in.SequenceKey), sequenceBlocks(in)}
 	if in.TraceContext != "" {
 		// Only a traced enqueue names the column: with tracing off the
 		// statement is the one it always was.
@@ -151,17 +141,22 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in Insert) (tasks.Enqu
 	return tasks.Enqueued{}, fmt.Errorf("enqueueing task of kind %q with unique key %q: %w", in.Kind, in.UniqueKey, errHolderInvisible)
 }
 
-// queueOf, priorityOf and sequenceBlocks are an insert's column values,
-// with the defaults of an Insert made without tasks.NewTask.Prepare.
-func queueOf(in Insert) string { return cmp.Or(in.Queue, tasks.DefaultQueue) }
-
-func priorityOf(in Insert) int16 { return int16(cmp.Or(in.Priority, tasks.DefaultPriority)) }
-
+// sequenceBlocks is the sequence_blocks of an insert: NULL outside a
+// sequence.
 func sequenceBlocks(in Insert) *bool {
 	if in.SequenceKey == "" {
 		return nil
 	}
-	return &in.SequenceBlocks
+	blocks := !in.SequenceContinue
+	return &blocks
+}
+
+// nullTime is t, or NULL when zero.
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // nullable is s, or NULL when empty.
@@ -221,7 +216,7 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (ta
 	for _, in := range ins {
 		unique = unique || in.UniqueKey != ""
 		sequenced = sequenced || in.SequenceKey != ""
-		now, later = now || in.RunAfter == nil, later || in.RunAfter != nil
+		now, later = now || in.RunAfter.IsZero(), later || !in.RunAfter.IsZero()
 	}
 	ordered := unique || sequenced && now && later
 	var res tasks.BatchEnqueued
@@ -272,15 +267,15 @@ func copyTasks(ctx context.Context, q querier, ins []Insert) (int64, error) {
 	}
 	var now, later [][]any
 	for _, in := range ins {
-		row := []any{in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts), in.Deadline,
-			queueOf(in), priorityOf(in), nullable(in.SequenceKey), sequenceBlocks(in)}
+		row := []any{in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts), nullTime(in.Deadline),
+			in.Queue, int16(in.Priority), nullable(in.SequenceKey), sequenceBlocks(in)}
 		if traced {
 			row = append(row, nullable(in.TraceContext))
 		}
-		if in.RunAfter == nil {
+		if in.RunAfter.IsZero() {
 			now = append(now, row)
 		} else {
-			later = append(later, append(row, *in.RunAfter))
+			later = append(later, append(row, in.RunAfter))
 		}
 	}
 	cols := []string{"kind", "shard", "key", "payload", "max_attempts", "deadline", "queue", "priority", "sequence_key", "sequence_blocks"}
@@ -419,9 +414,9 @@ func uniqueArgs(ins []Insert, todo []int, drawn []*int64) []any {
 	for j, i := range todo {
 		in := ins[i]
 		kinds[j], shards[j], keys[j], payloads[j], maxAttempts[j] = in.Kind, int32(in.Shard), in.Key, string(in.Payload), int32(in.MaxAttempts)
-		runAfters[j], deadlines[j] = in.RunAfter, in.Deadline
+		runAfters[j], deadlines[j] = nullTime(in.RunAfter), nullTime(in.Deadline)
 		uniqueKeys[j], sequenceKeys[j] = nullable(in.UniqueKey), nullable(in.SequenceKey)
-		queues[j], priorities[j], blocks[j] = queueOf(in), priorityOf(in), sequenceBlocks(in)
+		queues[j], priorities[j], blocks[j] = in.Queue, int16(in.Priority), sequenceBlocks(in)
 		if traceContexts != nil {
 			traceContexts[j] = nullable(in.TraceContext)
 		}
@@ -446,7 +441,7 @@ func uniqueArgs(ins []Insert, todo []int, drawn []*int64) []any {
 func (s *Store) registerQueues(ctx context.Context, ins []Insert) error {
 	var names []string
 	for _, in := range ins {
-		q := queueOf(in)
+		q := in.Queue
 		if _, known := s.queues.Load(q); !known && q != tasks.DefaultQueue && !slices.Contains(names, q) {
 			names = append(names, q)
 		}

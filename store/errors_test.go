@@ -14,6 +14,7 @@ import (
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 func TestClassifyBySQLState(t *testing.T) {
@@ -54,7 +55,7 @@ func TestClassifyRealErrors(t *testing.T) {
 	ctx := context.Background()
 	st, dsn := pgtest.NewStore(t, store.Options{})
 	bad := func(mut func(*store.Insert)) store.Insert {
-		in := store.Insert{Kind: "k", Key: "key", Payload: json.RawMessage(`{}`), MaxAttempts: 1}
+		in := store.Insert{NewTask: tasks.NewTask{Kind: "k", Payload: json.RawMessage(`{}`), Options: tasks.Options{Key: "key", MaxAttempts: 1}.WithDefaults(0)}}
 		mut(&in)
 		return in
 	}

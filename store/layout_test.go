@@ -176,7 +176,7 @@ func TestABatchKeepsItsSequenceInOrder(t *testing.T) {
 	raise(t, s, "a", 6, 1)
 	past := time.Now().Add(-time.Minute)
 	first, second := seqInsert("batch", 6, false), seqInsert("batch", 6, false)
-	first.RunAfter = &past
+	first.RunAfter = past
 	if _, err := s.EnqueueBatch(ctx, []store.Insert{first, second}); err != nil {
 		t.Fatal(err)
 	}

@@ -164,10 +164,10 @@ func (s *Store) notifyReady(ins []Insert, inserted func(i int) bool) {
 	now := time.Now()
 	var shards, urgent []int
 	for i, in := range ins {
-		if !inserted(i) || (in.RunAfter != nil && in.RunAfter.After(now)) {
+		if !inserted(i) || in.RunAfter.After(now) {
 			continue
 		}
-		if tasks.Urgent(int(priorityOf(in))) {
+		if tasks.Urgent(in.Priority) {
 			urgent = append(urgent, in.Shard)
 		} else {
 			shards = append(shards, in.Shard)

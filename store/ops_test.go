@@ -270,7 +270,7 @@ func TestRetry(t *testing.T) {
 	// A deadline that has passed is dropped; a cancelled task can be retried.
 	past := time.Now().Add(-time.Minute)
 	in := insert("k", 2, 3)
-	in.Deadline = &past
+	in.Deadline = past
 	late := enqueue(t, s, in)
 	if n, err := s.SweepDeadlines(ctx, leaderEpoch, 0, 100); err != nil || n != 1 {
 		t.Fatalf("deadline sweep: %d %v", n, err)

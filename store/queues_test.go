@@ -56,7 +56,7 @@ func TestDeleteQueue(t *testing.T) {
 	in := insert("k", 4, 1)
 	in.Queue = "mail"
 	first := enqueue(t, s, in)
-	in.Key, in.SequenceKey, in.SequenceBlocks = "s", "seq", true
+	in.Key, in.SequenceKey = "s", "seq"
 	head := enqueue(t, s, in)
 	enqueue(t, s, in)
 	inUse(store.QueueWork{Ready: 2, Waiting: 1})

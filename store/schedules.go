@@ -9,13 +9,14 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/shardrun/shardrun/tasks"
 )
 
 // ErrScheduleExists is returned by CreateSchedule for a name in use.
@@ -24,24 +25,21 @@ var ErrScheduleExists = errors.New("store: a schedule with this name exists")
 // Schedule is one row of the schedules table. Exactly one of Every and
 // Cron is set.
 type Schedule struct {
-	ID          int64
-	Name        string
-	Kind        string
-	Key         string
-	Payload     json.RawMessage
-	MaxAttempts int // 0: the enqueuing client's default
-	// Queue, Priority and the sequence of each tick's task.
-	Queue          string
-	Priority       int
-	SequenceKey    string
-	SequenceBlocks bool
-	Every          time.Duration
-	Cron           string
-	Timezone       string
-	Start          time.Time
-	NextTick       time.Time
-	LastTick       *time.Time
-	LastTaskID     *int64
+	ID   int64
+	Name string
+	// Task is the task each tick enqueues, as defined: its queue and
+	// priority filled with their defaults; an empty Key (a random key for
+	// each tick's task) and MaxAttempts 0 (the enqueuing client's default)
+	// are chosen at each tick. RunAfter, Deadline and UniqueKey are never
+	// set: each tick's task runs at its tick, and is its own.
+	Task       tasks.NewTask
+	Every      time.Duration
+	Cron       string
+	Timezone   string
+	Start      time.Time
+	NextTick   time.Time
+	LastTick   *time.Time
+	LastTaskID *int64
 	// Skipped counts the ticks the missed-tick policy did not enqueue.
 	Skipped   int64
 	CreatedAt time.Time
@@ -57,9 +55,12 @@ func scanSchedule(r pgx.CollectableRow) (Schedule, error) { return scanScheduleA
 func scanScheduleAnd(r pgx.CollectableRow, more ...any) (Schedule, error) {
 	var sc Schedule
 	var everyMS int64
-	err := r.Scan(append([]any{&sc.ID, &sc.Name, &sc.Kind, &sc.Key, &sc.Payload, &sc.MaxAttempts, &sc.Queue, &sc.Priority, &sc.SequenceKey,
-		&sc.SequenceBlocks, &everyMS, &sc.Cron, &sc.Timezone, &sc.Start, &sc.NextTick, &sc.LastTick, &sc.LastTaskID, &sc.Skipped, &sc.CreatedAt},
+	var blocks bool
+	t := &sc.Task
+	err := r.Scan(append([]any{&sc.ID, &sc.Name, &t.Kind, &t.Key, &t.Payload, &t.MaxAttempts, &t.Queue, &t.Priority, &t.SequenceKey,
+		&blocks, &everyMS, &sc.Cron, &sc.Timezone, &sc.Start, &sc.NextTick, &sc.LastTick, &sc.LastTaskID, &sc.Skipped, &sc.CreatedAt},
 		more...)...)
+	t.SequenceContinue = t.SequenceKey != "" && !blocks
 	sc.Every = time.Duration(everyMS) * time.Millisecond
 	return sc, err
 }
@@ -114,17 +115,15 @@ func (s *Store) putSchedule(ctx context.Context, prepare func(now time.Time) (Sc
 			ms := sc.Every.Milliseconds()
 			every = &ms
 		}
-		var cron, maxAttempts, seq any
+		var cron, maxAttempts any
 		if sc.Cron != "" {
 			cron = sc.Cron
 		}
-		if sc.MaxAttempts > 0 {
-			maxAttempts = sc.MaxAttempts
+		t := sc.Task
+		if t.MaxAttempts > 0 {
+			maxAttempts = t.MaxAttempts
 		}
-		if sc.SequenceKey != "" {
-			seq = sc.SequenceKey
-		}
-		payload := string(sc.Payload)
+		payload := string(t.Payload)
 		if payload == "" {
 			payload = "{}"
 		}
@@ -152,7 +151,7 @@ func (s *Store) putSchedule(ctx context.Context, prepare func(now time.Time) (Sc
 			VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 			`+conflict+`
 			RETURNING `+scheduleColumns+`, s.xmax = 0`,
-			sc.Name, sc.Kind, sc.Key, payload, maxAttempts, sc.Queue, sc.Priority, seq, sc.SequenceBlocks,
+			sc.Name, t.Kind, t.Key, payload, maxAttempts, t.Queue, t.Priority, nullable(t.SequenceKey), t.SequenceKey != "" && !t.SequenceContinue,
 			every, cron, sc.Timezone, sc.Start, sc.NextTick)
 		if err != nil {
 			return err
@@ -370,7 +369,7 @@ func planTicks(due []Schedule, plan func(sc Schedule, now, termStart time.Time) 
 			r.kinds, r.keys, r.payloads = append(r.kinds, t.Task.Kind), append(r.keys, t.Task.Key), append(r.payloads, string(t.Task.Payload))
 			r.shards, r.maxAttempts = append(r.shards, int32(t.Task.Shard)), append(r.maxAttempts, int32(t.Task.MaxAttempts))
 			r.queues, r.priorities = append(r.queues, t.Task.Queue), append(r.priorities, int32(t.Task.Priority))
-			r.seqKeys, r.seqBlocks = append(r.seqKeys, t.Task.SequenceKey), append(r.seqBlocks, t.Task.SequenceBlocks)
+			r.seqKeys, r.seqBlocks = append(r.seqKeys, t.Task.SequenceKey), append(r.seqBlocks, !t.Task.SequenceContinue)
 		}
 		r.schedIDs, r.nexts, r.lastTicks, r.skipped = append(r.schedIDs, sc.ID), append(r.nexts, p.Next), append(r.lastTicks, last), append(r.skipped, p.Skipped)
 		r.skippedTotal += int(p.Skipped)

@@ -23,7 +23,7 @@ import (
 // when it ends dead or failed unless cont.
 func seqInsert(key string, shard int, cont bool) store.Insert {
 	in := insert("k", shard, 2)
-	in.SequenceKey, in.SequenceBlocks = key, !cont
+	in.SequenceKey, in.SequenceContinue = key, cont
 	return in
 }
 

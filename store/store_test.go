@@ -39,7 +39,7 @@ func setup(t testing.TB) *store.Store {
 const leaderEpoch = 1
 
 func insert(kind string, shard, maxAttempts int) store.Insert {
-	return store.Insert{Kind: kind, Shard: shard, Key: fmt.Sprint("k", shard), Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}
+	return store.Insert{NewTask: tasks.NewTask{Kind: kind, Payload: json.RawMessage(`{}`), Options: tasks.Options{Key: fmt.Sprint("k", shard), MaxAttempts: maxAttempts}.WithDefaults(0)}, Shard: shard}
 }
 
 func enqueue(t testing.TB, s *store.Store, in store.Insert) int64 {
@@ -265,7 +265,7 @@ func TestLegalMoves(t *testing.T) {
 	t.Run("ready and running to failed by deadline", func(t *testing.T) {
 		soon := time.Now().Add(time.Hour)
 		in := insert("k", 1, 3)
-		in.Deadline = &soon
+		in.Deadline = soon
 		readyID := enqueue(t, s, in)
 		runningID := enqueue(t, s, in)
 		got := claim(t, s, "a", 1, 5, 10)
@@ -689,7 +689,7 @@ func TestEnqueueBatchAndNotify(t *testing.T) {
 	notes := listen(t, s)
 	later := time.Now().Add(time.Hour)
 	deadline := time.Now().Add(2 * time.Hour)
-	ins := []store.Insert{insert("k", 3, 2), insert("k", 5, 2), {Kind: "k", Shard: 5, Key: "x", Payload: json.RawMessage(`[1]`), MaxAttempts: 1, RunAfter: &later, Deadline: &deadline}}
+	ins := []store.Insert{insert("k", 3, 2), insert("k", 5, 2), {NewTask: tasks.NewTask{Kind: "k", Payload: json.RawMessage(`[1]`), Options: tasks.Options{Key: "x", MaxAttempts: 1, RunAfter: later, Deadline: deadline}.WithDefaults(0)}, Shard: 5}}
 	if n, err := s.EnqueueBatch(ctx, ins); err != nil || n != 3 {
 		t.Fatalf("enqueue batch: %d %v", n, err)
 	}

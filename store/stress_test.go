@@ -231,21 +231,21 @@ func (w *stress) newInsert(rnd *rand.Rand) store.Insert {
 	rare := rnd.IntN(10) == 0
 	in.Priority = 1 + rnd.IntN(5)
 	if rnd.IntN(2) == 0 {
-		in.SequenceKey, in.SequenceBlocks = stressSeqs[rnd.IntN(len(stressSeqs))], rnd.IntN(2) == 0
+		in.SequenceKey, in.SequenceContinue = stressSeqs[rnd.IntN(len(stressSeqs))], rnd.IntN(2) != 0
 	}
 	if rnd.IntN(5) == 0 {
 		in.UniqueKey = fmt.Sprintf("u%d", rnd.IntN(20))
 	}
 	if rnd.IntN(6) == 0 {
 		later := time.Now().Add(time.Duration(rnd.IntN(300)) * time.Millisecond)
-		in.RunAfter = &later
+		in.RunAfter = later
 	}
 	if rnd.IntN(8) == 0 {
 		soon := time.Now().Add(time.Duration(rnd.IntN(500)) * time.Millisecond)
-		in.Deadline = &soon
+		in.Deadline = soon
 	}
 	if rare { // in no sequence: a bulk cancel drains it
-		in.Queue, in.SequenceKey, in.RunAfter = "rare", "", nil
+		in.Queue, in.SequenceKey, in.SequenceContinue, in.RunAfter = "rare", "", false, time.Time{}
 	}
 	return in
 }

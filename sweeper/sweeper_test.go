@@ -116,7 +116,7 @@ func (f *fixture) running(n, maxAttempts int) []tasks.Task {
 	f.t.Helper()
 	ctx := context.Background()
 	for i := range n {
-		if _, err := f.store.Enqueue(ctx, store.Insert{Kind: "k", Shard: 0, Key: fmt.Sprint(i), Payload: json.RawMessage(`{}`), MaxAttempts: maxAttempts}); err != nil {
+		if _, err := f.store.Enqueue(ctx, store.Insert{NewTask: tasks.NewTask{Kind: "k", Payload: json.RawMessage(`{}`), Options: tasks.Options{Key: fmt.Sprint(i), MaxAttempts: maxAttempts}.WithDefaults(0)}, Shard: 0}); err != nil {
 			f.t.Fatal(err)
 		}
 	}
@@ -196,7 +196,7 @@ func TestDeadlineRuleNeedsNoGraceAndWinsOverStaleness(t *testing.T) {
 	// Ready tasks past their deadline fail even inside the grace period.
 	f2 := setup(t)
 	s2 := f2.sweeper()
-	id, err := f2.store.Enqueue(context.Background(), store.Insert{Kind: "k", Shard: 0, Key: "x", Payload: json.RawMessage(`{}`), MaxAttempts: 1})
+	id, err := f2.store.Enqueue(context.Background(), store.Insert{NewTask: tasks.NewTask{Kind: "k", Payload: json.RawMessage(`{}`), Options: tasks.Options{Key: "x", MaxAttempts: 1}.WithDefaults(0)}, Shard: 0})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,14 +61,14 @@ func TestCheckRejectsBadInputNamingTheField(t *testing.T) {
 		{"empty kind", NewTask{}, "kind"},
 		{"long kind", NewTask{Kind: strings.Repeat("k", 201)}, "kind"},
 		{"payload not JSON", NewTask{Kind: "k", Payload: json.RawMessage(`{nope`)}, "payload"},
-		{"max attempts below one", NewTask{Kind: "k", MaxAttempts: -1}, "max_attempts"},
-		{"deadline in the past", NewTask{Kind: "k", Deadline: now.Add(-time.Second)}, "deadline"},
-		{"deadline before run_after", NewTask{Kind: "k", RunAfter: now.Add(time.Hour), Deadline: now.Add(time.Minute)}, "deadline"},
-		{"long key", NewTask{Kind: "k", Key: strings.Repeat("x", 1025)}, "key"},
+		{"max attempts below one", NewTask{Kind: "k", Options: Options{MaxAttempts: -1}}, "max_attempts"},
+		{"deadline in the past", NewTask{Kind: "k", Options: Options{Deadline: now.Add(-time.Second)}}, "deadline"},
+		{"deadline before run_after", NewTask{Kind: "k", Options: Options{RunAfter: now.Add(time.Hour), Deadline: now.Add(time.Minute)}}, "deadline"},
+		{"long key", NewTask{Kind: "k", Options: Options{Key: strings.Repeat("x", 1025)}}, "key"},
 		{"NUL in kind", NewTask{Kind: "a\x00b"}, "kind"},
-		{"NUL in key", NewTask{Kind: "k", Key: "a\x00b"}, "key"},
+		{"NUL in key", NewTask{Kind: "k", Options: Options{Key: "a\x00b"}}, "key"},
 		{"invalid UTF-8 in kind", NewTask{Kind: "a\xffb"}, "kind"},
-		{"invalid UTF-8 in key", NewTask{Kind: "k", Key: "caf\xe9"}, "key"},
+		{"invalid UTF-8 in key", NewTask{Kind: "k", Options: Options{Key: "caf\xe9"}}, "key"},
 		{"control character in kind", NewTask{Kind: "a\nb"}, "kind"},
 		{"\\u0000 in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": "x\u0000"}`)}, "payload"},
 		{"lone surrogate in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": "\ud800"}`)}, "payload"},
@@ -76,12 +76,12 @@ func TestCheckRejectsBadInputNamingTheField(t *testing.T) {
 		{"duplicate key in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": 1, "a": 2}`)}, "payload"},
 		{"number beyond numeric", NewTask{Kind: "k", Payload: json.RawMessage(`{"a": 1e131072}`)}, "payload"},
 		{"trailing data in payload", NewTask{Kind: "k", Payload: json.RawMessage(`{} {}`)}, "payload"},
-		{"max attempts beyond int4", NewTask{Kind: "k", MaxAttempts: 1 << 31}, "max_attempts"},
-		{"max attempts beyond the limit", NewTask{Kind: "k", MaxAttempts: MaxAttemptsLimit + 1}, "max_attempts"},
-		{"run_after in year 10000", NewTask{Kind: "k", RunAfter: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, "run_after"},
-		{"deadline in year 300000", NewTask{Kind: "k", Deadline: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}, "deadline"},
-		{"long unique key", NewTask{Kind: "k", UniqueKey: strings.Repeat("x", 1025)}, "unique_key"},
-		{"NUL in unique key", NewTask{Kind: "k", UniqueKey: "a\x00b"}, "unique_key"},
+		{"max attempts beyond int4", NewTask{Kind: "k", Options: Options{MaxAttempts: 1 << 31}}, "max_attempts"},
+		{"max attempts beyond the limit", NewTask{Kind: "k", Options: Options{MaxAttempts: MaxAttemptsLimit + 1}}, "max_attempts"},
+		{"run_after in year 10000", NewTask{Kind: "k", Options: Options{RunAfter: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}}, "run_after"},
+		{"deadline in year 300000", NewTask{Kind: "k", Options: Options{Deadline: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}}, "deadline"},
+		{"long unique key", NewTask{Kind: "k", Options: Options{UniqueKey: strings.Repeat("x", 1025)}}, "unique_key"},
+		{"NUL in unique key", NewTask{Kind: "k", Options: Options{UniqueKey: "a\x00b"}}, "unique_key"},
 	} {
 		err := tc.task.Check(now)
 		var fe *FieldError
@@ -94,10 +94,10 @@ func TestCheckRejectsBadInputNamingTheField(t *testing.T) {
 func TestCheckAcceptsWhatPostgreSQLStores(t *testing.T) {
 	now := time.Now()
 	for _, n := range []NewTask{
-		{Kind: "naïve-kind", Key: "naïve\n\tkey"},
+		{Kind: "naïve-kind", Options: Options{Key: "naïve\n\tkey"}},
 		{Kind: "k", Payload: json.RawMessage(`{"emoji": "\ud83d\ude00", "n": 1e131, "deep": [[[[1]]]], "s": "\u0001"}`)},
-		{Kind: "k", Payload: json.RawMessage(`"just a string"`), MaxAttempts: MaxAttemptsLimit},
-		{Kind: "k", RunAfter: time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)},
+		{Kind: "k", Payload: json.RawMessage(`"just a string"`), Options: Options{MaxAttempts: MaxAttemptsLimit}},
+		{Kind: "k", Options: Options{RunAfter: time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)}},
 	} {
 		if err := n.Check(now); err != nil {
 			t.Errorf("%+v: %v", n, err)

@@ -66,85 +66,33 @@ func Urgent(p int) bool { return p < DefaultPriority }
 // end (at year 294,276) long before Go's time.Time does.
 var latestTime = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// NewTask describes a task to enqueue. In Go a zero field is "left out"
-// and takes its default (Queue "" is the default queue, Priority 0 the
-// default priority), since Go cannot tell a zero value from a field not
-// set. JSON can: decoded into a NewTask (UnmarshalJSON, through Request),
-// a field given empty, zero or null is refused rather than read as left
-// out, as POST /api/tasks refuses it.
+// NewTask describes a task to enqueue: its kind, its payload and its
+// options. In Go a zero field is "left out" and takes its default; JSON
+// decoded into a NewTask (UnmarshalJSON, DecodeTasks) refuses an option
+// given empty, zero or null, as POST /api/tasks does (Options).
 type NewTask struct {
 	// Kind selects the handler; required.
 	Kind string `json:"kind"`
-	// Key decides the shard (ShardOf). Tasks with the same key always run
-	// on the same shard. Empty means a random key, spreading tasks evenly.
-	Key string `json:"key,omitempty"`
 	// Payload is the handler's input; it must be JSON. Empty means {}.
 	Payload json.RawMessage `json:"payload,omitempty"`
-	// MaxAttempts bounds the attempts; 0 means the client's default.
-	MaxAttempts int `json:"max_attempts,omitempty"`
-	// RunAfter delays the first attempt; zero means now.
-	RunAfter time.Time `json:"run_after,omitzero"`
-	// Deadline, when set, fails the task if it has not completed by then.
-	Deadline time.Time `json:"deadline,omitzero"`
-	// UniqueKey, when set, makes the enqueue idempotent: while a task with
-	// the same unique key is unfinished (ready or running), enqueueing
-	// another returns that task instead of creating one. Unique keys are
-	// global, across kinds; prefix them with the kind to scope them. Once
-	// the task finished (completed, failed, dead or cancelled), or an
-	// operator asked to cancel it, the key is free again.
-	UniqueKey string `json:"unique_key,omitempty"`
-	// Queue names the queue (default "default"): runners serve the queues
-	// they are configured with, each with its own worker limit, and an
-	// operator can pause a queue.
-	Queue string `json:"queue,omitempty"`
-	// Priority, 1 (most urgent) to 5 (least), default 3: within its queue
-	// and shard, a more urgent task is claimed first; among equals, the
-	// oldest. 0 means the default.
-	Priority int `json:"priority,omitempty"`
-	// SequenceKey, when set, makes the task one of a sequence: the tasks of
-	// one sequence key run one at a time, in enqueue order, each after the
-	// one before it finished. The sequence key decides the shard (Key then
-	// only names the task).
-	SequenceKey string `json:"sequence_key,omitempty"`
-	// SequenceContinue lets the sequence go on when this task ends dead or
-	// failed; by default such a task blocks the rest of its sequence until
-	// an operator retries or cancels it.
-	SequenceContinue bool `json:"sequence_continue,omitempty"`
+	Options
 }
 
 // Check validates n against now: it refuses everything PostgreSQL would
 // refuse, so that every producer (the HTTP API, the Go client) gets a
 // FieldError naming the field instead of a database error: text must be
-// valid UTF-8 without NUL, the payload strict JSON (no duplicate keys, no \u0000 or lone surrogate escapes, bounded numbers
-// and nesting), max_attempts and times within range. Deadlines are checked
-// against the caller's clock as a sanity check only; the sweeper enforces
-// them with the database clock.
+// valid UTF-8 without NUL, the payload strict JSON (no duplicate keys, no
+// \u0000 or lone surrogate escapes, bounded numbers and nesting), the
+// options valid (Options.Check).
 func (n NewTask) Check(now time.Time) error {
 	if err := CheckKind(n.Kind); err != nil {
 		return err
 	}
-	if err := checkText("unique_key", n.UniqueKey, MaxKeyLen); err != nil {
+	if err := n.Options.Check(now); err != nil {
 		return err
 	}
-	if err := checkPlacement(n.Key, n.SequenceKey, n.Queue, n.Priority); err != nil {
-		return err
-	}
-	if n.SequenceContinue && n.SequenceKey == "" {
-		return &FieldError{Field: "sequence_continue", Problem: "applies only to a task with a sequence_key"}
-	}
-	switch {
-	case len(n.Payload) > MaxPayloadLen:
+	if len(n.Payload) > MaxPayloadLen {
 		return &FieldError{Field: "payload", Problem: fmt.Sprintf("larger than %d bytes", MaxPayloadLen)}
-	case n.MaxAttempts < 0 || n.MaxAttempts > MaxAttemptsLimit:
-		return &FieldError{Field: "max_attempts", Problem: fmt.Sprintf("must be 1 to %d, got %d", MaxAttemptsLimit, n.MaxAttempts)}
-	case !n.RunAfter.Before(latestTime):
-		return &FieldError{Field: "run_after", Problem: "must be before the year 10000"}
-	case !n.Deadline.Before(latestTime):
-		return &FieldError{Field: "deadline", Problem: "must be before the year 10000"}
-	case !n.Deadline.IsZero() && !n.Deadline.After(now):
-		return &FieldError{Field: "deadline", Problem: fmt.Sprintf("%s is in the past", n.Deadline.Format(time.RFC3339Nano))}
-	case !n.Deadline.IsZero() && !n.RunAfter.IsZero() && !n.Deadline.After(n.RunAfter):
-		return &FieldError{Field: "deadline", Problem: "is not after run_after"}
 	}
 	if len(n.Payload) > 0 {
 		if err := jsonbody.Check(n.Payload); err != nil {
@@ -153,6 +101,9 @@ func (n NewTask) Check(now time.Time) error {
 	}
 	return nil
 }
+
+// Class is the class (queue, kind) of the task n enqueues.
+func (n NewTask) Class() Class { return Class{Queue: n.WithDefaults(0).Queue, Kind: n.Kind} }
 
 // CheckQueue reports whether name can name a queue: 1 to MaxQueueLen
 // bytes of letters, digits and "._-" (queues show up in metric labels,

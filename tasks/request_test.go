@@ -35,8 +35,8 @@ func TestNewTaskFromJSONRefusesGivenEmptyFields(t *testing.T) {
 		}
 	}
 	at := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
-	want := NewTask{Kind: "k", Key: "user-1", Payload: json.RawMessage(`{"a":1}`), MaxAttempts: 3, RunAfter: at,
-		Deadline: at.Add(time.Hour), UniqueKey: "u", Queue: "q", Priority: 1, SequenceKey: "s", SequenceContinue: true}
+	want := NewTask{Kind: "k", Payload: json.RawMessage(`{"a":1}`), Options: Options{Key: "user-1", MaxAttempts: 3, RunAfter: at,
+		Deadline: at.Add(time.Hour), UniqueKey: "u", Queue: "q", Priority: 1, SequenceKey: "s", SequenceContinue: true}}
 	for _, n := range []NewTask{want, {Kind: "k"}} {
 		b, err := json.Marshal(n)
 		if err != nil {

@@ -197,7 +197,7 @@ func printBanner(out io.Writer, addr string, runners []*devRunner, o options, tm
 }
 
 // produce enqueues a mix of demo tasks at rate per second until ctx ends.
-func produce(ctx context.Context, c *client.Client, rate int, log hclog.Logger) {
+func produce(ctx context.Context, c *client.Tasks, rate int, log hclog.Logger) {
 	if rate == 0 {
 		return
 	}
@@ -262,9 +262,9 @@ func demoKind() tasks.NewTask {
 	case p < 97:
 		return tasks.NewTask{Kind: "fail", Payload: []byte(`{"times": 1}`)}
 	case p < 99:
-		return tasks.NewTask{Kind: "fail", Payload: []byte(`{"times": 99}`), MaxAttempts: 2}
+		return tasks.NewTask{Kind: "fail", Payload: []byte(`{"times": 99}`), Options: tasks.Options{MaxAttempts: 2}}
 	default:
-		return tasks.NewTask{Kind: "sleep", Payload: []byte(`{"ms": 5000}`), Deadline: time.Now().Add(1500 * time.Millisecond)}
+		return tasks.NewTask{Kind: "sleep", Payload: []byte(`{"ms": 5000}`), Options: tasks.Options{Deadline: time.Now().Add(1500 * time.Millisecond)}}
 	}
 }
 

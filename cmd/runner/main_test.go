@@ -156,7 +156,7 @@ func TestBinaryAsANewUserRunsIt(t *testing.T) {
 	}
 	batch := make([]tasks.NewTask, 100)
 	for i := range batch {
-		batch[i] = tasks.NewTask{Kind: "noop", Key: fmt.Sprint("user-", i)}
+		batch[i] = tasks.NewTask{Kind: "noop", Options: tasks.Options{Key: fmt.Sprint("user-", i)}}
 	}
 	if _, err := c.EnqueueBatch(ctx, batch); err != nil {
 		t.Fatal(err)

@@ -1,27 +1,18 @@
-// Package client is shardrun's Go client for producers and operators, on
-// the database: enqueue tasks (idempotently with a unique key, and inside
-// the producer's own transaction so that a task commits or rolls back with
-// the business rows it belongs to), and inspect, cancel and retry them.
-//
-//	c, err := client.New(st, client.Config{ShardCount: 256})
-//	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-//		if _, err := tx.Exec(ctx, `INSERT INTO orders …`); err != nil {
-//			return err
-//		}
-//		_, err := c.EnqueueTx(ctx, tx, tasks.NewTask{Kind: "send-receipt", Key: orderID, UniqueKey: "receipt/" + orderID})
-//		return err
-//	})
-//
-// It is the one way tasks are enqueued: the coordinator's HTTP API, the
-// --dev demo stream and the leader's scheduler (Config.Prepare) go through
-// it too.
+// Package client is the one way tasks enter the database and are operated
+// on, inside the module: Config.Prepare turns a tasks.NewTask into a
+// store.Insert (checked, its options filled with their defaults, its key
+// and shard drawn), and Tasks enqueues (idempotently with a unique key,
+// and inside the producer's own transaction), gets, lists, cancels and
+// retries. The library's shardrun.Client, the coordinator's HTTP API, the
+// --dev demo stream and the leader's scheduler (Config.Prepare) all go
+// through it. It is not the library's API: programs use shardrun.Client.
 //
 // Errors about one task are typed: errors.Is(err, tasks.ErrNotFound) for a
 // task that does not exist, and a *tasks.ConflictError (errors.As) for
 // an operation its state does not allow (cancelling a finished task,
 // retrying one that is not dead, failed or cancelled), which names the
 // state. Invalid tasks and filters give a *tasks.FieldError naming the
-// field.
+// field, and an invalid task of a batch a *tasks.BatchError.
 package client
 
 import (
@@ -41,7 +32,8 @@ import (
 	"github.com/shardrun/shardrun/tasks"
 )
 
-// Config configures a Client.
+// Config configures the task operations (New) and the preparation of
+// every enqueued task (Prepare).
 type Config struct {
 	// ShardCount is the cluster's shard count (etcd meta/shard-count);
 	// required, since it decides every task's shard.
@@ -77,68 +69,48 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Prepare validates n against now (tasks.NewTask.Check) and fills in what
-// every enqueue fills in: a random key when none is given, {} for no
-// payload, the default max_attempts, queue and priority, and the shard of
-// the key (of the sequence key, for a task of a sequence). c must be
-// valid (WithDefaults, Validate). The leader's scheduler prepares the task
-// of every schedule tick with it, with the database's time as now.
+// Prepare validates n against now (tasks.NewTask.Check) and makes the
+// insert every enqueue makes: the options with their defaults
+// (tasks.Options.WithDefaults, with the configured max_attempts), a
+// random key when none is given, {} for no payload, and the shard of the
+// key (of the sequence key, for a task of a sequence). c must be valid
+// (WithDefaults, Validate). The leader's scheduler prepares the task of
+// every schedule tick with it, with the database's time as now.
 func (c Config) Prepare(n tasks.NewTask, now time.Time) (store.Insert, error) {
 	if err := n.Check(now); err != nil {
 		return store.Insert{}, err
 	}
-	in := store.Insert{Kind: n.Kind, Key: cmp.Or(n.Key, tasks.RandomKey()), Payload: n.Payload,
-		MaxAttempts: cmp.Or(n.MaxAttempts, c.MaxAttempts), UniqueKey: n.UniqueKey,
-		Queue: cmp.Or(n.Queue, tasks.DefaultQueue), Priority: cmp.Or(n.Priority, tasks.DefaultPriority),
-		SequenceKey: n.SequenceKey, SequenceBlocks: n.SequenceKey != "" && !n.SequenceContinue}
-	if len(in.Payload) == 0 {
-		in.Payload = json.RawMessage("{}")
-	}
-	if !n.RunAfter.IsZero() {
-		in.RunAfter = &n.RunAfter
-	}
-	if !n.Deadline.IsZero() {
-		in.Deadline = &n.Deadline
+	n.Options = n.WithDefaults(c.MaxAttempts)
+	n.Key = cmp.Or(n.Key, tasks.RandomKey())
+	if len(n.Payload) == 0 {
+		n.Payload = json.RawMessage("{}")
 	}
 	// A sequence's tasks share one shard, so one fenced owner runs it.
-	in.Shard = tasks.ShardOf(cmp.Or(in.SequenceKey, in.Key), c.ShardCount)
-	return in, nil
+	return store.Insert{NewTask: n, Shard: tasks.ShardOf(cmp.Or(n.SequenceKey, n.Key), c.ShardCount)}, nil
 }
 
-// BatchError names the task of a batch that is invalid; nothing of the
-// batch was enqueued.
-type BatchError struct {
-	Index, Len int
-	Err        error
-}
-
-func (e *BatchError) Error() string { return fmt.Sprintf("task %d of %d: %v", e.Index, e.Len, e.Err) }
-
-// Unwrap returns the task's error (a *tasks.FieldError).
-func (e *BatchError) Unwrap() error { return e.Err }
-
-// Client enqueues, inspects, cancels and retries tasks.
-type Client struct {
+// Tasks enqueues, inspects, cancels and retries tasks.
+type Tasks struct {
 	st  *store.Store
 	cfg Config
 	// tracer is nil with tracing off.
 	tracer trace.Tracer
 }
 
-// New returns a client on st. cfg gives the cluster's shard count, which
-// decides every task's shard, and the default max_attempts.
-func New(st *store.Store, cfg Config) (*Client, error) {
+// New returns the task operations on st. cfg gives the cluster's shard
+// count, which decides every task's shard, and the default max_attempts.
+func New(st *store.Store, cfg Config) (*Tasks, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Client{st: st, cfg: cfg, tracer: tracing.Tracer(cfg.TracerProvider)}, nil
+	return &Tasks{st: st, cfg: cfg, tracer: tracing.Tracer(cfg.TracerProvider)}, nil
 }
 
 // Enqueue validates and inserts one task. With a unique key that an
 // unfinished task holds, nothing is inserted and that task's id comes back
 // with Duplicate set.
-func (c *Client) Enqueue(ctx context.Context, n tasks.NewTask) (tasks.Enqueued, error) {
+func (c *Tasks) Enqueue(ctx context.Context, n tasks.NewTask) (tasks.Enqueued, error) {
 	return c.EnqueueTx(ctx, nil, n)
 }
 
@@ -154,7 +126,7 @@ func (c *Client) Enqueue(ctx context.Context, n tasks.NewTask) (tasks.Enqueued, 
 //
 // With tracing on, the span "shardrun.enqueue" covers the insert (not the
 // commit of tx) and its trace context is stored with the task.
-func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, n tasks.NewTask) (e tasks.Enqueued, err error) {
+func (c *Tasks) EnqueueTx(ctx context.Context, tx pgx.Tx, n tasks.NewTask) (e tasks.Enqueued, err error) {
 	var span trace.Span
 	if c.tracer != nil {
 		ctx, span = c.tracer.Start(ctx, "shardrun.enqueue", trace.WithSpanKind(trace.SpanKindProducer),
@@ -185,10 +157,10 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, n tasks.NewTask) (e t
 }
 
 // EnqueueBatch validates every task first and inserts none if any is
-// invalid (a *BatchError names the first bad one). A batch with unique
+// invalid (a *tasks.BatchError names the first bad one). A batch with unique
 // keys reports each task's id and whether it was a duplicate; one without
 // goes by COPY and reports its count only.
-func (c *Client) EnqueueBatch(ctx context.Context, ns []tasks.NewTask) (tasks.BatchEnqueued, error) {
+func (c *Tasks) EnqueueBatch(ctx context.Context, ns []tasks.NewTask) (tasks.BatchEnqueued, error) {
 	return c.EnqueueBatchTx(ctx, nil, ns)
 }
 
@@ -196,7 +168,7 @@ func (c *Client) EnqueueBatch(ctx context.Context, ns []tasks.NewTask) (tasks.Ba
 //
 // With tracing on, one span "shardrun.enqueue_batch" covers the batch, and
 // every task stores its trace context: each task's spans are its children.
-func (c *Client) EnqueueBatchTx(ctx context.Context, tx pgx.Tx, ns []tasks.NewTask) (res tasks.BatchEnqueued, err error) {
+func (c *Tasks) EnqueueBatchTx(ctx context.Context, tx pgx.Tx, ns []tasks.NewTask) (res tasks.BatchEnqueued, err error) {
 	traceContext := ""
 	if c.tracer != nil {
 		var span trace.Span
@@ -216,7 +188,7 @@ func (c *Client) EnqueueBatchTx(ctx context.Context, tx pgx.Tx, ns []tasks.NewTa
 	for i, n := range ns {
 		in, err := c.cfg.Prepare(n, now)
 		if err != nil {
-			return tasks.BatchEnqueued{}, &BatchError{Index: i, Len: len(ns), Err: err}
+			return tasks.BatchEnqueued{}, &tasks.BatchError{Index: i, Len: len(ns), Err: err}
 		}
 		in.TraceContext = traceContext
 		ins[i] = in
@@ -231,7 +203,7 @@ func (c *Client) EnqueueBatchTx(ctx context.Context, tx pgx.Tx, ns []tasks.NewTa
 }
 
 // Get returns one task with its payload, history and result.
-func (c *Client) Get(ctx context.Context, id int64) (tasks.Task, error) {
+func (c *Tasks) Get(ctx context.Context, id int64) (tasks.Task, error) {
 	return c.st.Get(ctx, id)
 }
 
@@ -240,7 +212,7 @@ func (c *Client) Get(ctx context.Context, id int64) (tasks.Task, error) {
 // Limit 0 is "not set", the default page of tasks.DefaultListLimit, as a
 // request without limit is in the HTTP API (which refuses limit=0: a value
 // that is given must be valid).
-func (c *Client) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, error) {
+func (c *Tasks) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, error) {
 	if req.Limit < 0 || req.Limit > tasks.MaxListLimit {
 		return tasks.Page{}, &tasks.FieldError{Field: "limit", Problem: fmt.Sprintf("must be 1 to %d (0 for the default, %d), got %d", tasks.MaxListLimit, tasks.DefaultListLimit, req.Limit)}
 	}
@@ -254,13 +226,13 @@ func (c *Client) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, e
 // cancelled), a running one by a request its runner acts on within one
 // heartbeat interval (its state is still running, with CancelRequestedAt
 // set; it ends cancelled unless it completed or failed first).
-func (c *Client) Cancel(ctx context.Context, id int64) (tasks.Task, error) {
+func (c *Tasks) Cancel(ctx context.Context, id int64) (tasks.Task, error) {
 	return c.st.CancelTask(ctx, id)
 }
 
 // Retry puts a dead, failed or cancelled task back to ready, with as many
 // further attempts as it was enqueued with, its history kept.
-func (c *Client) Retry(ctx context.Context, id int64) (tasks.Task, error) {
+func (c *Tasks) Retry(ctx context.Context, id int64) (tasks.Task, error) {
 	return c.st.RetryTask(ctx, id)
 }
 
@@ -272,7 +244,7 @@ const bulkBudget = 10 * time.Second
 // CancelMatching cancels every ready and running task matching f (f must
 // filter on something), in bounded batches, and says how many it cancelled
 // at once and how many running ones it asked to cancel.
-func (c *Client) CancelMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
+func (c *Tasks) CancelMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
 	if err := f.Check(c.cfg.ShardCount); err != nil {
 		return tasks.BulkResult{}, err
 	}
@@ -282,7 +254,7 @@ func (c *Client) CancelMatching(ctx context.Context, f tasks.Filter) (tasks.Bulk
 // RetryMatching retries every dead, failed and cancelled task matching f,
 // as Retry, in bounded batches. Of tasks sharing a unique key only the
 // newest is retried, and none whose key an unfinished task holds (Skipped).
-func (c *Client) RetryMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
+func (c *Tasks) RetryMatching(ctx context.Context, f tasks.Filter) (tasks.BulkResult, error) {
 	if err := f.Check(c.cfg.ShardCount); err != nil {
 		return tasks.BulkResult{}, err
 	}

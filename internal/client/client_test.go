@@ -27,15 +27,15 @@ func TestClient(t *testing.T) {
 	if _, err := c.Enqueue(ctx, tasks.NewTask{}); !errors.Is(err, tasks.ErrInvalid) {
 		t.Fatalf("an invalid task: %v", err)
 	}
-	first, err := c.Enqueue(ctx, tasks.NewTask{Kind: "mail", Key: "user-42", UniqueKey: "welcome/user-42"})
+	first, err := c.Enqueue(ctx, tasks.NewTask{Kind: "mail", Options: tasks.Options{Key: "user-42", UniqueKey: "welcome/user-42"}})
 	if err != nil || first.Duplicate {
 		t.Fatal(first, err)
 	}
-	again, err := c.Enqueue(ctx, tasks.NewTask{Kind: "mail", Key: "user-42", UniqueKey: "welcome/user-42"})
+	again, err := c.Enqueue(ctx, tasks.NewTask{Kind: "mail", Options: tasks.Options{Key: "user-42", UniqueKey: "welcome/user-42"}})
 	if err != nil || !again.Duplicate || again.ID != first.ID {
 		t.Fatalf("the same unique key: %+v %v", again, err)
 	}
-	batch, err := c.EnqueueBatch(ctx, []tasks.NewTask{{Kind: "mail", UniqueKey: "welcome/user-42"}, {Kind: "mail"}})
+	batch, err := c.EnqueueBatch(ctx, []tasks.NewTask{{Kind: "mail", Options: tasks.Options{UniqueKey: "welcome/user-42"}}, {Kind: "mail"}})
 	if err != nil || batch.Inserted != 1 || batch.Duplicates != 1 || batch.Tasks[0].ID != first.ID {
 		t.Fatalf("batch: %+v %v", batch, err)
 	}
@@ -46,7 +46,7 @@ func TestClient(t *testing.T) {
 	// A rolled-back transaction leaves no task.
 	rollback := errors.New("roll back")
 	err = pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		if _, err := c.EnqueueTx(ctx, tx, tasks.NewTask{Kind: "mail", Key: "tx"}); err != nil {
+		if _, err := c.EnqueueTx(ctx, tx, tasks.NewTask{Kind: "mail", Options: tasks.Options{Key: "tx"}}); err != nil {
 			return err
 		}
 		return rollback
@@ -129,11 +129,11 @@ func TestFiltersAreChecked(t *testing.T) {
 func TestPrepareFillsDefaults(t *testing.T) {
 	cfg := client.Config{ShardCount: 256, MaxAttempts: 7}.WithDefaults()
 	now := time.Now()
-	in, err := cfg.Prepare(tasks.NewTask{Kind: "k", Key: "user-42"}, now)
+	in, err := cfg.Prepare(tasks.NewTask{Kind: "k", Options: tasks.Options{Key: "user-42"}}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if in.Shard != 203 || string(in.Payload) != "{}" || in.MaxAttempts != 7 || in.RunAfter != nil || in.Deadline != nil {
+	if in.Shard != 203 || string(in.Payload) != "{}" || in.MaxAttempts != 7 || !in.RunAfter.IsZero() || !in.Deadline.IsZero() {
 		t.Fatalf("defaults: %+v", in)
 	}
 	a, _ := cfg.Prepare(tasks.NewTask{Kind: "k"}, now)

@@ -68,13 +68,13 @@ func TestEnqueueTraceContext(t *testing.T) {
 	if _, err := off.Enqueue(ctx, tasks.NewTask{Kind: "k"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := off.Enqueue(ctx, tasks.NewTask{Kind: "k", UniqueKey: "off-1"}); err != nil {
+	if _, err := off.Enqueue(ctx, tasks.NewTask{Kind: "k", Options: tasks.Options{UniqueKey: "off-1"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := off.EnqueueBatch(ctx, []tasks.NewTask{{Kind: "k"}, {Kind: "k", RunAfter: later}}); err != nil {
+	if _, err := off.EnqueueBatch(ctx, []tasks.NewTask{{Kind: "k"}, {Kind: "k", Options: tasks.Options{RunAfter: later}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := off.EnqueueBatch(ctx, []tasks.NewTask{{Kind: "k", UniqueKey: "off-2"}, {Kind: "k"}}); err != nil {
+	if _, err := off.EnqueueBatch(ctx, []tasks.NewTask{{Kind: "k", Options: tasks.Options{UniqueKey: "off-2"}}, {Kind: "k"}}); err != nil {
 		t.Fatal(err)
 	}
 	var traced int
@@ -93,15 +93,15 @@ func TestEnqueueTraceContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	pctx, producer := tp.Tracer("test").Start(ctx, "producer")
-	single, err := on.Enqueue(pctx, tasks.NewTask{Kind: "mail", Queue: "emails"})
+	single, err := on.Enqueue(pctx, tasks.NewTask{Kind: "mail", Options: tasks.Options{Queue: "emails"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	unique, err := on.Enqueue(pctx, tasks.NewTask{Kind: "mail", UniqueKey: "on-1"})
+	unique, err := on.Enqueue(pctx, tasks.NewTask{Kind: "mail", Options: tasks.Options{UniqueKey: "on-1"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dup, err := on.Enqueue(pctx, tasks.NewTask{Kind: "mail", UniqueKey: "on-1"})
+	dup, err := on.Enqueue(pctx, tasks.NewTask{Kind: "mail", Options: tasks.Options{UniqueKey: "on-1"}})
 	if err != nil || !dup.Duplicate {
 		t.Fatal(dup, err)
 	}
@@ -113,10 +113,10 @@ func TestEnqueueTraceContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	// COPY (one task due now, one later: two COPYs) and the unique path.
-	if _, err := on.EnqueueBatch(pctx, []tasks.NewTask{{Kind: "copy"}, {Kind: "copy", RunAfter: later}}); err != nil {
+	if _, err := on.EnqueueBatch(pctx, []tasks.NewTask{{Kind: "copy"}, {Kind: "copy", Options: tasks.Options{RunAfter: later}}}); err != nil {
 		t.Fatal(err)
 	}
-	ub, err := on.EnqueueBatch(pctx, []tasks.NewTask{{Kind: "ub", UniqueKey: "on-2"}, {Kind: "ub"}})
+	ub, err := on.EnqueueBatch(pctx, []tasks.NewTask{{Kind: "ub", Options: tasks.Options{UniqueKey: "on-2"}}, {Kind: "ub"}})
 	if err != nil {
 		t.Fatal(err)
 	}

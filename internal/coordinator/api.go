@@ -1,8 +1,6 @@
 package coordinator
 
 import (
-	"bytes"
-	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -23,12 +21,6 @@ import (
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
-)
-
-// Limits of POST /api/tasks.
-const (
-	MaxRequestBody = 8 << 20
-	MaxBatch       = 10000
 )
 
 // The status page: the HTML, the cluster view's script and the tasks
@@ -218,12 +210,6 @@ func (c *Coordinator) handleCluster(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, v)
 }
 
-// TaskRequest is one task in POST /api/tasks (tasks.Request). Bodies are
-// decoded strictly (internal/jsonbody): exact-case field names, no unknown
-// or duplicate fields, no null, no trailing data, valid UTF-8; a field
-// given empty or zero is refused, not read as left out.
-type TaskRequest = tasks.Request
-
 // apiError is every error answer: the message, and what it is about when
 // known — the field of the request (and its index in a batch), the state
 // of the task a conflict is about.
@@ -257,54 +243,6 @@ func badRequest(w http.ResponseWriter, err error, batch bool, index int) {
 		}
 	}
 	writeJSON(w, http.StatusBadRequest, e)
-}
-
-// handleEnqueue accepts one task (a JSON object) or a batch (an array).
-// With tracing on it runs in a server span that joins the request's
-// traceparent (traceEnqueue).
-func (c *Coordinator) handleEnqueue(w http.ResponseWriter, r *http.Request) {
-	if c.tracer != nil {
-		var end func()
-		w, r, end = c.traceEnqueue(w, r)
-		defer end()
-	}
-	body, ok := httpjson.ReadBody(w, r, MaxRequestBody)
-	if !ok {
-		return
-	}
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
-	batch := len(trimmed) > 0 && trimmed[0] == '['
-	var reqs []TaskRequest
-	var err error
-	if batch {
-		err = jsonbody.Decode(body, &reqs)
-	} else {
-		var one TaskRequest
-		err = jsonbody.Decode(body, &one)
-		reqs = []TaskRequest{one}
-	}
-	if err != nil {
-		badRequest(w, err, batch, -1)
-		return
-	}
-	if len(reqs) == 0 || len(reqs) > MaxBatch {
-		writeJSON(w, http.StatusBadRequest, apiError{Error: fmt.Sprintf("a batch holds 1 to %d tasks, got %d", MaxBatch, len(reqs))})
-		return
-	}
-	if err := idempotencyKey(r, reqs, batch); err != nil {
-		writeJSON(w, http.StatusBadRequest, apiError{Error: err.Error(), Field: "unique_key"})
-		return
-	}
-	ns := make([]tasks.NewTask, len(reqs))
-	for i, req := range reqs {
-		if ns[i], err = req.NewTask(); err != nil {
-			badRequest(w, err, batch, i)
-			return
-		}
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	defer cancel()
-	c.enqueue(ctx, w, r, ns, batch)
 }
 
 // retryAfter is the Retry-After (seconds) of a 503: about how long a
@@ -375,18 +313,6 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
-}
-
-// warnUnrunnable adds "warnings" to an enqueue answer when no attached
-// runner can run some of the tasks just enqueued (unrunnableWarnings).
-func (c *Coordinator) warnUnrunnable(ctx context.Context, resp map[string]any, ns []tasks.NewTask) {
-	classes := make([]tasks.Class, len(ns))
-	for i, n := range ns {
-		classes[i] = tasks.Class{Queue: cmp.Or(n.Queue, tasks.DefaultQueue), Kind: n.Kind}
-	}
-	if warnings := c.unrunnableWarnings(ctx, classes...); len(warnings) > 0 {
-		resp["warnings"] = warnings
-	}
 }
 
 // unrunnableWarnings says which of classes no attached runner can run (none

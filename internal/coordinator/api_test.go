@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/shardrun/shardrun/internal/jsonbody"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
@@ -108,22 +107,22 @@ func fuzzEnqueue(f *testing.F, seeds []string) {
 		case w.Code != 201:
 			t.Fatalf("%q: %d %s, want 201 or a 4xx", body, w.Code, w.Body)
 		}
+		ns, batch, err := tasks.DecodeTasks(body)
 		if answer.Enqueued > 0 {
-			var reqs []TaskRequest
-			if err := jsonbody.Decode(body, &reqs); err != nil || len(reqs) != answer.Enqueued {
-				t.Fatalf("%q: enqueued %d, decoded %d (%v)", body, answer.Enqueued, len(reqs), err)
+			if err != nil || !batch || len(ns) != answer.Enqueued {
+				t.Fatalf("%q: enqueued %d, decoded %d (%v)", body, answer.Enqueued, len(ns), err)
 			}
 			return
 		}
-		var req TaskRequest
-		if err := jsonbody.Decode(body, &req); err != nil {
-			t.Fatalf("%q accepted, but it does not decode strictly: %v", body, err)
+		if err != nil || batch {
+			t.Fatalf("%q accepted, but it does not decode strictly as one task: %v", body, err)
 		}
+		req := ns[0]
 		got, err := st.Get(context.Background(), answer.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Kind != req.Kind || (req.Key != nil && got.Key != *req.Key) || got.Shard != tasks.ShardOf(got.Key, 16) {
+		if got.Kind != req.Kind || (req.Key != "" && got.Key != req.Key) || got.Shard != tasks.ShardOf(got.Key, 16) {
 			t.Fatalf("%q stored as kind %q key %q shard %d", body, got.Kind, got.Key, got.Shard)
 		}
 	})
@@ -189,7 +188,7 @@ func TestGenericConflictCarriesTheState(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	id, err := e.store.Enqueue(ctx, store.Insert{Kind: "k", Key: "k", Payload: []byte("{}"), MaxAttempts: 1})
+	id, err := e.store.Enqueue(ctx, store.Insert{NewTask: tasks.NewTask{Kind: "k", Payload: []byte("{}"), Options: tasks.Options{Key: "k", MaxAttempts: 1}.WithDefaults(0)}})
 	if err != nil {
 		t.Fatal(err)
 	}

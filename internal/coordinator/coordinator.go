@@ -38,7 +38,7 @@ type Coordinator struct {
 	log     hclog.Logger
 	clock   clock.Clock
 	reg     *prometheus.Registry
-	client  *client.Client
+	client  *client.Tasks
 	roster  *roster
 	addr    string
 	started chan struct{}
@@ -48,7 +48,7 @@ type Coordinator struct {
 	counter   *counter
 	leader    *leadership.Leader
 	unhandled *unrunnableWatch
-	schedules *schedule.Client
+	schedules *schedule.Catalog
 	// scheduler is the leader's schedule service: a schedule created on
 	// this coordinator wakes it.
 	scheduler *schedule.Scheduler
@@ -92,7 +92,7 @@ func New(cfg Config) (*Coordinator, error) {
 		roster:       newRoster(cfg.Client, cfg.Prefix, cfg.Clock, cfg.Logger.Named("roster")),
 		capabilities: &shard.Capabilities{Client: cfg.Client, Prefix: cfg.Prefix, Clock: cfg.Clock}}
 	c.bulkBudget.Store(int64(defaultBulkBudget))
-	if c.schedules, err = schedule.NewClient(cfg.Store, prep); err != nil {
+	if c.schedules, err = schedule.NewCatalog(cfg.Store, prep); err != nil {
 		return nil, err
 	}
 	if c.leader, err = leadership.New(cfg.Client, cfg.Store, c.reg, cfg.leadership()); err != nil {

@@ -50,8 +50,7 @@ func TestScheduleAcrossALeaderKill(t *testing.T) {
 	b := e.start("coord-b", sig)
 	ctx := context.Background()
 	start := time.Now().Add(time.Second).Truncate(time.Second)
-	if _, err := a.Schedules().Create(ctx, schedule.Definition{Name: "every-second", Kind: "noop",
-		Every: time.Second, Start: start}); err != nil {
+	if _, err := a.Schedules().Create(ctx, schedule.Definition{Name: "every-second", Task: tasks.NewTask{Kind: "noop"}, Every: time.Second, Start: start}); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 10*time.Second, "a enqueued 3 ticks", func() bool { return len(pgtest.ScheduleTicks(t, e.store, "every-second")) >= 3 })
@@ -195,6 +194,12 @@ func TestSchedulesAPI(t *testing.T) {
 		{"null timezone", "tok", `{"name": "x", "kind": "noop", "cron": "* * * * *", "timezone": null}`, 400, `"field":"timezone"`},
 		{"null start", "tok", `{"name": "x", "kind": "noop", "every": "1m", "start": null}`, 400, `"field":"start"`},
 		{"null max_attempts", "tok", `{"name": "x", "kind": "noop", "every": "1m", "max_attempts": null}`, 400, `"field":"max_attempts"`},
+		{"empty queue", "tok", `{"name": "x", "kind": "noop", "every": "1m", "queue": ""}`, 400, `"field":"queue"`},
+		{"priority 0", "tok", `{"name": "x", "kind": "noop", "every": "1m", "priority": 0}`, 400, `"field":"priority"`},
+		// The options a tick's task does not take, as the Go API refuses them.
+		{"run_after", "tok", `{"name": "x", "kind": "noop", "every": "1m", "run_after": "2030-01-01T00:00:00Z"}`, 400, `"field":"run_after"`},
+		{"deadline", "tok", `{"name": "x", "kind": "noop", "every": "1m", "deadline": "2030-01-01T00:00:00Z"}`, 400, `"field":"deadline"`},
+		{"unique_key", "tok", `{"name": "x", "kind": "noop", "every": "1m", "unique_key": "u"}`, 400, `"field":"unique_key"`},
 	} {
 		code, body := testutil.HTTP(t, "POST", base, tc.token, tc.body)
 		if code != tc.code || !strings.Contains(body, tc.want) {

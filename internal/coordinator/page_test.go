@@ -17,6 +17,7 @@ import (
 	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/schedule"
 	"github.com/shardrun/shardrun/internal/testutil"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 // chromium finds Debian's chromium. Without it the browser test fails,
@@ -110,8 +111,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A schedule with its next run, and ready tasks of a kind nobody handles.
-	if _, err := c.Schedules().Create(context.Background(), schedule.Definition{Name: "nightly-report", Kind: "noop",
-		Cron: "0 3 * * *", Timezone: "Europe/Berlin"}); err != nil {
+	if _, err := c.Schedules().Create(context.Background(), schedule.Definition{Name: "nightly-report", Task: tasks.NewTask{Kind: "noop"}, Cron: "0 3 * * *", Timezone: "Europe/Berlin"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.store.Pool().Exec(context.Background(), `INSERT INTO tasks (kind, shard, key)

@@ -24,20 +24,17 @@ const (
 	MaxSchedulesListed = tasks.MaxListLimit
 )
 
-// ScheduleRequest is the body of POST /api/schedules. Its optional fields
-// are pointers, nil only when left out: one given empty, zero or null is
-// refused, as in a task's body (tasks.Request).
+// ScheduleRequest is the body of POST /api/schedules and PUT
+// /api/schedules/{name}. Each tick's task takes a task's options
+// (tasks.Options, in the same JSON as a task's body, with the same rule:
+// one given empty, zero or null is refused), but for run_after, deadline
+// and unique_key (each tick's task runs at its tick and is its own). The
+// timing's optional fields are pointers, nil only when left out.
 type ScheduleRequest struct {
-	Name        string          `json:"name"`
-	Kind        string          `json:"kind"`
-	Key         *string         `json:"key,omitempty"`
-	Payload     json.RawMessage `json:"payload,omitempty"`
-	MaxAttempts *int            `json:"max_attempts,omitempty"`
-	// Queue, Priority and SequenceKey of each tick's task, as a task's.
-	Queue            *string `json:"queue,omitempty"`
-	Priority         *int    `json:"priority,omitempty"`
-	SequenceKey      *string `json:"sequence_key,omitempty"`
-	SequenceContinue bool    `json:"sequence_continue,omitempty"`
+	Name    string          `json:"name"`
+	Kind    string          `json:"kind"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+	tasks.Options
 	// Every is a Go duration ("90s", "5m", "1h"); or Cron with Timezone.
 	Every    *string    `json:"every,omitempty"`
 	Start    *time.Time `json:"start,omitempty"`
@@ -45,10 +42,40 @@ type ScheduleRequest struct {
 	Timezone *string    `json:"timezone,omitempty"`
 }
 
+// decodeSchedule reads the body of POST /api/schedules or PUT
+// /api/schedules/{name} (name: the path's, "" for POST) as a definition,
+// answering 400 naming the field when it is not one.
+func decodeSchedule(w http.ResponseWriter, r *http.Request, name string) (schedule.Definition, bool) {
+	body, ok := httpjson.ReadBody(w, r, maxScheduleBody)
+	if !ok {
+		return schedule.Definition{}, false
+	}
+	var req ScheduleRequest
+	err := jsonbody.Decode(body, &req)
+	if err == nil {
+		err = req.CheckGiven(jsonbody.Given(body)[0])
+	}
+	if err == nil && name != "" {
+		if req.Name != "" && req.Name != name {
+			err = &tasks.FieldError{Field: "name", Problem: fmt.Sprintf("%q differs from the path's %q", req.Name, name)}
+		}
+		req.Name = name
+	}
+	var d schedule.Definition
+	if err == nil {
+		d, err = req.definition()
+	}
+	if err != nil {
+		badRequest(w, err, false, -1)
+		return d, false
+	}
+	return d, true
+}
+
 // definition turns the request into a schedule.Definition, refusing a
-// field given with the value that means "not set" there.
+// timing field given with the value that means "not set" there.
 func (req ScheduleRequest) definition() (schedule.Definition, error) {
-	d := schedule.Definition{Name: req.Name, Kind: req.Kind, Payload: req.Payload, SequenceContinue: req.SequenceContinue}
+	d := schedule.Definition{Name: req.Name, Task: tasks.NewTask{Kind: req.Kind, Payload: req.Payload, Options: req.Options}}
 	var every string
 	var err error
 	for _, f := range []struct {
@@ -57,9 +84,6 @@ func (req ScheduleRequest) definition() (schedule.Definition, error) {
 		to    *string
 		unset string
 	}{
-		{"key", req.Key, &d.Key, "a random key for each tick's task"},
-		{"queue", req.Queue, &d.Queue, "the queue " + tasks.DefaultQueue},
-		{"sequence_key", req.SequenceKey, &d.SequenceKey, "no sequence"},
 		{"every", req.Every, &every, "a cron schedule"},
 		{"cron", req.Cron, &d.Cron, "an interval schedule"},
 		{"timezone", req.Timezone, &d.Timezone, "UTC"},
@@ -67,15 +91,6 @@ func (req ScheduleRequest) definition() (schedule.Definition, error) {
 		if *f.to, err = tasks.GivenText(f.name, f.p, f.unset); err != nil {
 			return d, err
 		}
-	}
-	if d.MaxAttempts, err = tasks.GivenMaxAttempts(req.MaxAttempts); err != nil {
-		return d, err
-	}
-	if req.Priority != nil {
-		if err := tasks.CheckPriority(*req.Priority); err != nil {
-			return d, err
-		}
-		d.Priority = *req.Priority
 	}
 	if every != "" {
 		if d.Every, err = time.ParseDuration(every); err != nil {
@@ -139,7 +154,7 @@ type SchedulePage struct {
 }
 
 func summarize(sc store.Schedule) ScheduleSummary {
-	s := ScheduleSummary{Name: sc.Name, Kind: sc.Kind, Queue: sc.Queue, Cron: sc.Cron, Timezone: sc.Timezone,
+	s := ScheduleSummary{Name: sc.Name, Kind: sc.Task.Kind, Queue: sc.Task.Queue, Cron: sc.Cron, Timezone: sc.Timezone,
 		NextRun: sc.NextTick.UTC(), LastRun: sc.LastTick, LastTaskID: sc.LastTaskID, Skipped: sc.Skipped}
 	if sc.Every > 0 {
 		s.Every = sc.Every.String()
@@ -148,9 +163,10 @@ func summarize(sc store.Schedule) ScheduleSummary {
 }
 
 func viewOf(sc store.Schedule) ScheduleView {
-	v := ScheduleView{ID: sc.ID, ScheduleSummary: summarize(sc), Key: sc.Key, Payload: sc.Payload,
-		MaxAttempts: sc.MaxAttempts, Priority: sc.Priority, SequenceKey: sc.SequenceKey,
-		SequenceContinue: sc.SequenceKey != "" && !sc.SequenceBlocks, CreatedAt: sc.CreatedAt.UTC()}
+	t := sc.Task
+	v := ScheduleView{ID: sc.ID, ScheduleSummary: summarize(sc), Key: t.Key, Payload: t.Payload,
+		MaxAttempts: t.MaxAttempts, Priority: t.Priority, SequenceKey: t.SequenceKey, SequenceContinue: t.SequenceContinue,
+		CreatedAt: sc.CreatedAt.UTC()}
 	if sc.Every > 0 {
 		start := sc.Start.UTC()
 		v.Start = &start
@@ -158,29 +174,19 @@ func viewOf(sc store.Schedule) ScheduleView {
 	return v
 }
 
-// Schedules returns the schedules client (the Go API of /api/schedules).
-func (c *Coordinator) Schedules() *schedule.Client { return c.schedules }
+// Schedules returns the schedules (the Go API of /api/schedules).
+func (c *Coordinator) Schedules() *schedule.Catalog { return c.schedules }
 
 func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Request) {
-	body, ok := httpjson.ReadBody(w, r, maxScheduleBody)
+	d, ok := decodeSchedule(w, r, "")
 	if !ok {
-		return
-	}
-	var req ScheduleRequest
-	if err := jsonbody.Decode(body, &req); err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	d, err := req.definition()
-	if err != nil {
-		badRequest(w, err, false, -1)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
 	sc, err := c.schedules.Create(ctx, d)
 	if errors.Is(err, store.ErrScheduleExists) {
-		writeJSON(w, http.StatusConflict, apiError{Error: fmt.Sprintf("a schedule named %q exists; delete it first to redefine it", req.Name), Field: "name"})
+		writeJSON(w, http.StatusConflict, apiError{Error: fmt.Sprintf("a schedule named %q exists; delete it first to redefine it", d.Name), Field: "name"})
 		return
 	}
 	if c.failed(w, r, "creating a schedule", err) {
@@ -188,32 +194,16 @@ func (c *Coordinator) handleCreateSchedule(w http.ResponseWriter, r *http.Reques
 	}
 	c.scheduler.Notify()
 	writeJSON(w, http.StatusCreated, ScheduleCreated{ScheduleView: viewOf(sc),
-		Warnings: c.unrunnableWarnings(ctx, tasks.Class{Queue: sc.Queue, Kind: sc.Kind})})
+		Warnings: c.unrunnableWarnings(ctx, sc.Task.Class())})
 }
 
 // handlePutSchedule is PUT /api/schedules/{name}: define the schedule
-// whether or not it exists (schedule.Client.Upsert), with the body of POST
+// whether or not it exists (schedule.Catalog.Upsert), with the body of POST
 // /api/schedules (its name, if given, must be the path's). 201 when it was
 // created, 200 otherwise, with "changed".
 func (c *Coordinator) handlePutSchedule(w http.ResponseWriter, r *http.Request) {
-	body, ok := httpjson.ReadBody(w, r, maxScheduleBody)
+	d, ok := decodeSchedule(w, r, r.PathValue("name"))
 	if !ok {
-		return
-	}
-	var req ScheduleRequest
-	if err := jsonbody.Decode(body, &req); err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	name := r.PathValue("name")
-	if req.Name != "" && req.Name != name {
-		badRequest(w, &tasks.FieldError{Field: "name", Problem: fmt.Sprintf("%q differs from the path's %q", req.Name, name)}, false, -1)
-		return
-	}
-	req.Name = name
-	d, err := req.definition()
-	if err != nil {
-		badRequest(w, err, false, -1)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -231,14 +221,14 @@ func (c *Coordinator) handlePutSchedule(w http.ResponseWriter, r *http.Request) 
 		code = http.StatusCreated
 	}
 	writeJSON(w, code, ScheduleCreated{ScheduleView: viewOf(sc), Changed: &changed,
-		Warnings: c.unrunnableWarnings(ctx, tasks.Class{Queue: sc.Queue, Kind: sc.Kind})})
+		Warnings: c.unrunnableWarnings(ctx, sc.Task.Class())})
 }
 
 // scheduleParams are the parameters of GET /api/schedules.
 var scheduleParams = []string{"limit", "after"}
 
 // parseScheduleQuery reads the page GET /api/schedules asks for, checked
-// as the schedule client checks it (schedule.ListRequest.Check).
+// as the catalog checks it (schedule.ListRequest.Check).
 func parseScheduleQuery(q url.Values) (schedule.ListRequest, error) {
 	var req schedule.ListRequest
 	var err error

@@ -24,7 +24,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -45,77 +44,6 @@ func (c *Coordinator) taskRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /api/tasks/{id}/retry", auth(c.handleTask("retrying a task", c.client.Retry, statusOK)))
 	mux.HandleFunc("POST /api/tasks/cancel", auth(c.handleBulk("cancel", c.cfg.Store.CancelMatching)))
 	mux.HandleFunc("POST /api/tasks/retry", auth(c.handleBulk("retry", c.cfg.Store.RetryMatching)))
-}
-
-// idempotencyKey applies the Idempotency-Key header of a single-task POST:
-// it is the task's unique key, and must agree with one given in the body.
-// A header given empty or more than once is refused, as a body field given
-// empty is: it would otherwise read as no key, and the enqueue would not
-// be idempotent.
-func idempotencyKey(r *http.Request, reqs []TaskRequest, batch bool) error {
-	keys := r.Header.Values("Idempotency-Key")
-	switch {
-	case len(keys) == 0:
-		return nil
-	case len(keys) > 1:
-		return errors.New("the Idempotency-Key header is given more than once")
-	case keys[0] == "":
-		return errors.New("the Idempotency-Key header is given empty (leave it out for no unique key)")
-	case batch:
-		return errors.New("the Idempotency-Key header applies to a single task; give each task of a batch its unique_key")
-	case reqs[0].UniqueKey != nil && *reqs[0].UniqueKey != keys[0]:
-		return fmt.Errorf("the Idempotency-Key header %q and unique_key %q differ", keys[0], *reqs[0].UniqueKey)
-	}
-	reqs[0].UniqueKey = &keys[0]
-	return nil
-}
-
-// enqueue validates and inserts tasks through the client and answers:
-// 201 with the id (or the count) when tasks were created; 200 with
-// "duplicate": true and the existing task's id when a unique key was
-// held. A batch with unique keys answers every task's id and duplicate
-// flag in "tasks".
-func (c *Coordinator) enqueue(ctx context.Context, w http.ResponseWriter, r *http.Request, ns []tasks.NewTask, batch bool) {
-	if !batch {
-		e, err := c.client.Enqueue(ctx, ns[0])
-		if err != nil {
-			c.enqueueError(w, r, "enqueueing a task", err)
-			return
-		}
-		if e.Duplicate {
-			writeJSON(w, http.StatusOK, map[string]any{"id": e.ID, "duplicate": true})
-			return
-		}
-		resp := map[string]any{"id": e.ID, "shard": e.Shard, "key": e.Key}
-		c.warnUnrunnable(ctx, resp, ns)
-		writeJSON(w, http.StatusCreated, resp)
-		return
-	}
-	res, err := c.client.EnqueueBatch(ctx, ns)
-	if err != nil {
-		c.enqueueError(w, r, "enqueueing a batch", err)
-		return
-	}
-	resp := map[string]any{"enqueued": res.Inserted}
-	if res.Tasks != nil {
-		resp["duplicates"], resp["tasks"] = res.Duplicates, res.Tasks
-	}
-	c.warnUnrunnable(ctx, resp, ns)
-	code := http.StatusCreated
-	if res.Inserted == 0 {
-		code = http.StatusOK
-	}
-	writeJSON(w, code, resp)
-}
-
-// enqueueError answers a failed enqueue: 400 naming the field (and the
-// index in a batch) for an invalid task, a database error by its class.
-func (c *Coordinator) enqueueError(w http.ResponseWriter, r *http.Request, what string, err error) {
-	if be := (*client.BatchError)(nil); errors.As(err, &be) {
-		badRequest(w, be.Err, true, be.Index)
-		return
-	}
-	c.failed(w, r, what, err)
 }
 
 // failed answers err when there is one: 400 naming the field of a

@@ -41,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -313,6 +314,59 @@ func Decode(data []byte, v any) error {
 	return e
 }
 
+// Given returns the member names each object of data gives: one set for
+// an object, one per element for an array (nil for an element that is
+// not an object), nil for anything else. data must have passed Check.
+// It tells a field left out from one given with its zero value, which a
+// decoded Go value cannot: a caller refuses the values that mean "left
+// out" when given (docs/reference.md, one rule for optional values).
+func Given(data []byte) []map[string]bool {
+	dec := jsontext.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.ReadToken()
+	if err != nil {
+		return nil
+	}
+	switch tok.Kind() {
+	case '{':
+		return []map[string]bool{members(dec)}
+	case '[':
+		var out []map[string]bool
+		for k := dec.PeekKind(); k != ']' && k != 0; k = dec.PeekKind() {
+			if k != '{' {
+				if dec.SkipValue() != nil {
+					return out
+				}
+				out = append(out, nil)
+				continue
+			}
+			if _, err := dec.ReadToken(); err != nil {
+				return out
+			}
+			out = append(out, members(dec))
+		}
+		return out
+	}
+	return nil
+}
+
+// members reads the rest of an object whose '{' dec has read, and returns
+// its member names.
+func members(dec *jsontext.Decoder) map[string]bool {
+	names := map[string]bool{}
+	for dec.PeekKind() == '"' {
+		tok, err := dec.ReadToken()
+		if err != nil {
+			return names
+		}
+		names[tok.String()] = true // before the next read: it reuses the token's buffer
+		if dec.SkipValue() != nil {
+			return names
+		}
+	}
+	_, _ = dec.ReadToken() // '}'
+	return names
+}
+
 // checkNulls refuses a null below the top level of data that t, the type
 // data was decoded into, would read as a zero value (see the package
 // comment). data has passed Check and decoded into t.
@@ -420,14 +474,21 @@ func structFields(t reflect.Type) map[string]reflect.Type {
 			continue
 		}
 		name := f.Name
+		tagName := ""
 		if tag, ok := f.Tag.Lookup("json"); ok {
-			tagName, _, _ := strings.Cut(tag, ",")
+			tagName, _, _ = strings.Cut(tag, ",")
 			if tagName == "-" {
 				continue
 			}
 			if tagName != "" {
 				name = tagName
 			}
+		}
+		if f.Anonymous && tagName == "" && indirect(f.Type).Kind() == reflect.Struct {
+			// An embedded struct without a name is inlined: its fields are
+			// the outer object's.
+			maps.Copy(fields, structFields(indirect(f.Type)))
+			continue
 		}
 		fields[name] = f.Type
 	}

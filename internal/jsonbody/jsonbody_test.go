@@ -224,3 +224,44 @@ func normal(r request) request {
 	}
 	return r
 }
+
+// Given tells a member left out from one given with its zero value, for
+// an object and for each object of an array; an embedded struct's fields
+// are the object's own, for the decoder's checks too (null, unknown
+// names).
+func TestGivenAndEmbeddedFields(t *testing.T) {
+	type withEmbedded struct {
+		Kind string `json:"kind"`
+		Opts
+	}
+	var v withEmbedded
+	if err := Decode([]byte(`{"kind": "k", "queue": "", "priority": 2}`), &v); err != nil || v.Queue != "" || v.Priority != 2 {
+		t.Fatalf("decoded %+v %v", v, err)
+	}
+	if got := Given([]byte(`{"kind": "k", "queue": "", "priority": 2}`)); len(got) != 1 ||
+		!got[0]["queue"] || !got[0]["priority"] || !got[0]["kind"] || len(got[0]) != 3 {
+		t.Fatalf("Given of an object: %v", got)
+	}
+	if got := Given([]byte(`[{"kind": "a"}, 1, {"queue": "q", "x": {"priority": 1}}, []]`)); len(got) != 4 ||
+		!got[0]["kind"] || got[1] != nil || !got[2]["queue"] || !got[2]["x"] || got[2]["priority"] || got[3] != nil {
+		t.Fatalf("Given of an array: %v", got)
+	}
+	if got := Given([]byte(`"text"`)); got != nil {
+		t.Fatalf("Given of a string: %v", got)
+	}
+	var je *Error
+	if err := Decode([]byte(`{"kind": "k", "queue": null}`), &v); !errors.As(err, &je) || je.Field() != "queue" ||
+		!strings.Contains(je.Problem, "leave the field out") {
+		t.Fatalf("null in an embedded field: %v", err)
+	}
+	if err := Decode([]byte(`{"kind": "k", "Queue": "q"}`), &v); !errors.As(err, &je) || !strings.Contains(je.Problem, `did you mean "queue"`) {
+		t.Fatalf("a miscased embedded field: %v", err)
+	}
+}
+
+// Opts is an exported struct to embed (an unexported one's fields are
+// not decoded into).
+type Opts struct {
+	Queue    string `json:"queue,omitempty"`
+	Priority int    `json:"priority,omitempty"`
+}

@@ -35,7 +35,7 @@ type env struct {
 	etcd   *embedetcd.Server
 	admin  *clientv3.Client
 	store  *store.Store
-	client *client.Client
+	client *client.Tasks
 }
 
 func newEnv(t *testing.T) *env {
@@ -141,7 +141,7 @@ func (e *env) enqueue(kind, payload string, n int) []int64 {
 	e.t.Helper()
 	ids := make([]int64, n)
 	for i := range ids {
-		id, err := e.client.Enqueue(context.Background(), tasks.NewTask{Kind: kind, Key: fmt.Sprintf("%s-%d-%d", kind, i, time.Now().UnixNano()), Payload: []byte(payload)})
+		id, err := e.client.Enqueue(context.Background(), tasks.NewTask{Kind: kind, Payload: []byte(payload), Options: tasks.Options{Key: fmt.Sprintf("%s-%d-%d", kind, i, time.Now().UnixNano())}})
 		if err != nil {
 			e.t.Fatal(err)
 		}

@@ -28,15 +28,15 @@ func TestTraceOfAGoEnqueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, checkout := p.TracerProvider().Tracer("test").Start(context.Background(), "checkout")
-	soon, err := traced.Enqueue(ctx, tasks.NewTask{Kind: "noop", Key: "soon"})
+	soon, err := traced.Enqueue(ctx, tasks.NewTask{Kind: "noop", Options: tasks.Options{Key: "soon"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := traced.EnqueueBatch(ctx, []tasks.NewTask{{Kind: "noop", UniqueKey: "b1"}, {Kind: "noop", UniqueKey: "b2"}})
+	batch, err := traced.EnqueueBatch(ctx, []tasks.NewTask{{Kind: "noop", Options: tasks.Options{UniqueKey: "b1"}}, {Kind: "noop", Options: tasks.Options{UniqueKey: "b2"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	late, err := traced.Enqueue(ctx, tasks.NewTask{Kind: "noop", Key: "late"})
+	late, err := traced.Enqueue(ctx, tasks.NewTask{Kind: "noop", Options: tasks.Options{Key: "late"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package schedule
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"time"
@@ -19,18 +18,12 @@ type Definition struct {
 	// Name identifies the schedule: 1 to 200 letters, digits, '.', '_',
 	// '-' or ':'.
 	Name string
-	// The task of each tick. An empty Key gives each tick's task a random
-	// key (and so a random shard); MaxAttempts 0 is the client's default.
-	Kind        string
-	Key         string
-	Payload     json.RawMessage
-	MaxAttempts int
-	// Queue, Priority and the sequence of each tick's task, as a task's
-	// (tasks.NewTask).
-	Queue            string
-	Priority         int
-	SequenceKey      string
-	SequenceContinue bool
+	// Task is the task of each tick: its kind, payload and options. An
+	// empty Key gives each tick's task a random key (and so a random
+	// shard); MaxAttempts 0 is the enqueuing client's default. RunAfter,
+	// Deadline and UniqueKey are not a schedule's: each tick's task runs at
+	// its tick, and is its own.
+	Task tasks.NewTask
 	// When it ticks: Every (with an optional Start, default one interval
 	// after the definition) or Cron in Timezone.
 	Every    time.Duration
@@ -39,15 +32,9 @@ type Definition struct {
 	Timezone string
 }
 
-// task is the task each tick enqueues.
-func (d Definition) task() tasks.NewTask {
-	return tasks.NewTask{Kind: d.Kind, Key: d.Key, Payload: d.Payload, MaxAttempts: d.MaxAttempts,
-		Queue: d.Queue, Priority: d.Priority, SequenceKey: d.SequenceKey, SequenceContinue: d.SequenceContinue}
-}
-
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,200}$`)
 
-// Store is what the client needs from the database (store.Store).
+// Store is what the catalog needs from the database (store.Store).
 type Store interface {
 	CreateSchedule(ctx context.Context, prepare func(now time.Time) (store.Schedule, error)) (store.Schedule, error)
 	UpsertSchedule(ctx context.Context, prepare func(now time.Time) (store.Schedule, error)) (store.Schedule, store.Upserted, error)
@@ -55,32 +42,37 @@ type Store interface {
 	DeleteSchedule(ctx context.Context, name string) (bool, error)
 }
 
-// Client defines, lists and deletes schedules.
-type Client struct {
+// Catalog is the schedules: it defines, lists and deletes them, checking
+// each definition as the scheduler will use it. It is what
+// /api/schedules and the library's Config.Periodic use.
+type Catalog struct {
 	st   Store
 	prep client.Config
 }
 
-// NewClient returns a client over st. prep is the task client's
-// configuration (the shard count and the default max_attempts), with which
-// a definition's task is checked as every enqueued task is.
-func NewClient(st Store, prep client.Config) (*Client, error) {
+// NewCatalog returns the schedules of st. prep is the task operations'
+// configuration (the shard count and the default max_attempts), with
+// which a definition's task is checked as every enqueued task is.
+func NewCatalog(st Store, prep client.Config) (*Catalog, error) {
 	prep = prep.WithDefaults()
 	if err := prep.Validate(); err != nil {
-		return nil, fmt.Errorf("schedule client: %w", err)
+		return nil, fmt.Errorf("schedule catalog: %w", err)
 	}
-	return &Client{st: st, prep: prep}, nil
+	return &Catalog{st: st, prep: prep}, nil
 }
 
 // Prepare validates d and returns the row to store, with its first tick:
 // the first tick from now on (an interval schedule without a start starts
 // one interval after now). Create gives it the database's time.
-func (c *Client) Prepare(d Definition, now time.Time) (store.Schedule, error) {
+func (c *Catalog) Prepare(d Definition, now time.Time) (store.Schedule, error) {
 	if err := checkName(d.Name); err != nil {
 		return store.Schedule{}, err
 	}
+	if err := checkTask(d.Task.Options); err != nil {
+		return store.Schedule{}, err
+	}
 	// The task of a tick must be valid now, as it will be at every tick.
-	in, err := c.prep.Prepare(d.task(), now)
+	in, err := c.prep.Prepare(d.Task, now)
 	if err != nil {
 		return store.Schedule{}, err
 	}
@@ -108,8 +100,12 @@ func (c *Client) Prepare(d Definition, now time.Time) (store.Schedule, error) {
 	if first.Equal(Never) {
 		return store.Schedule{}, &tasks.FieldError{Field: "cron", Problem: fmt.Sprintf("%q has no tick in the next five years", d.Cron)}
 	}
-	sc := store.Schedule{Name: d.Name, Kind: d.Kind, Key: d.Key, Payload: in.Payload, MaxAttempts: d.MaxAttempts,
-		Queue: in.Queue, Priority: in.Priority, SequenceKey: in.SequenceKey, SequenceBlocks: in.SequenceBlocks,
+	// Stored with the defaults every tick's task gets, but the key and
+	// max_attempts chosen at each tick: a random key per task, the
+	// enqueuing client's default.
+	task := in.NewTask
+	task.Key, task.MaxAttempts = d.Task.Key, d.Task.MaxAttempts
+	sc := store.Schedule{Name: d.Name, Task: task,
 		Every: spec.Every, Cron: spec.Cron, Timezone: spec.Timezone, Start: spec.Start, NextTick: first}
 	if sc.Start.IsZero() {
 		sc.Start = now
@@ -121,7 +117,7 @@ func (c *Client) Prepare(d Definition, now time.Time) (store.Schedule, error) {
 // the name is taken. Its first tick is computed from the database's time
 // (now() of the transaction that stores it), as every time rule of the
 // scheduler is: a process whose clock runs ahead would skip ticks.
-func (c *Client) Create(ctx context.Context, d Definition) (store.Schedule, error) {
+func (c *Catalog) Create(ctx context.Context, d Definition) (store.Schedule, error) {
 	// Invalid definitions are refused before the database is asked.
 	if _, err := c.Prepare(d, time.Now()); err != nil {
 		return store.Schedule{}, err
@@ -134,7 +130,7 @@ func (c *Client) Create(ctx context.Context, d Definition) (store.Schedule, erro
 // at every start. A restart with the same definition changes nothing, and
 // one that changes only the task keeps the next tick. The result says
 // whether it was created, updated or unchanged.
-func (c *Client) Upsert(ctx context.Context, d Definition) (store.Schedule, store.Upserted, error) {
+func (c *Catalog) Upsert(ctx context.Context, d Definition) (store.Schedule, store.Upserted, error) {
 	if d.Every > 0 && d.Start.IsZero() {
 		// Declared without a start, an interval ticks at whole multiples of
 		// itself since the Unix epoch, so that every start of the program
@@ -180,7 +176,7 @@ func (req ListRequest) Check() error {
 
 // List returns one page of schedules by name; follow Page.Next (as
 // req.After) until it is "".
-func (c *Client) List(ctx context.Context, req ListRequest) (Page, error) {
+func (c *Catalog) List(ctx context.Context, req ListRequest) (Page, error) {
 	if err := req.Check(); err != nil {
 		return Page{}, err
 	}
@@ -201,11 +197,26 @@ func (c *Client) List(ctx context.Context, req ListRequest) (Page, error) {
 // tasks it enqueued stay. A name no schedule can have is a
 // *tasks.FieldError, before the database sees it (it may be text
 // PostgreSQL refuses).
-func (c *Client) Delete(ctx context.Context, name string) (bool, error) {
+func (c *Catalog) Delete(ctx context.Context, name string) (bool, error) {
 	if err := checkName(name); err != nil {
 		return false, err
 	}
 	return c.st.DeleteSchedule(ctx, name)
+}
+
+// checkTask refuses the options that are not a schedule's task's, naming
+// the field: each tick's task runs at its tick (run_after), and is its own
+// (unique_key); a deadline would be one instant for every tick.
+func checkTask(o tasks.Options) error {
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"run_after", !o.RunAfter.IsZero()}, {"deadline", !o.Deadline.IsZero()}, {"unique_key", o.UniqueKey != ""}} {
+		if f.set {
+			return &tasks.FieldError{Field: f.name, Problem: "is not an option of a schedule's task: each tick's task runs at its tick and is its own"}
+		}
+	}
+	return nil
 }
 
 // checkName reports whether name can name a schedule.

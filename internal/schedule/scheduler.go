@@ -14,7 +14,6 @@ import (
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/wake"
 	"github.com/shardrun/shardrun/store"
-	"github.com/shardrun/shardrun/tasks"
 )
 
 // TickStore is what the Scheduler needs from the database (store.Store).
@@ -160,8 +159,7 @@ func (s *Scheduler) plan(sc store.Schedule, now, termStart time.Time) (store.Tic
 	ticks, next, skipped := Plan(timer, sc.NextTick, now, termStart)
 	p := store.TickPlan{Next: next, Skipped: skipped}
 	for _, at := range ticks {
-		in, err := s.prep.Prepare(tasks.NewTask{Kind: sc.Kind, Key: sc.Key, Payload: sc.Payload, MaxAttempts: sc.MaxAttempts,
-			Queue: sc.Queue, Priority: sc.Priority, SequenceKey: sc.SequenceKey, SequenceContinue: sc.SequenceKey != "" && !sc.SequenceBlocks}, now)
+		in, err := s.prep.Prepare(sc.Task, now)
 		if err != nil {
 			s.errors()
 			s.term.Log.Error("the task of a schedule is invalid; it stops ticking", "schedule", sc.Name, "error", err)

@@ -13,13 +13,14 @@ import (
 	"github.com/shardrun/shardrun/internal/leader"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 type bundle struct {
 	st     *store.Store
-	client *Client
+	client *Catalog
 }
 
 func setup(t *testing.T) bundle {
@@ -28,7 +29,7 @@ func setup(t *testing.T) bundle {
 	if ok, err := st.RaiseLeaderFence(context.Background(), "leader", 1); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	c, err := NewClient(st, client.Config{ShardCount: 16})
+	c, err := NewCatalog(st, client.Config{ShardCount: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func newScheduler(t *testing.T, st TickStore, epoch int64) testScheduler {
 func TestSchedulerEnqueuesEachTickOnce(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	sc, err := b.client.Create(ctx, Definition{Name: "nightly", Kind: "noop", Every: time.Hour})
+	sc, err := b.client.Create(ctx, Definition{Name: "nightly", Task: tasks.NewTask{Kind: "noop"}, Every: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestSchedulerEnqueuesEachTickOnce(t *testing.T) {
 func TestUniqueTickIndexRefusesADuplicate(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	if _, err := b.client.Create(ctx, Definition{Name: "dup", Kind: "noop", Every: time.Minute}); err != nil {
+	if _, err := b.client.Create(ctx, Definition{Name: "dup", Task: tasks.NewTask{Kind: "noop"}, Every: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.st.Pool().Exec(ctx, `UPDATE schedules SET next_tick = now() - interval '1 second'`); err != nil {
@@ -144,8 +145,8 @@ func TestUniqueTickIndexRefusesADuplicate(t *testing.T) {
 func TestTicksDueDuringTheTermAreAllEnqueued(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	if _, err := b.client.Create(ctx, Definition{Name: "fast", Kind: "noop", Every: time.Second,
-		Payload: []byte(`{"n": 1}`), MaxAttempts: 2}); err != nil {
+	if _, err := b.client.Create(ctx, Definition{Name: "fast", Task: tasks.NewTask{Kind: "noop",
+		Payload: []byte(`{"n": 1}`), Options: tasks.Options{MaxAttempts: 2}}, Every: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	s := newScheduler(t, b.st, 1)
@@ -179,25 +180,25 @@ func TestClientValidatesAndDeletes(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	for _, d := range []Definition{
-		{Name: "bad name!", Kind: "noop", Every: time.Minute},
+		{Name: "bad name!", Task: tasks.NewTask{Kind: "noop"}, Every: time.Minute},
 		{Name: "x", Every: time.Minute},
-		{Name: "x", Kind: "noop"},
-		{Name: "x", Kind: "noop", Cron: "61 * * * *"},
-		{Name: "x", Kind: "noop", Cron: "0 9 * * *", Timezone: "Nowhere/Land"},
-		{Name: "x", Kind: "noop", Every: time.Minute, Payload: []byte(`{`)},
+		{Name: "x", Task: tasks.NewTask{Kind: "noop"}},
+		{Name: "x", Task: tasks.NewTask{Kind: "noop"}, Cron: "61 * * * *"},
+		{Name: "x", Task: tasks.NewTask{Kind: "noop"}, Cron: "0 9 * * *", Timezone: "Nowhere/Land"},
+		{Name: "x", Task: tasks.NewTask{Kind: "noop", Payload: []byte(`{`)}, Every: time.Minute},
 	} {
 		if _, err := b.client.Create(ctx, d); err == nil {
 			t.Errorf("%+v was accepted", d)
 		}
 	}
-	sc, err := b.client.Create(ctx, Definition{Name: "berlin", Kind: "noop", Cron: "0 9 * * *", Timezone: "Europe/Berlin"})
+	sc, err := b.client.Create(ctx, Definition{Name: "berlin", Task: tasks.NewTask{Kind: "noop"}, Cron: "0 9 * * *", Timezone: "Europe/Berlin"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if loc, _ := time.LoadLocation("Europe/Berlin"); sc.NextTick.In(loc).Hour() != 9 {
 		t.Fatalf("first tick %s is not 09:00 in Berlin", sc.NextTick)
 	}
-	if _, err := b.client.Create(ctx, Definition{Name: "berlin", Kind: "noop", Every: time.Minute}); !errors.Is(err, store.ErrScheduleExists) {
+	if _, err := b.client.Create(ctx, Definition{Name: "berlin", Task: tasks.NewTask{Kind: "noop"}, Every: time.Minute}); !errors.Is(err, store.ErrScheduleExists) {
 		t.Fatalf("second schedule named berlin: %v", err)
 	}
 	if ok, err := b.client.Delete(ctx, "berlin"); !ok || err != nil {
@@ -230,7 +231,7 @@ func (f *failFirst) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 func TestTermStartsWhenLeadershipStarted(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	if _, err := b.client.Create(ctx, Definition{Name: "fast", Kind: "noop", Every: time.Second}); err != nil {
+	if _, err := b.client.Create(ctx, Definition{Name: "fast", Task: tasks.NewTask{Kind: "noop"}, Every: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	// Leadership began 10s ago; the schedule's ticks came due from 5.5s
@@ -275,16 +276,16 @@ func (f fixedNow) CreateSchedule(_ context.Context, prepare func(now time.Time) 
 // its now() to the client, and the client computes the first tick from it.
 func TestFirstTickComesFromTheDatabaseClock(t *testing.T) {
 	dbNow := time.Date(2020, 5, 17, 10, 20, 30, 0, time.UTC)
-	c, err := NewClient(fixedNow{at: dbNow}, client.Config{ShardCount: 16})
+	c, err := NewCatalog(fixedNow{at: dbNow}, client.Config{ShardCount: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	iv, err := c.Create(ctx, Definition{Name: "iv", Kind: "noop", Every: time.Minute})
+	iv, err := c.Create(ctx, Definition{Name: "iv", Task: tasks.NewTask{Kind: "noop"}, Every: time.Minute})
 	if err != nil || !iv.Start.Equal(dbNow.Add(time.Minute)) || !iv.NextTick.Equal(iv.Start) {
 		t.Fatalf("interval schedule: start %s, first tick %s (%v); want both one minute after the database's now %s", iv.Start, iv.NextTick, err, dbNow)
 	}
-	cr, err := c.Create(ctx, Definition{Name: "cr", Kind: "noop", Cron: "*/5 * * * *"})
+	cr, err := c.Create(ctx, Definition{Name: "cr", Task: tasks.NewTask{Kind: "noop"}, Cron: "*/5 * * * *"})
 	if want := time.Date(2020, 5, 17, 10, 25, 0, 0, time.UTC); err != nil || !cr.NextTick.Equal(want) {
 		t.Fatalf("cron schedule: first tick %s (%v), want %s", cr.NextTick, err, want)
 	}
@@ -295,7 +296,7 @@ func TestFirstTickComesFromTheDatabaseClock(t *testing.T) {
 	var got time.Time
 	sc, err := b.st.CreateSchedule(ctx, func(now time.Time) (store.Schedule, error) {
 		got = now
-		return b.client.Prepare(Definition{Name: "db", Kind: "noop", Every: time.Minute}, now)
+		return b.client.Prepare(Definition{Name: "db", Task: tasks.NewTask{Kind: "noop"}, Every: time.Minute}, now)
 	})
 	if err != nil || !got.Equal(sc.CreatedAt) {
 		t.Fatalf("prepared at %s, created at %s (%v): want the transaction's now()", got, sc.CreatedAt, err)
@@ -309,7 +310,7 @@ func TestFirstTickComesFromTheDatabaseClock(t *testing.T) {
 func TestUpsertKeepsTheNextTickAndTicksCarryTheTaskOptions(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	d := Definition{Name: "report", Kind: "report", Every: time.Hour, Queue: "reports", Priority: 1, SequenceKey: "reports"}
+	d := Definition{Name: "report", Task: tasks.NewTask{Kind: "report", Options: tasks.Options{Queue: "reports", Priority: 1, SequenceKey: "reports"}}, Every: time.Hour}
 	first, what, err := b.client.Upsert(ctx, d)
 	if err != nil || what != store.ScheduleCreated {
 		t.Fatalf("first declaration: %v, %v", what, err)
@@ -320,10 +321,10 @@ func TestUpsertKeepsTheNextTickAndTicksCarryTheTaskOptions(t *testing.T) {
 	if _, what, err := b.client.Upsert(ctx, d); err != nil || what != store.ScheduleUnchanged {
 		t.Fatalf("the same declaration again: %v, %v", what, err)
 	}
-	d.Priority = 2
+	d.Task.Priority = 2
 	again, what, err := b.client.Upsert(ctx, d)
-	if err != nil || what != store.ScheduleUpdated || !again.NextTick.Equal(first.NextTick) || again.Priority != 2 {
-		t.Fatalf("a changed task: %v, %v, next %s (was %s), priority %d", what, err, again.NextTick, first.NextTick, again.Priority)
+	if err != nil || what != store.ScheduleUpdated || !again.NextTick.Equal(first.NextTick) || again.Task.Priority != 2 {
+		t.Fatalf("a changed task: %v, %v, next %s (was %s), priority %d", what, err, again.NextTick, first.NextTick, again.Task.Priority)
 	}
 	d.Every = 2 * time.Hour
 	if moved, what, err := b.client.Upsert(ctx, d); err != nil || what != store.ScheduleUpdated || moved.NextTick.Sub(moved.NextTick.Truncate(2*time.Hour)) != 0 {

@@ -1,8 +1,8 @@
 // Package schedule is shardrun's periodic tasks: a schedule enqueues a
 // task at each of its ticks, every fixed interval or by a cron expression
-// in a time zone. Schedules are defined through the coordinator's API or
-// Client, stored in PostgreSQL, and the leader coordinator's Scheduler
-// enqueues each tick once.
+// in a time zone. Schedules are defined through the Catalog (behind the
+// coordinator's /api/schedules and the library's Config.Periodic), stored
+// in PostgreSQL, and the leader's Scheduler enqueues each tick once.
 //
 // Exactly once: the Scheduler inserts a tick's task and moves the
 // schedule's next tick past it in one transaction under the coordinator
