@@ -216,6 +216,35 @@ func TestLogsGoToSlog(t *testing.T) {
 	}
 }
 
+// TestPeriodicTaskTakesATasksOptions: a periodic task's Opts are a task's
+// options (EnqueueOpts) and SkipWhileUnfinished is the schedule's, both
+// stored with it; the options a tick's task cannot take are refused
+// naming them.
+func TestPeriodicTaskTakesATasksOptions(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	c, err := shardrun.NewClient(ctx, w.pool, nil, quiet(t, shardrun.Config{ShardCount: 16, Periodic: []shardrun.PeriodicTask{{
+		Name: "guarded", Every: time.Hour, Args: Greet{Name: "all"}, SkipWhileUnfinished: true,
+		Opts: &shardrun.EnqueueOpts{Queue: "greetings", Priority: 2, MaxAttempts: 3}}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	var queue string
+	var priority, maxAttempts int
+	var skip bool
+	if err := w.pool.QueryRow(ctx, `SELECT queue, priority, max_attempts, skip_while_unfinished FROM schedules WHERE name = 'guarded'`).
+		Scan(&queue, &priority, &maxAttempts, &skip); err != nil || queue != "greetings" || priority != 2 || maxAttempts != 3 || !skip {
+		t.Fatalf("stored queue %q, priority %d, max_attempts %d, skip_while_unfinished %v (%v)", queue, priority, maxAttempts, skip, err)
+	}
+	_, err = shardrun.NewClient(ctx, w.pool, nil, quiet(t, shardrun.Config{ShardCount: 16, Periodic: []shardrun.PeriodicTask{{
+		Name: "late", Every: time.Hour, Args: Greet{}, Opts: &shardrun.EnqueueOpts{UniqueKey: "u"}}}}))
+	var fe *tasks.FieldError
+	if !errors.As(err, &fe) || fe.Field != "unique_key" {
+		t.Fatalf("a periodic task with a unique key: %v, want it refused naming unique_key", err)
+	}
+}
+
 func newPool(t *testing.T, dsn string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(dsn)

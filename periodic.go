@@ -25,6 +25,14 @@ type PeriodicTask struct {
 	Timezone string
 	Args     Args
 	Opts     *EnqueueOpts
+	// SkipWhileUnfinished skips a tick, rather than enqueue its task,
+	// while the task of the last tick enqueued is unfinished (ready,
+	// waiting or running): at most one task of the schedule is unfinished
+	// at a time. Without it every tick is enqueued, and a kind no runner
+	// handles piles up one ready task per tick. Skipped ticks are counted
+	// (the schedule's skipped, shardrun_schedule_ticks_skipped_total
+	// {reason="unfinished"}) and never enqueued later.
+	SkipWhileUnfinished bool
 }
 
 // declare stores p, or updates the schedule of its name to it.
@@ -33,7 +41,7 @@ func (c *Client) declare(ctx context.Context, p PeriodicTask) error {
 	if err != nil {
 		return fmt.Errorf("shardrun: periodic task %q: %w", p.Name, err)
 	}
-	d := schedule.Definition{Name: p.Name, Task: n,
+	d := schedule.Definition{Name: p.Name, Task: n, SkipWhileUnfinished: p.SkipWhileUnfinished,
 		Every: p.Every, Start: p.Start, Cron: p.Cron, Timezone: p.Timezone}
 	sc, what, err := c.schedules.Upsert(ctx, d)
 	if err != nil {

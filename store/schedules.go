@@ -32,21 +32,28 @@ type Schedule struct {
 	// each tick's task) and MaxAttempts 0 (the enqueuing client's default)
 	// are chosen at each tick. RunAfter, Deadline and UniqueKey are never
 	// set: each tick's task runs at its tick, and is its own.
-	Task       tasks.NewTask
-	Every      time.Duration
-	Cron       string
-	Timezone   string
-	Start      time.Time
-	NextTick   time.Time
-	LastTick   *time.Time
-	LastTaskID *int64
-	// Skipped counts the ticks the missed-tick policy did not enqueue.
+	Task tasks.NewTask
+	// SkipWhileUnfinished: a tick that comes due while the task of the
+	// schedule's last enqueued tick is unfinished (ready, waiting or
+	// running) is skipped, not enqueued.
+	SkipWhileUnfinished bool
+	Every               time.Duration
+	Cron                string
+	Timezone            string
+	Start               time.Time
+	NextTick            time.Time
+	LastTick            *time.Time
+	LastTaskID          *int64
+	// Skipped counts the ticks not enqueued: missed while no leader ran
+	// (the missed-tick policy enqueues the latest only), or skipped while
+	// the last tick's task was unfinished (SkipWhileUnfinished).
 	Skipped   int64
 	CreatedAt time.Time
 }
 
 const scheduleColumns = `id, name, kind, key, payload, coalesce(max_attempts, 0), queue, priority, coalesce(sequence_key, ''),
-	sequence_blocks, coalesce(every_ms, 0), coalesce(cron, ''), timezone, start_at, next_tick, last_tick, last_task_id, skipped, created_at`
+	sequence_blocks, skip_while_unfinished, coalesce(every_ms, 0), coalesce(cron, ''), timezone, start_at, next_tick, last_tick,
+	last_task_id, skipped, created_at`
 
 func scanSchedule(r pgx.CollectableRow) (Schedule, error) { return scanScheduleAnd(r) }
 
@@ -58,8 +65,8 @@ func scanScheduleAnd(r pgx.CollectableRow, more ...any) (Schedule, error) {
 	var blocks bool
 	t := &sc.Task
 	err := r.Scan(append([]any{&sc.ID, &sc.Name, &t.Kind, &t.Key, &t.Payload, &t.MaxAttempts, &t.Queue, &t.Priority, &t.SequenceKey,
-		&blocks, &everyMS, &sc.Cron, &sc.Timezone, &sc.Start, &sc.NextTick, &sc.LastTick, &sc.LastTaskID, &sc.Skipped, &sc.CreatedAt},
-		more...)...)
+		&blocks, &sc.SkipWhileUnfinished, &everyMS, &sc.Cron, &sc.Timezone, &sc.Start, &sc.NextTick, &sc.LastTick, &sc.LastTaskID,
+		&sc.Skipped, &sc.CreatedAt}, more...)...)
 	t.SequenceContinue = t.SequenceKey != "" && !blocks
 	sc.Every = time.Duration(everyMS) * time.Millisecond
 	return sc, err
@@ -135,24 +142,26 @@ func (s *Store) putSchedule(ctx context.Context, prepare func(now time.Time) (Sc
 			conflict = `ON CONFLICT (name) DO UPDATE SET kind = excluded.kind, key = excluded.key, payload = excluded.payload,
 				max_attempts = excluded.max_attempts, queue = excluded.queue, priority = excluded.priority,
 				sequence_key = excluded.sequence_key, sequence_blocks = excluded.sequence_blocks,
+				skip_while_unfinished = excluded.skip_while_unfinished,
 				every_ms = excluded.every_ms, cron = excluded.cron, timezone = excluded.timezone, start_at = excluded.start_at,
 				next_tick = CASE WHEN (s.every_ms, s.cron, s.timezone, s.start_at) IS NOT DISTINCT FROM
 				                      (excluded.every_ms, excluded.cron, excluded.timezone, excluded.start_at)
 				                 THEN s.next_tick ELSE excluded.next_tick END
 			WHERE (s.kind, s.key, s.payload, s.max_attempts, s.queue, s.priority, s.sequence_key, s.sequence_blocks,
-			       s.every_ms, s.cron, s.timezone, s.start_at)
+			       s.skip_while_unfinished, s.every_ms, s.cron, s.timezone, s.start_at)
 			      IS DISTINCT FROM
 			      (excluded.kind, excluded.key, excluded.payload, excluded.max_attempts, excluded.queue, excluded.priority,
-			       excluded.sequence_key, excluded.sequence_blocks, excluded.every_ms, excluded.cron, excluded.timezone, excluded.start_at)`
+			       excluded.sequence_key, excluded.sequence_blocks, excluded.skip_while_unfinished, excluded.every_ms,
+			       excluded.cron, excluded.timezone, excluded.start_at)`
 		}
 		rows, err := tx.Query(ctx, `
 			INSERT INTO schedules AS s (name, kind, key, payload, max_attempts, queue, priority, sequence_key, sequence_blocks,
-				every_ms, cron, timezone, start_at, next_tick)
-			VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+				skip_while_unfinished, every_ms, cron, timezone, start_at, next_tick)
+			VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 			`+conflict+`
 			RETURNING `+scheduleColumns+`, s.xmax = 0`,
 			sc.Name, t.Kind, t.Key, payload, maxAttempts, t.Queue, t.Priority, nullable(t.SequenceKey), t.SequenceKey != "" && !t.SequenceContinue,
-			every, cron, sc.Timezone, sc.Start, sc.NextTick)
+			sc.SkipWhileUnfinished, every, cron, sc.Timezone, sc.Start, sc.NextTick)
 		if err != nil {
 			return err
 		}
@@ -217,12 +226,24 @@ type Tick struct {
 	Task Insert
 }
 
+// Due is a schedule whose next tick is due, as EnqueueTicks hands it to
+// its plan.
+type Due struct {
+	Schedule
+	// LastTaskUnfinished: the task of the schedule's last enqueued tick is
+	// unfinished (ready, waiting or running). Read only for a schedule
+	// that SkipWhileUnfinished, in the batch's transaction.
+	LastTaskUnfinished bool
+}
+
 // TickPlan is what to do with one due schedule: enqueue Ticks (in order),
-// move next_tick to Next, and count Skipped ticks not enqueued.
+// move next_tick to Next, and count Skipped ticks not enqueued, of which
+// SkippedUnfinished were skipped while the last tick's task was
+// unfinished (the rest were missed while no leader ran).
 type TickPlan struct {
-	Ticks   []Tick
-	Next    time.Time
-	Skipped int64
+	Ticks                      []Tick
+	Next                       time.Time
+	Skipped, SkippedUnfinished int64
 }
 
 // TickResult is what one EnqueueTicks batch did.
@@ -234,8 +255,9 @@ type TickResult struct {
 	TermStart time.Time
 	// Schedules were due; Enqueued tasks were inserted; Duplicates were
 	// refused by the unique (schedule, tick) index; Skipped were left out
-	// by the plans.
-	Schedules, Enqueued, Duplicates, Skipped int
+	// by the plans, SkippedUnfinished of them while the last tick's task
+	// was unfinished.
+	Schedules, Enqueued, Duplicates, Skipped, SkippedUnfinished int
 	// NextDue is the earliest next tick of any schedule after the batch
 	// (zero when there are no schedules).
 	NextDue time.Time
@@ -244,13 +266,14 @@ type TickResult struct {
 // EnqueueTicks runs one transaction under the leadership epoch
 // (ErrNotLeader otherwise): it locks up to limit schedules whose next tick
 // is due by the database clock, asks plan what to enqueue for each (given
-// the database's now and the term's start, when the fence was raised to
-// epoch), inserts those tasks with their (schedule, tick) and
+// the database's now, the term's start, when the fence was raised to
+// epoch, and, for a schedule that skips ticks while its last tick's task
+// is unfinished, whether it is), inserts those tasks with their (schedule, tick) and
 // moves each schedule's next_tick, all or nothing. The coordinator fence
 // row stays locked FOR SHARE until the commit, so a new leader's fence
 // raise waits for this transaction and sees its result.
 func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
-	plan func(sc Schedule, now, termStart time.Time) (TickPlan, error)) (TickResult, error) {
+	plan func(d Due, now, termStart time.Time) (TickPlan, error)) (TickResult, error) {
 	var res TickResult
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var raised *time.Time
@@ -263,12 +286,21 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 			return ErrNotLeader
 		}
 		res.TermStart = *raised
-		rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules
-			WHERE next_tick <= now() ORDER BY next_tick LIMIT $1 FOR UPDATE SKIP LOCKED`, limit)
+		// A task's record says 'ready' from its insert until it finishes
+		// (waiting and running included); a task retention deleted is
+		// finished.
+		rows, err := tx.Query(ctx, `SELECT `+scheduleColumns+`,
+				s.skip_while_unfinished AND EXISTS (SELECT 1 FROM tasks t WHERE t.id = s.last_task_id AND t.state = 'ready')
+			FROM schedules s WHERE next_tick <= now() ORDER BY next_tick LIMIT $1 FOR UPDATE OF s SKIP LOCKED`, limit)
 		if err != nil {
 			return err
 		}
-		due, err := pgx.CollectRows(rows, scanSchedule)
+		due, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Due, error) {
+			var d Due
+			var err error
+			d.Schedule, err = scanScheduleAnd(r, &d.LastTaskUnfinished)
+			return d, err
+		})
 		if err != nil {
 			return err
 		}
@@ -277,7 +309,7 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 		if err != nil {
 			return err
 		}
-		res.Skipped = r.skippedTotal
+		res.Skipped, res.SkippedUnfinished = r.skippedTotal, r.unfinishedTotal
 		if len(due) == 0 {
 			return tx.QueryRow(ctx, `SELECT coalesce(min(next_tick), 'epoch') FROM schedules`).Scan(&res.NextDue)
 		}
@@ -340,6 +372,7 @@ type tickRows struct {
 	lastTicks             []*time.Time
 	skipped               []int64
 	skippedTotal          int
+	unfinishedTotal       int
 	tIDs                  []int64
 	tTicks                []time.Time
 	kinds, keys, payloads []string
@@ -350,11 +383,12 @@ type tickRows struct {
 }
 
 // planTicks applies plan to each due schedule.
-func planTicks(due []Schedule, plan func(sc Schedule, now, termStart time.Time) (TickPlan, error), now, termStart time.Time) (tickRows, error) {
+func planTicks(due []Due, plan func(d Due, now, termStart time.Time) (TickPlan, error), now, termStart time.Time) (tickRows, error) {
 	r := tickRows{schedIDs: make([]int64, 0, len(due)), nexts: make([]time.Time, 0, len(due)),
 		lastTicks: make([]*time.Time, 0, len(due)), skipped: make([]int64, 0, len(due))}
-	for _, sc := range due {
-		p, err := plan(sc, now, termStart)
+	for _, d := range due {
+		sc := d.Schedule
+		p, err := plan(d, now, termStart)
 		if err != nil {
 			return r, fmt.Errorf("planning the ticks of schedule %q: %w", sc.Name, err)
 		}
@@ -373,6 +407,7 @@ func planTicks(due []Schedule, plan func(sc Schedule, now, termStart time.Time) 
 		}
 		r.schedIDs, r.nexts, r.lastTicks, r.skipped = append(r.schedIDs, sc.ID), append(r.nexts, p.Next), append(r.lastTicks, last), append(r.skipped, p.Skipped)
 		r.skippedTotal += int(p.Skipped)
+		r.unfinishedTotal += int(p.SkippedUnfinished)
 	}
 	return r, nil
 }

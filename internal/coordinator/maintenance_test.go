@@ -270,8 +270,18 @@ func TestSchedulesAPI(t *testing.T) {
 		!strings.Contains(body, `"changed":true`) || !strings.Contains(body, `"priority":2`) {
 		t.Fatalf("PUT with a new priority: %d %s", code, body)
 	}
+	// skip_while_unfinished is a schedule's, stored and shown; a change of
+	// it alone changes the schedule.
+	if code, body := testutil.HTTP(t, "PUT", base+"/report", "tok", strings.Replace(report, `"priority": 1`, `"priority": 2, "skip_while_unfinished": true`, 1)); code != 200 ||
+		!strings.Contains(body, `"changed":true`) || !strings.Contains(body, `"skip_while_unfinished":true`) {
+		t.Fatalf("PUT with skip_while_unfinished: %d %s", code, body)
+	}
+	if code, body := testutil.HTTP(t, "GET", base, "tok", ""); code != 200 || !strings.Contains(body, `"skip_while_unfinished":true`) {
+		t.Fatalf("the listing of a schedule that skips ticks while unfinished: %d %s", code, body)
+	}
 	for _, tc := range []struct{ body, field string }{
 		{`{"name": "other", "kind": "report", "every": "1h"}`, "name"},
+		{`{"kind": "report", "every": "1h", "skip_while_unfinished": null}`, "skip_while_unfinished"},
 		{`{"kind": "report", "every": "1h", "priority": 0}`, "priority"},
 		{`{"kind": "report", "every": "1h", "queue": ""}`, "queue"},
 		{`{"kind": "report", "every": "1h", "queue": "a b"}`, "queue"},
@@ -328,7 +338,8 @@ func TestUnhandledKindsVisibleAndFailed(t *testing.T) {
 	_, body := testutil.HTTP(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
 	for _, want := range []string{`shardrun_unrunnable_tasks{kind="mystery",queue="default"} 10`,
 		`shardrun_unrunnable_tasks{kind="report",queue="default"} 10`, `shardrun_unrunnable_tasks{kind="noop",queue="mail"} 10`,
-		`shardrun_retention_deleted_total{state="completed"} 0`, "shardrun_schedule_ticks_skipped_total 0"} {
+		`shardrun_retention_deleted_total{state="completed"} 0`, `shardrun_schedule_ticks_skipped_total{reason="missed"} 0`,
+		`shardrun_schedule_ticks_skipped_total{reason="unfinished"} 0`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

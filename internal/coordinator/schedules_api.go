@@ -35,6 +35,9 @@ type ScheduleRequest struct {
 	Kind    string          `json:"kind"`
 	Payload json.RawMessage `json:"payload,omitempty"`
 	tasks.Options
+	// SkipWhileUnfinished skips a tick while the task of the last tick
+	// enqueued is unfinished (schedule.Definition).
+	SkipWhileUnfinished bool `json:"skip_while_unfinished,omitempty"`
 	// Every is a Go duration ("90s", "5m", "1h"); or Cron with Timezone.
 	Every    *string    `json:"every,omitempty"`
 	Start    *time.Time `json:"start,omitempty"`
@@ -75,7 +78,8 @@ func decodeSchedule(w http.ResponseWriter, r *http.Request, name string) (schedu
 // definition turns the request into a schedule.Definition, refusing a
 // timing field given with the value that means "not set" there.
 func (req ScheduleRequest) definition() (schedule.Definition, error) {
-	d := schedule.Definition{Name: req.Name, Task: tasks.NewTask{Kind: req.Kind, Payload: req.Payload, Options: req.Options}}
+	d := schedule.Definition{Name: req.Name, SkipWhileUnfinished: req.SkipWhileUnfinished,
+		Task: tasks.NewTask{Kind: req.Kind, Payload: req.Payload, Options: req.Options}}
 	var every string
 	var err error
 	for _, f := range []struct {
@@ -118,7 +122,8 @@ type ScheduleSummary struct {
 	NextRun    time.Time  `json:"next_run"`
 	LastRun    *time.Time `json:"last_run,omitempty"`
 	LastTaskID *int64     `json:"last_task_id,omitempty"`
-	// Skipped counts ticks missed while no leader ran and not enqueued.
+	// Skipped counts the ticks not enqueued: missed while no leader ran,
+	// or skipped while the last tick's task was unfinished.
 	Skipped int64 `json:"skipped"`
 }
 
@@ -132,8 +137,11 @@ type ScheduleView struct {
 	Priority         int             `json:"priority"`
 	SequenceKey      string          `json:"sequence_key,omitempty"`
 	SequenceContinue bool            `json:"sequence_continue,omitempty"`
-	Start            *time.Time      `json:"start,omitempty"`
-	CreatedAt        time.Time       `json:"created_at"`
+	// SkipWhileUnfinished: ticks are skipped while the last tick's task is
+	// unfinished.
+	SkipWhileUnfinished bool       `json:"skip_while_unfinished,omitempty"`
+	Start               *time.Time `json:"start,omitempty"`
+	CreatedAt           time.Time  `json:"created_at"`
 }
 
 // ScheduleCreated is the answer of POST /api/schedules and PUT
@@ -166,7 +174,7 @@ func viewOf(sc store.Schedule) ScheduleView {
 	t := sc.Task
 	v := ScheduleView{ID: sc.ID, ScheduleSummary: summarize(sc), Key: t.Key, Payload: t.Payload,
 		MaxAttempts: t.MaxAttempts, Priority: t.Priority, SequenceKey: t.SequenceKey, SequenceContinue: t.SequenceContinue,
-		CreatedAt: sc.CreatedAt.UTC()}
+		SkipWhileUnfinished: sc.SkipWhileUnfinished, CreatedAt: sc.CreatedAt.UTC()}
 	if sc.Every > 0 {
 		start := sc.Start.UTC()
 		v.Start = &start

@@ -24,6 +24,12 @@ type Definition struct {
 	// Deadline and UniqueKey are not a schedule's: each tick's task runs at
 	// its tick, and is its own.
 	Task tasks.NewTask
+	// SkipWhileUnfinished skips a tick, rather than enqueue it, while the
+	// task of the schedule's last enqueued tick is unfinished (ready,
+	// waiting or running): at most one of its tasks is unfinished at a
+	// time, whether no runner handles the kind or a run outlasts the
+	// interval. A skipped tick is counted (Skipped) and never enqueued.
+	SkipWhileUnfinished bool
 	// When it ticks: Every (with an optional Start, default one interval
 	// after the definition) or Cron in Timezone.
 	Every    time.Duration
@@ -105,7 +111,7 @@ func (c *Catalog) Prepare(d Definition, now time.Time) (store.Schedule, error) {
 	// enqueuing client's default.
 	task := in.NewTask
 	task.Key, task.MaxAttempts = d.Task.Key, d.Task.MaxAttempts
-	sc := store.Schedule{Name: d.Name, Task: task,
+	sc := store.Schedule{Name: d.Name, Task: task, SkipWhileUnfinished: d.SkipWhileUnfinished,
 		Every: spec.Every, Cron: spec.Cron, Timezone: spec.Timezone, Start: spec.Start, NextTick: first}
 	if sc.Start.IsZero() {
 		sc.Start = now

@@ -19,7 +19,7 @@ import (
 // TickStore is what the Scheduler needs from the database (store.Store).
 type TickStore interface {
 	EnqueueTicks(ctx context.Context, epoch int64, limit int,
-		plan func(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error)
+		plan func(d store.Due, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error)
 }
 
 // How the scheduler works; no flag changes these.
@@ -42,10 +42,11 @@ type Result struct {
 	// fence (zero until a pass succeeded): ticks before it were missed
 	// while no leader ran.
 	TermStart time.Time
-	// Due schedules handled, tasks Enqueued, ticks Skipped by the
-	// missed-tick policy, Duplicates refused by the unique index (never
-	// expected).
-	Due, Enqueued, Skipped, Duplicates int
+	// Due schedules handled, tasks Enqueued, ticks Skipped (by the
+	// missed-tick policy, and SkippedUnfinished of them while the last
+	// tick's task was unfinished), Duplicates refused by the unique index
+	// (never expected).
+	Due, Enqueued, Skipped, SkippedUnfinished, Duplicates int
 	// NextIn is how long until the earliest next tick (0: none, or due).
 	NextIn time.Duration
 }
@@ -101,7 +102,8 @@ func (s *Scheduler) Pass(ctx context.Context, p *leader.Pass) leader.Result {
 	next := maxWait
 	if err == nil {
 		s.m.enqueued.Add(float64(r.Enqueued))
-		s.m.skipped.Add(float64(r.Skipped))
+		s.m.skipped.WithLabelValues(skippedMissed).Add(float64(r.Skipped - r.SkippedUnfinished))
+		s.m.skipped.WithLabelValues(skippedUnfinished).Add(float64(r.SkippedUnfinished))
 		if r.Duplicates > 0 {
 			s.term.Log.Error("ticks refused as duplicates by the unique (schedule, tick) index", "duplicates", r.Duplicates)
 		}
@@ -128,6 +130,7 @@ func (s *Scheduler) pass(ctx context.Context, p *leader.Pass, r *Result) error {
 		r.Due += res.Schedules
 		r.Enqueued += res.Enqueued
 		r.Skipped += res.Skipped
+		r.SkippedUnfinished += res.SkippedUnfinished
 		r.Duplicates += res.Duplicates
 		r.NextIn = 0
 		if !res.NextDue.IsZero() && res.NextDue.After(res.Now) {
@@ -144,10 +147,12 @@ func (s *Scheduler) pass(ctx context.Context, p *leader.Pass, r *Result) error {
 }
 
 // plan is the missed-tick policy applied to one due schedule (see the
-// package comment). The term starts when the leader raised the
-// coordinator fence, whenever its first pass succeeds: ticks that came due
-// while its passes failed (the database was down) came due in its term.
-func (s *Scheduler) plan(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error) {
+// package comment), then its skip while unfinished. The term starts when
+// the leader raised the coordinator fence, whenever its first pass
+// succeeds: ticks that came due while its passes failed (the database was
+// down) came due in its term.
+func (s *Scheduler) plan(d store.Due, now, termStart time.Time) (store.TickPlan, error) {
+	sc := d.Schedule
 	timer, err := TimerOf(sc)
 	if err != nil {
 		// A stored schedule that no longer compiles (its time zone left the
@@ -157,7 +162,19 @@ func (s *Scheduler) plan(sc store.Schedule, now, termStart time.Time) (store.Tic
 		return store.TickPlan{Next: Never}, nil
 	}
 	ticks, next, skipped := Plan(timer, sc.NextTick, now, termStart)
+	if skipped > 0 {
+		s.term.Log.Warn("ticks missed while no leader ran were skipped; enqueued the latest", "schedule", sc.Name,
+			"skipped", skipped, "from", sc.NextTick, "term_start", termStart)
+	}
 	p := store.TickPlan{Next: next, Skipped: skipped}
+	if sc.SkipWhileUnfinished {
+		ticks, p.SkippedUnfinished = SkipWhileUnfinished(ticks, d.LastTaskUnfinished)
+		p.Skipped += p.SkippedUnfinished
+		if p.SkippedUnfinished > 0 {
+			s.term.Log.Debug("ticks skipped while the last tick's task is unfinished", "schedule", sc.Name,
+				"skipped", p.SkippedUnfinished, "task_id", sc.LastTaskID, "enqueued", len(ticks))
+		}
+	}
 	for _, at := range ticks {
 		in, err := s.prep.Prepare(sc.Task, now)
 		if err != nil {
@@ -167,25 +184,48 @@ func (s *Scheduler) plan(sc store.Schedule, now, termStart time.Time) (store.Tic
 		}
 		p.Ticks = append(p.Ticks, store.Tick{At: at, Task: in})
 	}
-	if skipped > 0 {
-		s.term.Log.Warn("ticks missed while no leader ran were skipped; enqueued the latest", "schedule", sc.Name,
-			"skipped", skipped, "from", sc.NextTick, "term_start", termStart)
-	}
 	return p, nil
+}
+
+// SkipWhileUnfinished applies a schedule's skip while unfinished to the
+// ticks Plan would enqueue: none while the last tick's task is unfinished,
+// and otherwise the first only, whose task is then unfinished when the
+// later ones come due. It returns the ticks to enqueue and how many it
+// skipped.
+func SkipWhileUnfinished(ticks []time.Time, lastUnfinished bool) ([]time.Time, int64) {
+	keep := min(len(ticks), 1)
+	if lastUnfinished {
+		keep = 0
+	}
+	return ticks[:keep], int64(len(ticks) - keep)
 }
 
 // metrics are the scheduler's own metrics; its errors counter is the
 // loop's.
 type metrics struct {
-	enqueued, skipped prometheus.Counter
+	enqueued prometheus.Counter
+	skipped  *prometheus.CounterVec
 }
+
+// The reasons of shardrun_schedule_ticks_skipped_total.
+const (
+	// skippedMissed: missed while no leader ran (the latest is enqueued).
+	skippedMissed = "missed"
+	// skippedUnfinished: skipped while the last tick's task was unfinished.
+	skippedUnfinished = "unfinished"
+)
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
-	return &metrics{
+	m := &metrics{
 		enqueued: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_schedule_ticks_enqueued_total",
 			Help: "Schedule ticks whose task was enqueued."}),
-		skipped: f.NewCounter(prometheus.CounterOpts{Name: "shardrun_schedule_ticks_skipped_total",
-			Help: "Schedule ticks missed while no leader ran and not enqueued (only the latest missed tick is)."}),
+		skipped: f.NewCounterVec(prometheus.CounterOpts{Name: "shardrun_schedule_ticks_skipped_total",
+			Help: "Schedule ticks not enqueued, by reason: missed while no leader ran (only the latest missed tick is enqueued), " +
+				"or unfinished (the schedule skips ticks while its last tick's task is unfinished)."}, []string{"reason"}),
 	}
+	for _, reason := range []string{skippedMissed, skippedUnfinished} {
+		m.skipped.WithLabelValues(reason)
+	}
+	return m
 }

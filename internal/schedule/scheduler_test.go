@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/clock"
@@ -176,7 +177,7 @@ func TestTicksDueDuringTheTermAreAllEnqueued(t *testing.T) {
 	}
 }
 
-func TestClientValidatesAndDeletes(t *testing.T) {
+func TestCatalogValidatesAndDeletes(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	for _, d := range []Definition{
@@ -186,6 +187,10 @@ func TestClientValidatesAndDeletes(t *testing.T) {
 		{Name: "x", Task: tasks.NewTask{Kind: "noop"}, Cron: "61 * * * *"},
 		{Name: "x", Task: tasks.NewTask{Kind: "noop"}, Cron: "0 9 * * *", Timezone: "Nowhere/Land"},
 		{Name: "x", Task: tasks.NewTask{Kind: "noop", Payload: []byte(`{`)}, Every: time.Minute},
+		// Not a schedule's: each tick's task runs at its tick and is its own.
+		{Name: "x", Task: tasks.NewTask{Kind: "noop", Options: tasks.Options{RunAfter: time.Now().Add(time.Hour)}}, Every: time.Minute},
+		{Name: "x", Task: tasks.NewTask{Kind: "noop", Options: tasks.Options{Deadline: time.Now().Add(time.Hour)}}, Every: time.Minute},
+		{Name: "x", Task: tasks.NewTask{Kind: "noop", Options: tasks.Options{UniqueKey: "u"}}, Every: time.Minute},
 	} {
 		if _, err := b.client.Create(ctx, d); err == nil {
 			t.Errorf("%+v was accepted", d)
@@ -217,7 +222,7 @@ type failFirst struct {
 }
 
 func (f *failFirst) EnqueueTicks(ctx context.Context, epoch int64, limit int,
-	plan func(sc store.Schedule, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error) {
+	plan func(d store.Due, now, termStart time.Time) (store.TickPlan, error)) (store.TickResult, error) {
 	if !f.failed {
 		f.failed = true
 		return store.TickResult{}, errors.New("database down")
@@ -352,5 +357,96 @@ func TestUpsertKeepsTheNextTickAndTicksCarryTheTaskOptions(t *testing.T) {
 	}
 	if queue != "reports" || priority != 2 || seq != "reports" || !blocks {
 		t.Fatalf("the tick's task: queue %q, priority %d, sequence %q (blocks %v)", queue, priority, seq, blocks)
+	}
+}
+
+// A schedule that skips ticks while its last tick's task is unfinished
+// enqueues one task, not one per tick, while no runner runs it (issue 42:
+// 56 ready tasks after five minutes); the skipped ticks are counted and
+// never enqueued later, and once the task finished the next tick is
+// enqueued again. An hour passes by moving every time of the schedules and
+// their ticks back an hour (the database's clock is the scheduler's); the
+// scheduler's own clock is fake.
+func TestSkipWhileUnfinishedEnqueuesOneTaskNotN(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	for _, d := range []Definition{
+		{Name: "guarded", Task: tasks.NewTask{Kind: "nobody-runs-this"}, SkipWhileUnfinished: true, Every: time.Hour},
+		{Name: "plain", Task: tasks.NewTask{Kind: "nobody-runs-this"}, Every: time.Hour},
+	} {
+		if _, err := b.client.Create(ctx, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The term began a day ago: every tick below comes due during it.
+	pgtest.Exec(t, b.st, `UPDATE coordinator_fence SET raised_at = now() - interval '1 day'`)
+	s := newScheduler(t, b.st, 1)
+	hourPasses := func() {
+		pgtest.Exec(t, b.st, `UPDATE schedules SET next_tick = next_tick - interval '1 hour', start_at = start_at - interval '1 hour',
+			last_tick = last_tick - interval '1 hour'`)
+		pgtest.Exec(t, b.st, `UPDATE tasks SET schedule_tick = schedule_tick - interval '1 hour' WHERE schedule_id IS NOT NULL`)
+	}
+	const ticks = 6
+	var skipped int
+	for i := range ticks {
+		hourPasses()
+		r := s.runOnce(ctx)
+		want := 1 // the plain schedule's tick
+		if i == 0 {
+			want = 2 // and the guarded one's first
+		}
+		if r.Err != nil || r.Due != 2 || r.Enqueued != want || r.Skipped != r.SkippedUnfinished {
+			t.Fatalf("pass %d: %+v; want the plain schedule's tick and the guarded one's first only", i+1, r)
+		}
+		skipped += r.SkippedUnfinished
+	}
+	if got, plain := pgtest.ScheduleTicks(t, b.st, "guarded"), pgtest.ScheduleTicks(t, b.st, "plain"); len(got) != 1 || len(plain) != ticks {
+		t.Fatalf("guarded schedule: %d tasks, plain: %d; want 1 and %d", len(got), len(plain), ticks)
+	}
+	page, err := b.client.List(ctx, ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	guarded := page.Schedules[0]
+	if guarded.Name != "guarded" || !guarded.SkipWhileUnfinished || guarded.Skipped != ticks-1 || skipped != ticks-1 ||
+		guarded.LastTaskID == nil || !guarded.NextTick.After(time.Now()) {
+		t.Fatalf("guarded schedule %+v after %d ticks (%d skipped in the passes); want %d skipped, its next tick ahead", guarded, ticks, skipped, ticks-1)
+	}
+	if v := testutil.ToFloat64(s.m.skipped.WithLabelValues(skippedUnfinished)); v != ticks-1 {
+		t.Fatalf("shardrun_schedule_ticks_skipped_total{reason=\"unfinished\"} = %v, want %d", v, ticks-1)
+	}
+	// The task finishes (an operator cancels it): the next tick is
+	// enqueued, and the skipped ones are not.
+	if _, err := b.st.CancelTask(ctx, *guarded.LastTaskID); err != nil {
+		t.Fatal(err)
+	}
+	hourPasses()
+	if r := s.runOnce(ctx); r.Err != nil || r.Enqueued != 2 || r.SkippedUnfinished != 0 {
+		t.Fatalf("pass after the task finished: %+v; want both schedules' ticks", r)
+	}
+	if got := pgtest.ScheduleTicks(t, b.st, "guarded"); len(got) != 2 || got[1].Sub(got[0]) != ticks*time.Hour {
+		t.Fatalf("guarded ticks %v; want the first and the one %d hours later, after the task finished", got, ticks)
+	}
+}
+
+// SkipWhileUnfinished keeps the first of the due ticks, whose task is
+// unfinished when the later ones come due, and none while the last
+// tick's task is unfinished.
+func TestSkipWhileUnfinishedKeepsTheFirstDueTick(t *testing.T) {
+	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	three := []time.Time{at, at.Add(time.Minute), at.Add(2 * time.Minute)}
+	for _, tc := range []struct {
+		ticks      []time.Time
+		unfinished bool
+		keep       int
+	}{
+		{nil, false, 0}, {nil, true, 0},
+		{three[:1], false, 1}, {three[:1], true, 0},
+		{three, false, 1}, {three, true, 0},
+	} {
+		got, skipped := SkipWhileUnfinished(tc.ticks, tc.unfinished)
+		if len(got) != tc.keep || int(skipped) != len(tc.ticks)-tc.keep || tc.keep == 1 && !got[0].Equal(at) {
+			t.Errorf("SkipWhileUnfinished(%d ticks, unfinished %v) = %v, %d; want %d kept, the first", len(tc.ticks), tc.unfinished, got, skipped, tc.keep)
+		}
 	}
 }

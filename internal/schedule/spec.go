@@ -16,6 +16,13 @@
 // and in shardrun_schedule_ticks_skipped_total. Every tick that comes due
 // during a term is enqueued, even if the leader enqueues it late (a slow
 // database, a long pass). A tick's task has run_after = the tick.
+//
+// Skip while unfinished: a schedule defined with SkipWhileUnfinished
+// enqueues no tick while the task of its last enqueued tick is unfinished
+// (ready, waiting or running); such ticks are skipped for good, counted
+// on the schedule and in shardrun_schedule_ticks_skipped_total{reason=
+// "unfinished"}. Without it, a schedule whose kind no runner handles
+// piles up one ready task per tick.
 package schedule
 
 import (
