@@ -1257,19 +1257,8 @@ func (s *Store) DeleteFinished(ctx context.Context, epoch int64, state string, o
 // task twice is harmless. A finished task gives a *tasks.ConflictError
 // naming its state, a missing one a *tasks.NotFoundError.
 func (s *Store) CancelTask(ctx context.Context, id int64) (tasks.Task, error) {
-	var t tasks.Task
-	var outcome string
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `/* shardrun.cancel */ SELECT outcome FROM shardrun_cancel(ARRAY[$1::bigint], false)`, id).Scan(&outcome); err != nil {
-			return err
-		}
-		if outcome != "cancelled" && outcome != "requested" {
-			return nil
-		}
-		var err error
-		t, err = scanTask(tx.QueryRow(ctx, `/* shardrun.get */ SELECT `+taskColumns+` FROM task_view t WHERE t.id = $1`, id))
-		return err
-	})
+	t, outcome, err := s.operate(ctx, id, `/* shardrun.cancel */ SELECT outcome FROM shardrun_cancel(ARRAY[$1::bigint], false)`,
+		"cancelled", "requested")
 	switch {
 	case err != nil:
 		return tasks.Task{}, fmt.Errorf("cancelling task %d: %w", id, err)
@@ -1287,19 +1276,7 @@ func (s *Store) CancelTask(ctx context.Context, id int64) (tasks.Task, error) {
 // unique key another unfinished task holds now, gives a
 // *tasks.ConflictError; a missing one a *tasks.NotFoundError.
 func (s *Store) RetryTask(ctx context.Context, id int64) (tasks.Task, error) {
-	var t tasks.Task
-	var outcome string
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `/* shardrun.retry */ SELECT outcome FROM shardrun_retry(ARRAY[$1::bigint], false)`, id).Scan(&outcome); err != nil {
-			return err
-		}
-		if outcome != "retried" {
-			return nil
-		}
-		var err error
-		t, err = scanTask(tx.QueryRow(ctx, `/* shardrun.get */ SELECT `+taskColumns+` FROM task_view t WHERE t.id = $1`, id))
-		return err
-	})
+	t, outcome, err := s.operate(ctx, id, `/* shardrun.retry */ SELECT outcome FROM shardrun_retry(ARRAY[$1::bigint], false)`, "retried")
 	var pe *pgconn.PgError
 	switch {
 	case errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "task_unique_keys_pkey":
@@ -1321,6 +1298,26 @@ func (s *Store) RetryTask(ctx context.Context, id int64) (tasks.Task, error) {
 		return tasks.Task{}, s.refusal(ctx, id, "retry", "only dead, failed and cancelled tasks can be retried")
 	}
 	return t, nil
+}
+
+// operate runs an operator's move of task id (a statement of one outcome,
+// with the id as $1) in a transaction, and reads the task as the move
+// left it when the outcome is one of moved.
+func (s *Store) operate(ctx context.Context, id int64, stmt string, moved ...string) (tasks.Task, string, error) {
+	var t tasks.Task
+	var outcome string
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, stmt, id).Scan(&outcome); err != nil {
+			return err
+		}
+		if !slices.Contains(moved, outcome) {
+			return nil
+		}
+		var err error
+		t, err = scanTask(tx.QueryRow(ctx, `/* shardrun.get */ SELECT `+taskColumns+` FROM task_view t WHERE t.id = $1`, id))
+		return err
+	})
+	return t, outcome, err
 }
 
 // refusal explains why an operation on task id changed nothing: it does not

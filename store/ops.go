@@ -180,22 +180,20 @@ const summaryColumns = `t.id, t.kind, t.shard, t.key, t.queue, t.priority, coale
 	t.deadline, t.claimed_by, t.claimed_at, t.heartbeat_at, t.cancel_requested_at, t.errors -> -1 ->> 'error',
 	t.created_at, t.finished_at`
 
-func scanSummary(r pgx.CollectableRow) (tasks.Summary, error) {
+func scanSummary(r pgx.CollectableRow) (tasks.Summary, error) { return scanSummaryAnd(r) }
+
+// scanSummaryAnd scans summaryColumns, then the columns after them into
+// more.
+func scanSummaryAnd(r pgx.CollectableRow, more ...any) (tasks.Summary, error) {
 	var t tasks.Summary
 	var state string
 	var uniqueKey, claimedBy, lastError *string
 	var priority int16
-	err := r.Scan(&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &uniqueKey, &state, &t.Attempt, &t.MaxAttempts, &t.RunAfter,
-		&t.Deadline, &claimedBy, &t.ClaimedAt, &t.HeartbeatAt, &t.CancelRequestedAt, &lastError, &t.CreatedAt, &t.FinishedAt)
+	err := r.Scan(append([]any{&t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &uniqueKey, &state, &t.Attempt,
+		&t.MaxAttempts, &t.RunAfter, &t.Deadline, &claimedBy, &t.ClaimedAt, &t.HeartbeatAt, &t.CancelRequestedAt, &lastError,
+		&t.CreatedAt, &t.FinishedAt}, more...)...)
 	t.State, t.Priority = tasks.State(state), int(priority)
-	for _, p := range []struct {
-		from *string
-		to   *string
-	}{{uniqueKey, &t.UniqueKey}, {claimedBy, &t.ClaimedBy}, {lastError, &t.LastError}} {
-		if p.from != nil {
-			*p.to = *p.from
-		}
-	}
+	t.UniqueKey, t.ClaimedBy, t.LastError = deref(uniqueKey), deref(claimedBy), deref(lastError)
 	return t, err
 }
 
@@ -526,16 +524,8 @@ func (s *Store) countByState(ctx context.Context, what, sql string, args ...any)
 // LongestRunning returns up to n running tasks, longest running first:
 // a sort of task_claims, one row per running task.
 func (s *Store) LongestRunning(ctx context.Context, n int) ([]tasks.Summary, error) {
-	rows, err := s.pool.Query(ctx, `/* shardrun.longest_running */
+	return collect(ctx, s.pool, "listing the longest running tasks", scanSummary, `/* shardrun.longest_running */
 		SELECT `+summaryColumns+` FROM task_view t
 		WHERE t.id = ANY (ARRAY(SELECT id FROM task_claims ORDER BY claimed_at, id LIMIT $1))
 		ORDER BY t.claimed_at, t.id`, n)
-	if err != nil {
-		return nil, fmt.Errorf("listing the longest running tasks: %w", err)
-	}
-	list, err := pgx.CollectRows(rows, scanSummary)
-	if err != nil {
-		return nil, fmt.Errorf("listing the longest running tasks: %w", err)
-	}
-	return list, nil
 }

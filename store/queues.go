@@ -81,7 +81,16 @@ func (s *Store) SetQueuePaused(ctx context.Context, name string, paused bool) (t
 // and in the sequences' waiting lines, running ones in task_claims,
 // completions in task_finished.
 func (s *Store) Queues(ctx context.Context, window time.Duration) ([]QueueStats, error) {
-	rows, err := s.pool.Query(ctx, `/* shardrun.queues */
+	return collect(ctx, s.pool, "reading the queues", func(r pgx.CollectableRow) (QueueStats, error) {
+		var q QueueStats
+		var completed int64
+		var waiting bool
+		err := r.Scan(&q.Name, &q.Ready, &q.Running, &q.PausedAt, &completed, &waiting)
+		q.ReadyAtLeast = q.Ready >= QueueCountCap
+		q.Rate = float64(completed) / window.Seconds()
+		q.Idle = q.Ready == 0 && q.Running == 0 && !waiting
+		return q, err
+	}, `/* shardrun.queues */
 		WITH RECURSIVE `+readyLanes+`, lanes AS MATERIALIZED (SELECT * FROM lane WHERE kind IS NOT NULL)
 		SELECT q.name, r.n + (SELECT count(*) FROM (SELECT 1 FROM task_waiting w WHERE w.queue = q.name AND NOT w.ended LIMIT $1) w),
 			(SELECT count(*) FROM task_claims c WHERE c.queue = q.name), q.paused_at,
@@ -97,23 +106,6 @@ func (s *Store) Queues(ctx context.Context, window time.Duration) ([]QueueStats,
 				LIMIT $1) y
 		) r
 		ORDER BY q.name`, QueueCountCap, window.Milliseconds())
-	if err != nil {
-		return nil, fmt.Errorf("reading the queues: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (QueueStats, error) {
-		var q QueueStats
-		var completed int64
-		var waiting bool
-		err := r.Scan(&q.Name, &q.Ready, &q.Running, &q.PausedAt, &completed, &waiting)
-		q.ReadyAtLeast = q.Ready >= QueueCountCap
-		q.Rate = float64(completed) / window.Seconds()
-		q.Idle = q.Ready == 0 && q.Running == 0 && !waiting
-		return q, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("reading the queues: %w", err)
-	}
-	return out, nil
 }
 
 // RemovedQueue is the row DeleteQueue removed.
@@ -213,31 +205,16 @@ const WaitingCountCap = 10_000
 // BlockedSequences returns up to limit blocked sequences after the key
 // after, in key order, each with the task that blocks it.
 func (s *Store) BlockedSequences(ctx context.Context, after string, limit int) ([]BlockedSequence, error) {
-	rows, err := s.pool.Query(ctx, `/* shardrun.blocked_sequences */
-		SELECT s.key, s.blocked_at, `+summaryColumns+`,
+	return collect(ctx, s.pool, "listing blocked sequences", func(r pgx.CollectableRow) (BlockedSequence, error) {
+		var b BlockedSequence
+		var err error
+		b.Task, err = scanSummaryAnd(r, &b.Key, &b.BlockedAt, &b.Waiting)
+		return b, err
+	}, `/* shardrun.blocked_sequences */
+		SELECT `+summaryColumns+`, s.key, s.blocked_at,
 			(SELECT count(*) FROM (SELECT 1 FROM task_waiting w WHERE w.sequence_key = s.key LIMIT $3) x)
 		FROM task_sequences s
 		CROSS JOIN LATERAL (SELECT * FROM task_view v WHERE v.id = s.head_id) t
 		WHERE s.blocked_at IS NOT NULL AND s.key > $1
 		ORDER BY s.key LIMIT $2`, after, limit, WaitingCountCap)
-	if err != nil {
-		return nil, fmt.Errorf("listing blocked sequences: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BlockedSequence, error) {
-		var b BlockedSequence
-		var state string
-		var priority int16
-		var uniqueKey, claimedBy, lastError *string
-		t := &b.Task
-		err := r.Scan(&b.Key, &b.BlockedAt, &t.ID, &t.Kind, &t.Shard, &t.Key, &t.Queue, &priority, &t.SequenceKey, &uniqueKey,
-			&state, &t.Attempt, &t.MaxAttempts, &t.RunAfter, &t.Deadline, &claimedBy, &t.ClaimedAt, &t.HeartbeatAt,
-			&t.CancelRequestedAt, &lastError, &t.CreatedAt, &t.FinishedAt, &b.Waiting)
-		t.State, t.Priority = tasks.State(state), int(priority)
-		t.UniqueKey, t.ClaimedBy, t.LastError = deref(uniqueKey), deref(claimedBy), deref(lastError)
-		return b, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("listing blocked sequences: %w", err)
-	}
-	return out, nil
 }

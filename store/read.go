@@ -73,14 +73,21 @@ func (s *Store) Get(ctx context.Context, id int64) (tasks.Task, error) {
 // transaction (shardruntest.RequireEnqueuedTx), which see its tasks
 // before it commits.
 func EnqueuedIn(ctx context.Context, tx pgx.Tx, kind string, limit int) ([]tasks.Task, error) {
-	rows, err := tx.Query(ctx, `/* shardrun.enqueued_in */ SELECT `+taskColumns+` FROM task_view t
+	return collect(ctx, tx, fmt.Sprintf("reading the tasks of kind %q", kind), func(r pgx.CollectableRow) (tasks.Task, error) { return scanTask(r) },
+		`/* shardrun.enqueued_in */ SELECT `+taskColumns+` FROM task_view t
 		WHERE t.id = ANY (ARRAY(SELECT id FROM tasks WHERE kind = $1 ORDER BY kind, id DESC LIMIT $2)) ORDER BY t.id DESC`, kind, limit)
+}
+
+// collect runs a query on q and scans its rows with scan; what says what
+// it reads in its errors ("listing schedules: …").
+func collect[T any](ctx context.Context, q querier, what string, scan pgx.RowToFunc[T], sql string, args ...any) ([]T, error) {
+	rows, err := q.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("reading the tasks of kind %q: %w", kind, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (tasks.Task, error) { return scanTask(r) })
+	out, err := pgx.CollectRows(rows, scan)
 	if err != nil {
-		return nil, fmt.Errorf("reading the tasks of kind %q: %w", kind, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return out, nil
 }

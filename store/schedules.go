@@ -199,15 +199,7 @@ func (s *Store) putSchedule(ctx context.Context, prepare func(now time.Time) (Sc
 // ListSchedules returns up to limit schedules by name, those named after
 // after ("": from the first), walking the unique index on name.
 func (s *Store) ListSchedules(ctx context.Context, after string, limit int) ([]Schedule, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+scheduleColumns+` FROM schedules WHERE name > $1 ORDER BY name LIMIT $2`, after, limit)
-	if err != nil {
-		return nil, fmt.Errorf("listing schedules: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, scanSchedule)
-	if err != nil {
-		return nil, fmt.Errorf("listing schedules: %w", err)
-	}
-	return out, nil
+	return collect(ctx, s.pool, "listing schedules", scanSchedule, `SELECT `+scheduleColumns+` FROM schedules WHERE name > $1 ORDER BY name LIMIT $2`, after, limit)
 }
 
 // DeleteSchedule deletes the named schedule and reports whether it

@@ -6,7 +6,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -53,7 +52,12 @@ func (s *Store) ReadyUnrunnable(ctx context.Context, runnable []tasks.Class) ([]
 	for i, c := range runnable {
 		queues[i], kinds[i] = c.Queue, c.Kind
 	}
-	rows, err := s.pool.Query(ctx, `/* shardrun.ready_unrunnable */
+	return collect(ctx, s.pool, "counting ready tasks no attached runner can run", func(r pgx.CollectableRow) (ClassCount, error) {
+		var cc ClassCount
+		err := r.Scan(&cc.Queue, &cc.Kind, &cc.Ready, &cc.Oldest)
+		cc.AtLeast = cc.Ready >= UnrunnableCountCap
+		return cc, err
+	}, `/* shardrun.ready_unrunnable */
 		WITH RECURSIVE `+readyLanes+`, unrunnable AS MATERIALIZED (
 			SELECT shard, queue, kind FROM lane
 			WHERE (queue, kind) NOT IN (SELECT * FROM unnest($1::text[], $2::text[]))
@@ -75,17 +79,4 @@ func (s *Store) ReadyUnrunnable(ctx context.Context, runnable []tasks.Class) ([]
 		) o
 		WHERE c.n > 0
 		ORDER BY u.queue, u.kind`, queues, kinds, UnrunnableCountCap)
-	if err != nil {
-		return nil, fmt.Errorf("counting ready tasks no attached runner can run: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClassCount, error) {
-		var cc ClassCount
-		err := r.Scan(&cc.Queue, &cc.Kind, &cc.Ready, &cc.Oldest)
-		cc.AtLeast = cc.Ready >= UnrunnableCountCap
-		return cc, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("counting ready tasks no attached runner can run: %w", err)
-	}
-	return out, nil
 }

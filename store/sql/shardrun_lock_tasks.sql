@@ -1,6 +1,7 @@
 -- Locks tasks ids for an operator's or the leader's move, in the one order
--- (moves.go): their records in id order (skipping those another statement
--- holds when skip_locked), then the sequences they belong to, in key order
+-- (moves.go): their records in id order (shardrun_lock_records, skipping
+-- those another statement holds when skip_locked), then the sequences they
+-- belong to, in key order
 -- (shardrun_lock_sequences, which creates the rows it locks; the caller
 -- settles the locked tasks last, which ends the sequences left empty).
 -- Returns the ids it locked. Statements that run after it see, with
@@ -11,11 +12,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     locked bigint[];
 BEGIN
-    IF skip_locked THEN
-        locked := ARRAY(SELECT id FROM tasks WHERE id = ANY (ids) ORDER BY id FOR UPDATE SKIP LOCKED);
-    ELSE
-        locked := ARRAY(SELECT id FROM tasks WHERE id = ANY (ids) ORDER BY id FOR UPDATE);
-    END IF;
+    locked := shardrun_lock_records(ids, skip_locked);
     PERFORM shardrun_lock_sequences(ARRAY(SELECT sequence_key FROM tasks WHERE id = ANY (locked) AND sequence_key IS NOT NULL));
     RETURN locked;
 END

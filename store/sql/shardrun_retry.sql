@@ -25,11 +25,7 @@ BEGIN
     -- The records only: a retry takes the tasks' unique keys before their
     -- sequences (shardrun_file settles them), the order a producer takes
     -- them in (a key at its insert, the sequence at its commit).
-    IF skip_locked THEN
-        locked := ARRAY(SELECT id FROM tasks WHERE id = ANY (ids) ORDER BY id FOR UPDATE SKIP LOCKED);
-    ELSE
-        locked := ARRAY(SELECT id FROM tasks WHERE id = ANY (ids) ORDER BY id FOR UPDATE);
-    END IF;
+    locked := shardrun_lock_records(ids, skip_locked);
     DELETE FROM task_finished f USING tasks t
     WHERE t.id = ANY (locked) AND t.state IN ('failed', 'dead', 'cancelled') AND f.state = t.state AND f.id = t.id;
     WITH r AS (
