@@ -52,30 +52,34 @@ func parseQueueQuery(q url.Values) (idle *bool, err error) {
 }
 
 func (c *Coordinator) handleListQueues(w http.ResponseWriter, r *http.Request) {
-	q, err := query(r, queueParams)
+	answerQuery(c, w, r, "reading the queues", queueParams, parseQueueQuery, func(ctx context.Context, idle *bool) (any, error) {
+		qs, err := c.cfg.Store.Queues(ctx, queueRateWindow)
+		if err != nil {
+			return nil, err
+		}
+		if idle != nil {
+			qs = slices.DeleteFunc(qs, func(s store.QueueStats) bool { return s.Idle != *idle })
+		}
+		if qs == nil {
+			qs = []store.QueueStats{}
+		}
+		return QueuePage{Queues: qs}, nil
+	})
+}
+
+// queueName reads the {name} of a queue's path, which takes no query
+// parameters, answering 400 when it is not a queue's name.
+func queueName(w http.ResponseWriter, r *http.Request) (string, bool) {
+	name := r.PathValue("name")
+	err := tasks.CheckQueue(name)
+	if err == nil {
+		_, err = query(r, nil)
+	}
 	if err != nil {
 		badRequest(w, err, false, -1)
-		return
+		return "", false
 	}
-	idle, err := parseQueueQuery(q)
-	if err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	qs, err := c.cfg.Store.Queues(ctx, queueRateWindow)
-	if err != nil {
-		c.storeError(w, r, "reading the queues", err)
-		return
-	}
-	if idle != nil {
-		qs = slices.DeleteFunc(qs, func(s store.QueueStats) bool { return s.Idle != *idle })
-	}
-	if qs == nil {
-		qs = []store.QueueStats{}
-	}
-	writeJSON(w, http.StatusOK, QueuePage{Queues: qs})
+	return name, true
 }
 
 // QueueConflict is the answer of DELETE /api/queues/{name} for a queue
@@ -95,13 +99,8 @@ type QueueConflict struct {
 // work is refused (409, with its counts); the default queue is never
 // removed (400). A queue enqueued into again comes back.
 func (c *Coordinator) handleDeleteQueue(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if err := tasks.CheckQueue(name); err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	if _, err := query(r, nil); err != nil {
-		badRequest(w, err, false, -1)
+	name, ok := queueName(w, r)
+	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
@@ -129,13 +128,8 @@ func (c *Coordinator) handleDeleteQueue(w http.ResponseWriter, r *http.Request) 
 // was enqueued in yet can be paused ahead.
 func (c *Coordinator) handlePauseQueue(paused bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		if err := tasks.CheckQueue(name); err != nil {
-			badRequest(w, err, false, -1)
-			return
-		}
-		if _, err := query(r, nil); err != nil {
-			badRequest(w, err, false, -1)
+		name, ok := queueName(w, r)
+		if !ok {
 			return
 		}
 		at, err := c.cfg.Store.SetQueuePaused(r.Context(), name, paused)

@@ -250,27 +250,17 @@ func parseScheduleQuery(q url.Values) (schedule.ListRequest, error) {
 // handleListSchedules is GET /api/schedules: one page by name, with limit
 // and after (the cursor) checked like the task listing's.
 func (c *Coordinator) handleListSchedules(w http.ResponseWriter, r *http.Request) {
-	q, err := query(r, scheduleParams)
-	if err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	req, err := parseScheduleQuery(q)
-	if err != nil {
-		badRequest(w, err, false, -1)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	page, err := c.schedules.List(ctx, req)
-	if c.failed(w, r, "listing schedules", err) {
-		return
-	}
-	resp := SchedulePage{Schedules: make([]ScheduleView, len(page.Schedules)), Next: page.Next}
-	for i, sc := range page.Schedules {
-		resp.Schedules[i] = viewOf(sc)
-	}
-	writeJSON(w, http.StatusOK, resp)
+	answerQuery(c, w, r, "listing schedules", scheduleParams, parseScheduleQuery, func(ctx context.Context, req schedule.ListRequest) (any, error) {
+		page, err := c.schedules.List(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		resp := SchedulePage{Schedules: make([]ScheduleView, len(page.Schedules)), Next: page.Next}
+		for i, sc := range page.Schedules {
+			resp.Schedules[i] = viewOf(sc)
+		}
+		return resp, nil
+	})
 }
 
 func (c *Coordinator) handleDeleteSchedule(w http.ResponseWriter, r *http.Request) {

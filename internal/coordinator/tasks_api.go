@@ -297,24 +297,33 @@ func parseLimit(q url.Values) (int, error) {
 // handleListTasks is GET /api/tasks: one page of task summaries in id
 // order and the cursor of the next page ("next", absent at the end).
 func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
-	q, err := query(r, listParams)
-	if err != nil {
-		c.taskError(w, r, "listing tasks", 0, err)
-		return
+	answerQuery(c, w, r, "listing tasks", listParams,
+		func(q url.Values) (tasks.ListRequest, error) { return parseListQuery(q, c.cfg.ShardCount) },
+		func(ctx context.Context, req tasks.ListRequest) (any, error) { return c.cfg.Store.List(ctx, req) })
+}
+
+// answerQuery serves a GET of one JSON answer: the query string's
+// parameters (params, each at most once) read by parse, the answer
+// computed by run within 10s. A bad parameter is a 400 naming it, a
+// failed run answered by its class (failed).
+func answerQuery[Req any](c *Coordinator, w http.ResponseWriter, r *http.Request, what string, params []string,
+	parse func(url.Values) (Req, error), run func(context.Context, Req) (any, error)) {
+	q, err := query(r, params)
+	var req Req
+	if err == nil {
+		req, err = parse(q)
 	}
-	req, err := parseListQuery(q, c.cfg.ShardCount)
 	if err != nil {
-		c.taskError(w, r, "listing tasks", 0, err)
+		badRequest(w, err, false, -1)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	page, err := c.cfg.Store.List(ctx, req)
-	if err != nil {
-		c.taskError(w, r, "listing tasks", 0, err)
+	resp, err := run(ctx, req)
+	if c.failed(w, r, what, err) {
 		return
 	}
-	writeJSON(w, http.StatusOK, page)
+	writeJSON(w, http.StatusOK, resp)
 }
 
 // parseListQuery reads the page GET /api/tasks asks for: the filter and
@@ -346,24 +355,12 @@ func parseListQuery(q url.Values, shardCount int) (tasks.ListRequest, error) {
 // count examined store.MatchCountScan candidates, then given as
 // "examined", without reaching the end).
 func (c *Coordinator) handleCountTasks(w http.ResponseWriter, r *http.Request) {
-	q, err := query(r, countParams)
-	if err != nil {
-		c.taskError(w, r, "counting tasks", 0, err)
-		return
-	}
-	f, _, err := parseFilter(q, c.cfg.ShardCount)
-	if err != nil {
-		c.taskError(w, r, "counting tasks", 0, err)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	defer cancel()
-	n, err := c.cfg.Store.CountMatching(ctx, f)
-	if err != nil {
-		c.taskError(w, r, "counting tasks", 0, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, n)
+	answerQuery(c, w, r, "counting tasks", countParams,
+		func(q url.Values) (tasks.Filter, error) {
+			f, _, err := parseFilter(q, c.cfg.ShardCount)
+			return f, err
+		},
+		func(ctx context.Context, f tasks.Filter) (any, error) { return c.cfg.Store.CountMatching(ctx, f) })
 }
 
 // handleBulk is POST /api/tasks/cancel and /api/tasks/retry: the filter in
