@@ -36,6 +36,7 @@ import (
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/enum"
 )
 
 // Defaults of Config, and of the flags that make it.
@@ -146,14 +147,9 @@ const (
 	Attached
 )
 
-var eventKindNames = [...]string{Acquired: "acquired", Released: "released", Lost: "lost", Detached: "detached", Attached: "attached"}
+var eventKindNames = []string{Acquired: "acquired", Released: "released", Lost: "lost", Detached: "detached", Attached: "attached"}
 
-func (k EventKind) String() string {
-	if int(k) >= 0 && int(k) < len(eventKindNames) && eventKindNames[k] != "" {
-		return eventKindNames[k]
-	}
-	return fmt.Sprintf("EventKind(%d)", int(k))
-}
+func (k EventKind) String() string { return enum.Name(k, eventKindNames, "EventKind") }
 
 // Event is an ownership event.
 type Event struct {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/internal/enum"
 	"github.com/shardrun/shardrun/internal/testsignal"
 	"github.com/shardrun/shardrun/internal/wake"
 	"github.com/shardrun/shardrun/tasks"
@@ -53,14 +54,9 @@ const (
 	lost
 )
 
-var termStateNames = [...]string{acquired: "acquired", fenced: "fenced", releasing: "releasing", cancelled: "cancelled", released: "released", lost: "lost"}
+var termStateNames = []string{acquired: "acquired", fenced: "fenced", releasing: "releasing", cancelled: "cancelled", released: "released", lost: "lost"}
 
-func (s termState) String() string {
-	if int(s) >= 0 && int(s) < len(termStateNames) && termStateNames[s] != "" {
-		return termStateNames[s]
-	}
-	return fmt.Sprintf("termState(%d)", int(s))
-}
+func (s termState) String() string { return enum.Name(s, termStateNames, "termState") }
 
 // legalMoves is the table above.
 var legalMoves = map[termState][]termState{

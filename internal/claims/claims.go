@@ -8,9 +8,9 @@ package claims
 
 import (
 	"encoding/json"
-	"fmt"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/enum"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -69,15 +69,10 @@ const (
 	Busy
 )
 
-var outcomeNames = [...]string{Applied: "applied", FenceLost: "fence_lost", TaskMoved: "task_moved", TaskGone: "task_gone",
+var outcomeNames = []string{Applied: "applied", FenceLost: "fence_lost", TaskMoved: "task_moved", TaskGone: "task_gone",
 	Completed: "completed", Busy: "busy"}
 
-func (o Outcome) String() string {
-	if int(o) >= 0 && int(o) < len(outcomeNames) && outcomeNames[o] != "" {
-		return outcomeNames[o]
-	}
-	return fmt.Sprintf("outcome(%d)", int(o))
-}
+func (o Outcome) String() string { return enum.Name(o, outcomeNames, "outcome") }
 
 // WriteResult is the outcome of a fenced write for one task. State is the
 // task's state after the write when it applied. CancelRequested, when it

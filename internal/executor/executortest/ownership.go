@@ -96,6 +96,15 @@ func held(own executor.Ownership) []claims.ShardEpoch {
 	return hold.Terms()
 }
 
+// fencedHold returns the harness's ownership, its fenced terms (fenced)
+// and a hold taken on them.
+func fencedHold(t *testing.T, h OwnershipHarness) (executor.Ownership, []claims.ShardEpoch, executor.Hold) {
+	t.Helper()
+	own := h.Ownership()
+	terms := fenced(t, h)
+	return own, terms, own.Hold()
+}
+
 // work is work begun on one term.
 type work struct {
 	ctx  context.Context
@@ -114,6 +123,13 @@ func beginAll(t *testing.T, hold executor.Hold, terms []claims.ShardEpoch) map[c
 		out[term] = work{ctx, done}
 	}
 	return out
+}
+
+// finish ends the work begun on every term.
+func finish(works map[claims.ShardEpoch]work) {
+	for _, w := range works {
+		w.done()
+	}
 }
 
 // ended waits until ctx ends with a cause wrapping tasks.ErrOwnershipLost.
@@ -169,9 +185,7 @@ func newTerms(t *testing.T, h OwnershipHarness) {
 // Begin admits work only on a held term at its epoch; the work's context
 // is the term's, alive while the term is; done may be called twice.
 func holdAndBegin(t *testing.T, h OwnershipHarness) {
-	own := h.Ownership()
-	terms := fenced(t, h)
-	hold := own.Hold()
+	_, terms, hold := fencedHold(t, h)
 	defer hold.Release()
 	term := terms[0]
 	ctx, done, ok := hold.Begin(term.Shard, term.Epoch)
@@ -198,9 +212,7 @@ func holdAndBegin(t *testing.T, h OwnershipHarness) {
 // move may still begin, and the term is released — its context ended —
 // only once all that work is done. No work is cancelled, on any term.
 func move(t *testing.T, h OwnershipHarness) {
-	own := h.Ownership()
-	terms := fenced(t, h)
-	hold := own.Hold()
+	own, terms, hold := fencedHold(t, h)
 	works := beginAll(t, hold, terms)
 	hold.Release()
 	before := own.Hold() // a claim under way when the unit moves
@@ -249,9 +261,7 @@ func move(t *testing.T, h OwnershipHarness) {
 // A detach ends every term at once: every term's context ends, nothing is
 // workable, held or unfenced, and a hold taken before admits nothing.
 func detach(t *testing.T, h OwnershipHarness) {
-	own := h.Ownership()
-	terms := fenced(t, h)
-	hold := own.Hold()
+	own, terms, hold := fencedHold(t, h)
 	defer hold.Release()
 	works := beginAll(t, hold, terms)
 	h.Detach(t)
@@ -270,17 +280,13 @@ func detach(t *testing.T, h OwnershipHarness) {
 	if got := own.Unfenced(); len(got) != 0 {
 		t.Fatalf("Unfenced lists %v while detached: nothing may be fenced", got)
 	}
-	for _, w := range works {
-		w.done()
-	}
+	finish(works)
 }
 
 // A write refused by a newer owner's fence ends that term at once (its
 // context, its hold, its workability), and only that term.
 func fenceLostTerm(t *testing.T, h OwnershipHarness) {
-	own := h.Ownership()
-	terms := fenced(t, h)
-	hold := own.Hold()
+	own, terms, hold := fencedHold(t, h)
 	works := beginAll(t, hold, terms)
 	hold.Release()
 	lost := terms[0]
@@ -294,18 +300,14 @@ func fenceLostTerm(t *testing.T, h OwnershipHarness) {
 			t.Fatalf("term %+v stopped with another term's fence", term)
 		}
 	}
-	for _, w := range works {
-		w.done()
-	}
+	finish(works)
 }
 
 // Past the lease clock's detach point nothing may start — no term is
 // workable or held, and a hold taken before admits nothing — although no
 // term has been cancelled yet.
 func paused(t *testing.T, h OwnershipHarness) {
-	own := h.Ownership()
-	terms := fenced(t, h)
-	hold := own.Hold()
+	own, terms, hold := fencedHold(t, h)
 	defer hold.Release()
 	works := beginAll(t, hold, terms)
 	h.Pause(t)
@@ -320,7 +322,5 @@ func paused(t *testing.T, h OwnershipHarness) {
 	if got := held(own); len(got) != 0 {
 		t.Fatalf("a hold taken past the detach point holds %v", got)
 	}
-	for _, w := range works {
-		w.done()
-	}
+	finish(works)
 }

@@ -83,6 +83,22 @@ func (f storeFixture) claim(owner string, shard int, epoch int64, limit, startNo
 	return got
 }
 
+// claimed adds n tasks of Kind on shard 0 with maxAttempts each, raises
+// Owner's fence of the shard to epoch 1 and claims them all, the first
+// startNow recorded as started.
+func (f storeFixture) claimed(n, maxAttempts, startNow int) []tasks.Task {
+	f.t.Helper()
+	for range n {
+		f.Add(f.t, Kind, 0, maxAttempts)
+	}
+	f.raise(Owner, 0, 1)
+	got := f.claim(Owner, 0, 1, n, startNow)
+	if len(got) != n {
+		f.t.Fatalf("claimed %d tasks, want %d", len(got), n)
+	}
+	return got
+}
+
 // expect checks task id's state and attempt.
 func (f storeFixture) expect(id int64, state tasks.State, attempt int, why string) {
 	f.t.Helper()
@@ -144,15 +160,8 @@ func claimsUnderFence(t *testing.T, h StoreHarness) {
 // cannot be raised back.
 func fenceLost(t *testing.T, h StoreHarness) {
 	f := storeFixture{h, t}
-	for range 3 {
-		f.Add(t, Kind, 0, 3)
-	}
-	f.raise(Owner, 0, 1)
-	got := f.claim(Owner, 0, 1, 2, 1)
-	if len(got) != 2 {
-		t.Fatalf("claimed %d tasks, want 2", len(got))
-	}
-	refs := refsOf(got)
+	refs := refsOf(f.claimed(2, 3, 1))
+	f.Add(t, Kind, 0, 3) // one left to claim
 	if o := f.raise(Other, 0, 2); !slices.Equal(o.Raised, []claims.ShardEpoch{{Shard: 0, Epoch: 2}}) {
 		t.Fatalf("the newer owner's raise answered %+v", o)
 	}
@@ -185,10 +194,7 @@ func fenceLost(t *testing.T, h StoreHarness) {
 // only claims whose handlers never ran.
 func unclaimKeeps(t *testing.T, h StoreHarness) {
 	f := storeFixture{h, t}
-	f.Add(t, Kind, 0, 1)
-	f.Add(t, Kind, 0, 1)
-	f.raise(Owner, 0, 1)
-	got := f.claim(Owner, 0, 1, 2, 1)
+	got := f.claimed(2, 1, 1)
 	res, err := f.Store().Unclaim(bounded(t), Owner, refsOf(got))
 	outcomes(t, "Unclaim", res, err, claims.Applied, claims.Applied)
 	for _, task := range got {
@@ -205,14 +211,7 @@ func unclaimKeeps(t *testing.T, h StoreHarness) {
 // unspent: with one attempt each, the first are dead, the other ready.
 func orphansSpendStarted(t *testing.T, h StoreHarness) {
 	f := storeFixture{h, t}
-	for range 3 {
-		f.Add(t, Kind, 0, 1)
-	}
-	f.raise(Owner, 0, 1)
-	got := f.claim(Owner, 0, 1, 3, 1) // got[0] starts now; got[1], got[2] wait ahead
-	if len(got) != 3 {
-		t.Fatalf("claimed %d tasks, want 3", len(got))
-	}
+	got := f.claimed(3, 1, 1) // got[0] starts now; got[1], got[2] wait ahead
 	res, err := f.Store().Started(bounded(t), Owner, []claims.Ref{claims.RefOf(got[2])})
 	outcomes(t, "Started", res, err, claims.Applied)
 	o := f.raise(Other, 0, 2)
@@ -227,13 +226,7 @@ func orphansSpendStarted(t *testing.T, h StoreHarness) {
 // The stale sweep, likewise: it spends only the attempts of started claims.
 func staleSpendsStarted(t *testing.T, h StoreHarness) {
 	f := storeFixture{h, t}
-	f.Add(t, Kind, 0, 1)
-	f.Add(t, Kind, 0, 1)
-	f.raise(Owner, 0, 1)
-	got := f.claim(Owner, 0, 1, 2, 1)
-	if len(got) != 2 {
-		t.Fatalf("claimed %d tasks, want 2", len(got))
-	}
+	got := f.claimed(2, 1, 1)
 	h.SweepStale(t, refsOf(got))
 	f.expect(got[0].ID, tasks.Dead, 1, "a stale started claim spends its attempt")
 	f.expect(got[1].ID, tasks.Ready, 1, "a stale claim taken ahead, never started, keeps its attempt")
@@ -255,36 +248,31 @@ var claimWrites = []claimWrite{
 		return s.Started(bounded(t), Owner, refs)
 	}},
 	{name: "Complete", ends: true, write: func(s executor.Store, t *testing.T, refs []claims.Ref) ([]claims.WriteResult, error) {
-		in := make([]claims.Completion, len(refs))
-		for i, r := range refs {
-			in[i] = claims.Completion{Ref: r}
-		}
-		return s.Complete(bounded(t), Owner, in)
+		return s.Complete(bounded(t), Owner, each(refs, func(r claims.Ref) claims.Completion { return claims.Completion{Ref: r} }))
 	}},
 	{name: "Fail", ends: true, write: func(s executor.Store, t *testing.T, refs []claims.Ref) ([]claims.WriteResult, error) {
-		in := make([]claims.Failure, len(refs))
-		for i, r := range refs {
-			in[i] = claims.Failure{Ref: r, Error: "contract"}
-		}
-		return s.Fail(bounded(t), Owner, in)
+		return s.Fail(bounded(t), Owner, each(refs, func(r claims.Ref) claims.Failure { return claims.Failure{Ref: r, Error: "contract"} }))
 	}},
 	{name: "Interrupt", ends: true, write: func(s executor.Store, t *testing.T, refs []claims.Ref) ([]claims.WriteResult, error) {
-		in := make([]claims.Interruption, len(refs))
-		for i, r := range refs {
-			in[i] = claims.Interruption{Ref: r, Reason: "contract"}
-		}
-		return s.Interrupt(bounded(t), Owner, in)
+		return s.Interrupt(bounded(t), Owner, each(refs, func(r claims.Ref) claims.Interruption {
+			return claims.Interruption{Ref: r, Reason: "contract"}
+		}))
 	}},
 	{name: "CancelAttempts", ends: true, write: func(s executor.Store, t *testing.T, refs []claims.Ref) ([]claims.WriteResult, error) {
-		in := make([]claims.Cancellation, len(refs))
-		for i, r := range refs {
-			in[i] = claims.Cancellation{Ref: r}
-		}
-		return s.CancelAttempts(bounded(t), Owner, in)
+		return s.CancelAttempts(bounded(t), Owner, each(refs, func(r claims.Ref) claims.Cancellation { return claims.Cancellation{Ref: r} }))
 	}},
 	{name: "Unclaim", ends: true, write: func(s executor.Store, t *testing.T, refs []claims.Ref) ([]claims.WriteResult, error) {
 		return s.Unclaim(bounded(t), Owner, refs)
 	}},
+}
+
+// each is one write's input per claim.
+func each[T any](refs []claims.Ref, of func(claims.Ref) T) []T {
+	in := make([]T, len(refs))
+	for i, r := range refs {
+		in[i] = of(r)
+	}
+	return in
 }
 
 // A write that names a claim another transaction holds does not wait for
@@ -293,14 +281,7 @@ var claimWrites = []claimWrite{
 // write applies.
 func busySkipped(t *testing.T, h StoreHarness, w claimWrite) {
 	f := storeFixture{h, t}
-	f.Add(t, Kind, 0, 3)
-	f.Add(t, Kind, 0, 3)
-	f.raise(Owner, 0, 1)
-	got := f.claim(Owner, 0, 1, 2, 2)
-	if len(got) != 2 {
-		t.Fatalf("claimed %d tasks, want 2", len(got))
-	}
-	refs := refsOf(got)
+	refs := refsOf(f.claimed(2, 3, 2))
 	unlock := f.LockClaim(t, refs[0])
 	res, err := w.write(f.Store(), t, refs)
 	outcomes(t, w.name+" of a held claim and a free one", res, err, claims.Busy, claims.Applied)
