@@ -8,7 +8,7 @@
 //	func (Receipt) Kind() string { return "send-receipt" }
 //
 //	workers := shardrun.NewWorkers()
-//	shardrun.AddWorker(workers, func(ctx context.Context, t *shardrun.Task[Receipt]) error {
+//	err := shardrun.AddWorker(workers, func(ctx context.Context, t *shardrun.Task[Receipt]) error {
 //		return mail.Send(ctx, t.Args.Order)
 //	})
 //	c, err := shardrun.NewClient(ctx, pool, etcd, shardrun.Config{Workers: workers})
@@ -17,7 +17,7 @@
 //	e, err := c.EnqueueTx(ctx, tx, Receipt{Order: "o-42"}, &shardrun.EnqueueOpts{UniqueKey: "receipt/o-42"})
 //
 // A handler that writes to the same database can commit its writes and its
-// task's completion in one transaction (AddWorkerTx, or Client.CompleteTx):
+// task's completion in one transaction (AddWorkerTx, or CompleteTx):
 // the completion is fenced like every write of a runner, so a runner that
 // lost the task's shard (paused, partitioned) cannot commit the effects a
 // second time.
