@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Model-checks ownership.pml and sequences.pml with spin: every property
+# Model-checks ownership.pml, sequences.pml and moves.pml with spin: every property
 # that must hold, and every weakened protocol that must produce a
 # counterexample. Prints states explored, depth and time per check; exits
 # non-zero on any surprise. MEMLIM (megabytes, default 8192) caps what one
@@ -7,7 +7,8 @@
 # ownership bounds; ./check.sh groups: the ownership model's capability
 # group checks alone; ./check.sh slowparts: its checks of the slow parts
 # (issue 39: a lagging watch, tasks claimed ahead, an open transaction)
-# alone; ./check.sh sequences: the sequence model alone.
+# alone; ./check.sh sequences: the sequence model alone; ./check.sh moves:
+# the model of a shard's move between databases (issue 40) alone.
 set -euo pipefail
 cd "$(dirname "$0")"
 command -v spin >/dev/null || { echo "spin is not installed: apt-get install spin"; exit 1; }
@@ -17,7 +18,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Interrupted (Ctrl-C, a CI timeout): still remove the work dir, via EXIT.
 trap 'exit 130' INT TERM
-cp ownership.pml sequences.pml "$work/"
+cp ownership.pml sequences.pml moves.pml "$work/"
 failed=0
 printf '%-52s %-23s %-23s %12s %6s %8s  %s\n' check expect result states depth seconds parameters
 
@@ -73,7 +74,7 @@ run() {
 		local at trace="traces/${name//[^A-Za-z0-9_.+-]/_}.txt"
 		at=$(sed -n 's/.*(at depth \([0-9]*\)).*/\1/p' "$out" | head -1)
 		mkdir -p traces
-		if [ "$pml" = sequences.pml ]; then
+		if [ "$pml" = sequences.pml ] || [ "$pml" = moves.pml ]; then
 			# The model narrates its steps (printf): the transactions,
 			# their locks and the layout after each commit.
 			{
@@ -252,6 +253,72 @@ run sequences:weakened:retention_deletes_heads     fails:Headed "-DRETENTION_DEL
 run sequences:weakened:settle_in_task_id_order     fails:NoDeadlock "-DSETTLE_BY_ID=1" "$fails" ""
 run sequences:weakened:retry_sequence_before_key   fails:NoDeadlock "-DRETRY_SEQUENCE_FIRST=1" "$fails" ""
 run sequences:weakened:promote_in_id_order         fails:InOrder "-DPROMOTE_BY_ID=1" "$fails" ""
+fi
+
+if [ "${1:-}" = "" ] || [ "${1:-}" = moves ]; then
+# A shard's move between databases (moves.pml, issue 40). No -E: a state
+# where every actor waits is an invalid end state (deadlock-freedom).
+# Compiled -O0: the narration makes pan.c large, and gcc -O2 spends half a
+# minute on it for a search of a second or two.
+pml=moves.pml
+mholds="-O0 $holds"
+mfails="-O0 $fails"
+# As designed, with recovery resuming at the leave (the design's text
+# resumes at the copy: below): every safety property in every state,
+# the driver crashing twice at any point
+# (each crash: a new driver recovers, resuming or rolling back) ...
+run moves:safety                                   holds "" "$mholds" ""
+# ... four times.
+run moves:safety_four_crashes                      holds "-DCRASHES=4" "$mholds" ""
+# Progress: the move ends and every task completes (weak fairness).
+run moves:Progress                                 holds "" "-O0 -DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+# A new owner takes the shard over during the move (its raise lands
+# wherever the map sent it): the old owner's writes are refused.
+run moves:owner_change                             holds "-DRAISE=1 -DCOPY_LOCKS_FENCE=1" "$mholds" ""
+# The driver paused with its transaction open while a new leader's driver
+# recovers, its statements under the coordinator fence of each database
+# and its etcd steps comparing the leader key ...
+run moves:paused_driver_leader_fence               holds "-DZOMBIE=1 -DLEADER_FENCE=1" "$mholds" ""
+# ... and the move still ends (no other crash: with one, 16 s).
+run moves:paused_driver_leader_fence_Progress      holds "-DZOMBIE=1 -DLEADER_FENCE=1 -DCRASHES=0" "-O0 -DCOLLAPSE -DNFAIR=3" "-a -f -N Progress"
+# A producer in REPEATABLE READ, its trigger reading the placement row
+# FOR SHARE.
+run moves:producer_repeatable_read_for_share       holds "-DPRODUCER_RR=1 -DPLACEMENT_FOR_SHARE=1" "$mholds" ""
+
+# The design's text where it differs from the above: each a counterexample.
+# Recovery resumes at the copy whatever A's placement: after a crash
+# between the intent and the leave, the copy runs while A is held ...
+run moves:design:resume_at_copy                    fails:NoClaimAfterCopy "-DRESUME_AT_COPY=1" "$mfails" ""
+# ... and a producer's insert lands at A after the copy read.
+run moves:design:resume_at_copy_producer           fails:ProducerNeverWritesAtAAfterLeave "-DRESUME_AT_COPY=1 -DNO_CLAIM_CHECK" "$mfails" ""
+# A producer's REPEATABLE READ snapshot older than the leave passes the
+# trigger's check.
+run moves:design:producer_repeatable_read          fails:ProducerNeverWritesAtAAfterLeave "-DPRODUCER_RR=1" "$mfails" ""
+# A raise between the copy's read and its commit is lost: B has the old
+# epoch.
+run moves:design:owner_change_during_copy          fails:NoStaleWrite "-DRAISE=1" "$mfails" ""
+# A paused driver and a new one, unfenced: the old one, waking, finishes
+# its rollback and removes the intent while the new one resumes ...
+run moves:design:paused_driver                     fails:EndsSettled "-DZOMBIE=1" "$mfails" ""
+# ... or commits its copy's step 4 after the new one deleted B's copy.
+run moves:design:paused_driver_loss                fails:NoLoss "-DZOMBIE=1 -DNO_SETTLED_CHECK -DNO_CLAIM_CHECK" "$mfails" ""
+# Fenced in the databases, but its etcd steps comparing the move's
+# revision only: the old driver's rollback removes the intent while the
+# new one resumes; the new one commits, and N is left gone at A, arriving
+# at B, the map naming A.
+run moves:design:paused_driver_etcd_cas_only       fails:EndsSettled "-DZOMBIE=1 -DLEADER_FENCE=1 -DETCD_CAS_ONLY=1" "$mfails" ""
+
+# Weakened protocols: each must fail, on the property named.
+run moves:weakened:no_producer_lock                fails:ProducerNeverWritesAtAAfterLeave "-DNO_PRODUCER_LOCK=1" "$mfails" ""
+run moves:weakened:no_producer_lock_loss           fails:NoLoss "-DNO_PRODUCER_LOCK=1 -DNO_PRODUCER_CHECK" "$mfails" ""
+run moves:weakened:copy_without_claim_locks        fails:OneOutcome "-DCOPY_WITHOUT_CLAIM_LOCKS=1" "$mfails" ""
+run moves:weakened:switch_before_commit            fails:OneOutcome "-DSWITCH_BEFORE_COMMIT=1" "$mfails" ""
+run moves:weakened:switch_before_commit_rerun      fails:NoDoubleRun "-DSWITCH_BEFORE_COMMIT=1 -DNO_OUTCOME_CHECK" "$mfails" ""
+run moves:weakened:gone_is_fence_lost              fails:NoDoubleRun "-DGONE_IS_FENCE_LOST=1" "$mfails" ""
+run moves:weakened:no_moving_fence                 fails:NoClaimAfterCopy "-DNO_MOVING_FENCE=1" "$mfails" ""
+run moves:weakened:no_moving_fence_outcome         fails:OneOutcome "-DNO_MOVING_FENCE=1 -DNO_CLAIM_CHECK" "$mfails" ""
+run moves:weakened:no_moving_fence_rerun           fails:NoDoubleRun "-DNO_MOVING_FENCE=1 -DNO_CLAIM_CHECK -DNO_OUTCOME_CHECK" "$mfails" ""
+run moves:weakened:recover_by_phase                fails:NoLoss "-DRECOVER_BY_PHASE=1" "$mfails" ""
 fi
 
 if [ "${1:-}" = bounds ]; then
