@@ -46,6 +46,8 @@ type FlagSet struct {
 	dynamic map[string]bool   // defaults computed at run time, described in the usage instead
 	source  map[string]string // flag name -> where its value came from (--flag or VARIABLE), when given
 	secrets []secret
+	// dbs are the databases' flags, when declared (Databases).
+	dbs *databases
 	// ReadFile reads a secret or PEM file, at most limit+1 bytes: enough
 	// to tell a file over its limit without reading the rest. Default
 	// ReadFileLimited (tests replace it).
@@ -169,8 +171,8 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string, out io.Writer
 	f.fs.Visit(func(fl *flag.Flag) { f.source[fl.Name] = "--" + fl.Name })
 	for _, name := range f.order {
 		env := f.env[name]
-		if f.source[name] != "" || env == "" {
-			continue
+		if f.source[name] != "" || env == "" || name == DatabaseFlag || name == DatabaseFileFlag {
+			continue // the databases' variables are read together (parseDatabases)
 		}
 		if v, ok := lookup(getenv, env); ok {
 			if err := f.fs.Set(name, v); err != nil {
@@ -187,7 +189,7 @@ func (f *FlagSet) Parse(args []string, getenv func(string) string, out io.Writer
 			return err
 		}
 	}
-	return nil
+	return f.parseDatabases(getenv)
 }
 
 func (f *FlagSet) isSecret(name string) bool {
