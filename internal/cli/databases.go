@@ -13,10 +13,26 @@ import (
 type Database struct {
 	Name string
 	URL  string
+	// From says where it was given ("--database", "--database-file",
+	// "SHARDRUN_DATABASES", "--database-url (DATABASE_URL)"), for errors;
+	// empty for a database a program gives in Go.
+	From string
 }
 
 // String is the database's name.
 func (d Database) String() string { return d.Name }
+
+// Where names the database and where it was given, for an error: a
+// one-line message naming the flag and the database, never its URL.
+func (d Database) Where() string {
+	switch {
+	case d.From == "":
+		return "database " + d.Name
+	case strings.HasPrefix(d.From, "--database-url"):
+		return d.From
+	}
+	return d.From + " " + d.Name
+}
 
 // MainDatabase is the name of the database --database-url gives: the
 // one-database form of --database.
@@ -163,7 +179,7 @@ func (f *FlagSet) parseDatabases(getenv func(string) string) error {
 				return fmt.Errorf("%s: database %s: %s is empty", e.from, e.name, e.value)
 			}
 		}
-		db := Database{Name: e.name, URL: url}
+		db := Database{Name: e.name, URL: url, From: e.from}
 		*d.p = append(*d.p, db)
 		if e.from == "--"+DatabaseFlag {
 			d.onCommandLine = append(d.onCommandLine, db)
@@ -206,7 +222,7 @@ func DatabaseList(url string, named []Database) ([]Database, error) {
 			return nil, fmt.Errorf("--database-url (DATABASE_URL) and --database %s=… both give the database %s: give it one way", MainDatabase, MainDatabase)
 		}
 	}
-	return append([]Database{{Name: MainDatabase, URL: url}}, named...), nil
+	return append([]Database{{Name: MainDatabase, URL: url, From: "--database-url (DATABASE_URL)"}}, named...), nil
 }
 
 var _ flag.Value = dbList{}

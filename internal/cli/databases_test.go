@@ -87,15 +87,18 @@ func TestDatabasesOnCommandLine(t *testing.T) {
 }
 
 func TestDatabaseList(t *testing.T) {
-	got, err := DatabaseList("postgres://a/db", []Database{{"second", "postgres://b/db"}})
+	got, err := DatabaseList("postgres://a/db", []Database{{"second", "postgres://b/db", "--database"}})
 	if err != nil || names(got) != "main=postgres://a/db second=postgres://b/db" {
 		t.Errorf("--database-url and --database: %q %v", names(got), err)
 	}
-	if _, err := DatabaseList("postgres://a/db", []Database{{"main", "postgres://u:s3cret@b/db"}}); err == nil ||
+	if _, err := DatabaseList("postgres://a/db", []Database{{"main", "postgres://u:s3cret@b/db", "--database"}}); err == nil ||
 		!strings.Contains(err.Error(), "database main") || strings.Contains(err.Error(), "s3cret") {
 		t.Errorf("main given twice: %v", err)
 	}
-	if got := (Database{"main", "postgres://u:s3cret@a/db"}).String(); got != "main" {
+	if got := (Database{"main", "postgres://u:s3cret@a/db", ""}).String(); got != "main" {
 		t.Errorf("a Database prints as %q", got)
+	}
+	if got[0].Where() != "--database-url (DATABASE_URL)" || got[1].Where() != "--database second" {
+		t.Errorf("where: %q, %q", got[0].Where(), got[1].Where())
 	}
 }
