@@ -3,7 +3,8 @@ package store
 // The cluster a database belongs to: its shard count, recorded at the
 // first start and enforced on every task row by a CHECK constraint, so
 // that no producer (raw SQL included) can insert a task into a shard no
-// runner will ever own.
+// runner will ever own; and, until Register records the database's place
+// among several (databases.go), that it holds every shard.
 
 import (
 	"context"
@@ -38,10 +39,22 @@ func (s *Store) EnsureShardCount(ctx context.Context, n int) (created bool, err 
 			return err
 		}
 		created = tag.RowsAffected() == 1
-		if !created {
-			return tx.QueryRow(ctx, `SELECT shard_count FROM shardrun_cluster WHERE id = 1`).Scan(&have)
+		var registered bool
+		if err := tx.QueryRow(ctx, `SELECT shard_count, registered_at IS NOT NULL FROM shardrun_cluster WHERE id = 1 FOR UPDATE`).
+			Scan(&have, &registered); err != nil {
+			return err
 		}
-		return nil
+		if have != n || registered {
+			return nil
+		}
+		// A database of a cluster of one database (until Register says
+		// otherwise) holds every shard.
+		_, err = tx.Exec(ctx, `/* shardrun.place_all */
+			INSERT INTO shardrun_placement (shard, state)
+			SELECT s, 'held' FROM generate_series(0, $1 - 1) AS s
+			WHERE NOT EXISTS (SELECT 1 FROM shardrun_placement)
+			ON CONFLICT (shard) DO NOTHING`, n)
+		return err
 	})
 	if err != nil {
 		return false, fmt.Errorf("recording the shard count %d in the database: %w", n, err)

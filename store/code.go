@@ -35,6 +35,7 @@ var codeFiles = []string{
 	"shardrun_queue_lock.sql",
 	"shardrun_register_queues.sql",
 	"shardrun_file_tasks.sql",
+	"shardrun_check_placement.sql",
 	"shardrun_lock_records.sql",
 	"shardrun_lock_tasks.sql",
 	"shardrun_unplace.sql",

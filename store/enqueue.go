@@ -204,21 +204,17 @@ func (s *Store) EnqueueBatch(ctx context.Context, ins []Insert) (int64, error) {
 // the duplicates marked; a unique key given twice in one batch creates one
 // task, and the second entry is its duplicate.
 func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (tasks.BatchEnqueued, error) {
+	return s.enqueueBatchIn(ctx, tx, ins, false)
+}
+
+// enqueueBatchIn is EnqueueBatchIn; ordered sends the batch by the ordered
+// insert whatever it holds (the router's part of a batch that reports
+// every task's id).
+func (s *Store) enqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert, ordered bool) (tasks.BatchEnqueued, error) {
 	if len(ins) == 0 {
 		return tasks.BatchEnqueued{}, nil
 	}
-	// COPY goes in two parts (tasks that start now, then those with a
-	// run_after: COPY cannot default a column row by row), so a batch
-	// whose sequences mix the two would be reordered by it: ids decide a
-	// sequence's order. Such a batch goes by the ordered insert, as a batch
-	// with unique keys does.
-	unique, sequenced, now, later := false, false, false, false
-	for _, in := range ins {
-		unique = unique || in.UniqueKey != ""
-		sequenced = sequenced || in.SequenceKey != ""
-		now, later = now || in.RunAfter.IsZero(), later || !in.RunAfter.IsZero()
-	}
-	ordered := unique || sequenced && now && later
+	ordered = ordered || insertsInOrder(ins)
 	var res tasks.BatchEnqueued
 	run := func(q querier) error {
 		var err error
@@ -255,6 +251,22 @@ func (s *Store) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (ta
 		return tasks.BatchEnqueued{}, fmt.Errorf("enqueueing %d tasks (%s): %w", len(ins), how, err)
 	}
 	return res, nil
+}
+
+// insertsInOrder reports whether a batch goes by the ordered insert (and
+// reports every task's id): it has a unique key, or sequences that mix
+// tasks with and without a run_after. COPY goes in two parts (tasks that
+// start now, then those with a run_after: COPY cannot default a column
+// row by row), so such a batch would be reordered by it: ids decide a
+// sequence's order.
+func insertsInOrder(ins []Insert) bool {
+	unique, sequenced, now, later := false, false, false, false
+	for _, in := range ins {
+		unique = unique || in.UniqueKey != ""
+		sequenced = sequenced || in.SequenceKey != ""
+		now, later = now || in.RunAfter.IsZero(), later || !in.RunAfter.IsZero()
+	}
+	return unique || sequenced && now && later
 }
 
 // copyTasks inserts tasks with COPY: one COPY for those that start now and

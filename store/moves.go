@@ -159,7 +159,10 @@ func claimQuery(n int) string {
 			-- whatever the runner holds: a runner of a small group holds
 			-- thousands of shards.
 			SELECT f.grp, f.shard, f.epoch FROM shard_fences f
-			WHERE (f.shard, f.epoch) IN (SELECT DISTINCT shard, epoch FROM cand) AND f.owner = $1
+			-- A fence row of a shard being moved to another database
+			-- (moving) yields nothing: its tasks stay where they are for
+			-- the move's copy.
+			WHERE (f.shard, f.epoch) IN (SELECT DISTINCT shard, epoch FROM cand) AND f.owner = $1 AND NOT f.moving
 			ORDER BY f.grp, f.shard
 			FOR SHARE
 		), del AS (
@@ -550,7 +553,7 @@ func (s *Store) claimResultsOn(ctx context.Context, q querier, what, owner strin
 		}
 	}
 	if len(missed) > 0 {
-		if err := s.classify(ctx, owner, results, missed); err != nil {
+		if _, err := s.classify(ctx, owner, results, missed); err != nil {
 			return nil, fmt.Errorf("%s %d tasks: %w", what, len(refs), err)
 		}
 	}
@@ -563,7 +566,14 @@ func (s *Store) claimResultsOn(ctx context.Context, q querier, what, owner strin
 // it), the task is gone, or the task moved on. A fence that moved wins
 // over a claim still held: the writer must stop working on the shard,
 // and the new owner requeues the claim once it is free.
-func (s *Store) classify(ctx context.Context, owner string, results []claims.WriteResult, missed []int) error {
+//
+// A write at a shard the database does not hold (its placement row is
+// not held: the shard moved, or is moving, to another database) is Busy,
+// whatever else is true, never FenceLost: the fence rows left with the
+// shard (or are the move's to copy), and the writer writes again once the
+// shard → database map sends the write to the shard's database. moved
+// lists those results (indexes of results).
+func (s *Store) classify(ctx context.Context, owner string, results []claims.WriteResult, missed []int) (moved []int, err error) {
 	ids := make([]int64, len(missed))
 	shards := make([]int32, len(missed))
 	epochs := make([]int64, len(missed))
@@ -579,22 +589,26 @@ func (s *Store) classify(ctx context.Context, owner string, results []claims.Wri
 		SELECT c.id, t.id IS NOT NULL,
 			EXISTS (SELECT 1 FROM shard_fences f WHERE f.shard = c.shard AND f.epoch = c.epoch AND f.owner = $4),
 			coalesce(t.state = 'completed' AND t.claimed_by = $4 AND t.claim_epoch = c.epoch AND t.attempt = c.attempt, false),
-			EXISTS (SELECT 1 FROM task_claims k WHERE k.id = c.id AND k.owner = $4 AND k.epoch = c.epoch AND k.attempt = c.attempt)
+			EXISTS (SELECT 1 FROM task_claims k WHERE k.id = c.id AND k.owner = $4 AND k.epoch = c.epoch AND k.attempt = c.attempt),
+			`+placedHere("c.shard")+`
 		FROM unnest($1::bigint[], $2::int[], $3::bigint[], $5::int[]) WITH ORDINALITY AS c(id, shard, epoch, attempt, n)
 		LEFT JOIN tasks t ON t.id = c.id
 		ORDER BY c.n`, ids, shards, epochs, owner, attempts)
 	if err != nil {
-		return fmt.Errorf("classifying rejected writes: %w", err)
+		return nil, fmt.Errorf("classifying rejected writes: %w", err)
 	}
 	i := 0
 	var id int64
-	var exists, fenced, completed, held bool
-	_, err = pgx.ForEachRow(rows, []any{&id, &exists, &fenced, &completed, &held}, func() error {
+	var exists, fenced, completed, held, placed bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &exists, &fenced, &completed, &held, &placed}, func() error {
 		res := &results[missed[i]]
 		i++
 		switch {
 		case completed:
 			res.Outcome, res.State = claims.Completed, tasks.Completed
+		case !placed:
+			res.Outcome = claims.Busy
+			moved = append(moved, missed[i-1])
 		case !fenced:
 			res.Outcome = claims.FenceLost
 		case held:
@@ -607,9 +621,19 @@ func (s *Store) classify(ctx context.Context, owner string, results []claims.Wri
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("classifying rejected writes: %w", err)
+		return nil, fmt.Errorf("classifying rejected writes: %w", err)
 	}
-	return nil
+	return moved, nil
+}
+
+// placedHere is an SQL condition over a shard (an SQL expression): the
+// database holds it. A shard without a placement row is held in a
+// database of a cluster of one database (or not registered yet: the rows
+// are filled where the shard count becomes known), and not held in one
+// of several databases.
+func placedHere(shard string) string {
+	return `coalesce((SELECT p.state = 'held' FROM shardrun_placement p WHERE p.shard = ` + shard + `),
+				coalesce((SELECT c.databases FROM shardrun_cluster c WHERE c.id = 1), 1) = 1)`
 }
 
 // Heartbeat records that the runner is still working on these attempts, in
@@ -821,8 +845,18 @@ func (s *Store) CompleteTx(ctx context.Context, tx pgx.Tx, owner string, done cl
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		results := []claims.WriteResult{{Ref: r}}
-		if err := s.classify(ctx, owner, results, []int{0}); err != nil {
+		moved, err := s.classify(ctx, owner, results, []int{0})
+		if err != nil {
 			return claims.WriteResult{}, fmt.Errorf("completing task %d in a transaction: %w", r.ID, err)
+		}
+		if len(moved) > 0 {
+			// The claim is not here to mark: the shard moved on to
+			// another database (or is arriving, not yet held). The
+			// handler's transaction must not commit its writes here; the
+			// attempt is interrupted, not spent (its runner writes the
+			// interruption at the shard's database).
+			return claims.WriteResult{}, fmt.Errorf("completing task %d in a transaction: shard %d is not held by this database: %w",
+				r.ID, r.Shard, tasks.ErrShardMoved)
 		}
 		return results[0], nil
 	case err != nil:

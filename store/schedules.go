@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -266,6 +267,17 @@ type TickResult struct {
 // raise waits for this transaction and sees its result.
 func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 	plan func(d Due, now, termStart time.Time) (TickPlan, error)) (TickResult, error) {
+	return s.enqueueTicks(ctx, epoch, limit, plan, nil)
+}
+
+// enqueueTicks is EnqueueTicks where the tasks of the ticks whose shard
+// elsewhere gives another store (a router's other databases; nil: none)
+// are inserted there, each database's in a transaction of its own under
+// its coordinator fence, committed before this one: a tick whose batch
+// is retried is refused there as here by the unique (schedule, tick)
+// index.
+func (s *Store) enqueueTicks(ctx context.Context, epoch int64, limit int,
+	plan func(d Due, now, termStart time.Time) (TickPlan, error), elsewhere func(shard int) (string, *Store)) (TickResult, error) {
 	var res TickResult
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var raised *time.Time
@@ -306,31 +318,22 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 			return tx.QueryRow(ctx, `SELECT coalesce(min(next_tick), 'epoch') FROM schedules`).Scan(&res.NextDue)
 		}
 		inserted := map[int64]int64{} // schedule -> newest task id inserted
-		if len(r.tIDs) > 0 {
-			rows, err := tx.Query(ctx, `
-				INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, schedule_id, schedule_tick,
-					queue, priority, sequence_key, sequence_blocks)
-				SELECT kind, shard, key, payload::jsonb, max_attempts, tick, sid, tick, queue, priority, nullif(seq, ''),
-					CASE WHEN seq <> '' THEN blocks END
-				FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[],
-					$8::text[], $9::int[], $10::text[], $11::boolean[])
-					AS u(kind, shard, key, payload, max_attempts, sid, tick, queue, priority, seq, blocks)
-				ON CONFLICT (schedule_id, schedule_tick) WHERE schedule_id IS NOT NULL DO NOTHING
-				RETURNING id, schedule_id`, r.kinds, r.shards, r.keys, r.payloads, r.maxAttempts, r.tIDs, r.tTicks,
-				r.queues, r.priorities, r.seqKeys, r.seqBlocks)
+		local, remote := r.splitTicks(s, elsewhere)
+		for _, p := range remote {
+			n, err := p.st.insertTicksFenced(ctx, epoch, r, p.idx, inserted)
+			if err != nil {
+				return fmt.Errorf("database %s: %w", p.name, err)
+			}
+			res.Enqueued += n
+		}
+		if len(local) > 0 {
+			n, err := insertTicks(ctx, tx, r, local, inserted)
 			if err != nil {
 				return err
 			}
-			var id, sid int64
-			if _, err := pgx.ForEachRow(rows, []any{&id, &sid}, func() error {
-				res.Enqueued++
-				inserted[sid] = max(inserted[sid], id)
-				return nil
-			}); err != nil {
-				return err
-			}
-			res.Duplicates = len(r.tIDs) - res.Enqueued
+			res.Enqueued += n
 		}
+		res.Duplicates = len(r.tIDs) - res.Enqueued
 		lastTask := r.lastTasks(inserted)
 		_, err = tx.Exec(ctx, `
 			UPDATE schedules s SET next_tick = u.next, skipped = s.skipped + u.skipped,
@@ -353,6 +356,92 @@ func (s *Store) EnqueueTicks(ctx context.Context, epoch int64, limit int,
 		res.NextDue = time.Time{}
 	}
 	return res, nil
+}
+
+// splitTicks splits the indexes of r's ticks into those whose task goes
+// to s itself and those elsewhere gives another store, by store.
+func (r tickRows) splitTicks(s *Store, elsewhere func(shard int) (string, *Store)) (local []int, remote []part) {
+	for i := range r.tIDs {
+		if elsewhere != nil {
+			if name, st := elsewhere(int(r.shards[i])); st != nil && st != s {
+				k := slices.IndexFunc(remote, func(p part) bool { return p.st == st })
+				if k < 0 {
+					k = len(remote)
+					remote = append(remote, part{name: name, st: st})
+				}
+				remote[k].idx = append(remote[k].idx, i)
+				continue
+			}
+		}
+		local = append(local, i)
+	}
+	return local, remote
+}
+
+// insertTicks inserts the tasks of r's ticks idx in q, each refused when
+// its (schedule, tick) is there already, adds the ids inserted to
+// inserted (schedule -> newest) and returns how many.
+func insertTicks(ctx context.Context, q querier, r tickRows, idx []int, inserted map[int64]int64) (int, error) {
+	sub := func(i int) int { return idx[i] }
+	n := len(idx)
+	kinds, keys, payloads, queues, seqKeys := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	shards, maxAttempts, priorities := make([]int32, n), make([]int32, n), make([]int32, n)
+	sids, blocks, ticks := make([]int64, n), make([]bool, n), make([]time.Time, n)
+	for j := range n {
+		i := sub(j)
+		kinds[j], keys[j], payloads[j], queues[j], seqKeys[j] = r.kinds[i], r.keys[i], r.payloads[i], r.queues[i], r.seqKeys[i]
+		shards[j], maxAttempts[j], priorities[j] = r.shards[i], r.maxAttempts[i], r.priorities[i]
+		sids[j], blocks[j], ticks[j] = r.tIDs[i], r.seqBlocks[i], r.tTicks[i]
+	}
+	rows, err := q.Query(ctx, `
+		INSERT INTO tasks (kind, shard, key, payload, max_attempts, run_after, schedule_id, schedule_tick,
+			queue, priority, sequence_key, sequence_blocks)
+		SELECT kind, shard, key, payload::jsonb, max_attempts, tick, sid, tick, queue, priority, nullif(seq, ''),
+			CASE WHEN seq <> '' THEN blocks END
+		FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[],
+			$8::text[], $9::int[], $10::text[], $11::boolean[])
+			AS u(kind, shard, key, payload, max_attempts, sid, tick, queue, priority, seq, blocks)
+		ON CONFLICT (schedule_id, schedule_tick) WHERE schedule_id IS NOT NULL DO NOTHING
+		RETURNING id, schedule_id`, kinds, shards, keys, payloads, maxAttempts, sids, ticks,
+		queues, priorities, seqKeys, blocks)
+	if err != nil {
+		return 0, err
+	}
+	count := 0
+	var id, sid int64
+	if _, err := pgx.ForEachRow(rows, []any{&id, &sid}, func() error {
+		count++
+		inserted[sid] = max(inserted[sid], id)
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	return count, nil
+}
+
+// insertTicksFenced is insertTicks in a transaction of s's own under its
+// coordinator fence at epoch (ErrNotLeader otherwise).
+func (s *Store) insertTicksFenced(ctx context.Context, epoch int64, r tickRows, idx []int, inserted map[int64]int64) (int, error) {
+	var n int
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var fenced bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM coordinator_fence WHERE id = 1 AND epoch = $1 FOR SHARE)`, epoch).Scan(&fenced); err != nil {
+			return err
+		}
+		if !fenced {
+			return ErrNotLeader
+		}
+		mine := map[int64]int64{}
+		var err error
+		if n, err = insertTicks(ctx, tx, r, idx, mine); err != nil {
+			return err
+		}
+		for sid, id := range mine {
+			inserted[sid] = max(inserted[sid], id)
+		}
+		return nil
+	})
+	return n, err
 }
 
 // tickRows are the planned ticks of one batch of due schedules, as the

@@ -100,7 +100,33 @@ type Orphans struct {
 	// a transaction still open and were skipped: requeue them again later
 	// (RequeueOrphans) until none is pending.
 	Pending []ShardEpoch
+	// Moved are terms the database does not hold (its placement row of the
+	// shard is not held: the shard moved, or is moving, to another
+	// database): neither raised nor lost. Raise them again once the shard
+	// → database map has changed (the router sends the raise to the
+	// shard's new database). RequeueOrphans names such terms Pending too.
+	Moved []ShardEpoch
+	// Unreached are terms whose database could not be reached (a cluster
+	// of several databases, one of them down): neither raised nor lost.
+	// Raise them again later.
+	Unreached []ShardEpoch
 }
+
+// PartialError is the error of a statement that spans several databases
+// (a claim of terms whose shards live in two of them) and failed at some
+// of them: what the others answered is returned with it. Terms are the
+// terms sent to the databases that failed: a claim sent there may have
+// committed without its answer arriving, so only their claims need the
+// "unsure" recovery (Claimed, then Unclaim of what nobody runs).
+type PartialError struct {
+	Terms []ShardEpoch
+	// Err names each database that failed and why.
+	Err error
+}
+
+func (e *PartialError) Error() string { return "partly failed: " + e.Err.Error() }
+
+func (e *PartialError) Unwrap() error { return e.Err }
 
 // Completion is a successful attempt to record.
 type Completion struct {
