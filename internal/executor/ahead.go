@@ -225,10 +225,7 @@ func (a *ahead) startNext() {
 			continue
 		}
 		next.stop = nil
-		if !next.recorded {
-			a.post(result{task: next.task, started: true, done: func() {}})
-		}
-		a.pool.start(next.termCtx, next.task, next.done, next.parent)
+		a.pool.startAttempt(next.termCtx, next.task, next.done, next.parent, !next.recorded)
 	}
 }
 
@@ -306,13 +303,25 @@ func (a *ahead) giveBack(ws []*waiting) {
 	a.pool.freed.Notify()
 }
 
-// cancel ends the wait of attempt ref, if it waits here, and reports
-// whether it did. It never starts: cancelled by an operator
-// (tasks.ErrCancelled) it is recorded cancelled; taken back (its claim is
-// gone), it is dropped.
-func (a *ahead) cancel(ref claims.Ref, cause error) bool {
+// members are the waiting tasks, by ref (see pool.members).
+func (a *ahead) members() map[claims.Ref]*waiting {
 	a.mu.Lock()
-	i := slices.IndexFunc(a.list, func(w *waiting) bool { return claims.RefOf(w.task) == ref })
+	defer a.mu.Unlock()
+	out := make(map[claims.Ref]*waiting, len(a.list))
+	for _, w := range a.list {
+		out[claims.RefOf(w.task)] = w
+	}
+	return out
+}
+
+// cancelExact ends the waiting task ref, if it is still want: cancelled by
+// an operator (tasks.ErrCancelled) it is recorded cancelled; taken back,
+// it is dropped (its claim is gone). It reports whether it found it.
+func (a *ahead) cancelExact(ref claims.Ref, want *waiting, cause error) bool {
+	a.mu.Lock()
+	i := slices.IndexFunc(a.list, func(w *waiting) bool {
+		return claims.RefOf(w.task) == ref && (want == nil || w == want)
+	})
 	if i < 0 {
 		a.mu.Unlock()
 		return false

@@ -299,3 +299,33 @@ func TestAheadRoom(t *testing.T) {
 		})
 	}
 }
+
+// Review of issue 39: a claim whose term stopped taking work between the
+// claim and the start (Begin refused) is given back through the writer;
+// its term stays held until that give-back is written, so the next owner
+// does not requeue (and spend) an attempt whose handler never ran. Before,
+// the round's hold ended with the round, and a give-back that failed once
+// left the term free: the next owner buried a single-attempt task unrun.
+func TestAGiveBackOfAClaimThatCouldNotStartKeepsItsTerm(t *testing.T) {
+	t.Parallel()
+	b := newBlocking()
+	e := newEnv(t, map[string]tasks.Handler{"block": b.handle})
+	e.store.add(1, "block", 1, 1)
+	e.own.own(1, 1)
+	e.own.mu.Lock()
+	e.own.refuseBegin = true
+	e.own.mu.Unlock()
+	e.store.failNext("unclaim", 3)
+	e.run()
+	e.untilWithin("the give-back failing", 50*time.Millisecond, func() bool { return e.store.count("unclaim") >= 1 })
+	e.own.move(1)
+	e.untilWithin("the give-back retried", 50*time.Millisecond, func() bool { return e.store.count("unclaim") >= 2 })
+	if !e.own.held(1) && e.state(1) != tasks.Ready {
+		t.Fatal("shard 1 was released while the give-back of its claim was still on the way")
+	}
+	e.until("the task given back, shard 1 released", func() bool { return e.state(1) == tasks.Ready && !e.own.held(1) })
+	if task := e.store.get(1); task.Attempt != 1 || b.started(1) {
+		t.Fatalf("task %+v, started %v: want ready at attempt 1, never started", task, b.started(1))
+	}
+	close(b.release)
+}

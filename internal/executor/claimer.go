@@ -35,9 +35,10 @@ const claimTimeout = 10 * time.Second
 const probeAbove = 4
 
 // orphansRetryMax caps the backoff between requeues of orphans a
-// transaction held: one left open is ended by the database's idle timeout
-// at the latest.
-const orphansRetryMax = 30 * time.Second
+// transaction held: well under the lease TTL (10s by default), which bounds
+// such a transaction after CompleteTx, so that a held task is requeued
+// soon after its transaction ends.
+const orphansRetryMax = 5 * time.Second
 
 // claimer is the claim loop: it fences newly owned shards, claims ready
 // tasks of the held ones and starts them on the pool or keeps them ahead.
@@ -243,8 +244,8 @@ func (c *claimer) once(ctx context.Context) error {
 		c.ahead.sweep(now)
 	}
 	c.fence(ctx)
-	hold := c.own.Hold()
-	defer hold.Release()
+	hold := &pinnedHold{Hold: c.own.Hold(), n: 1}
+	defer hold.unpin()
 	terms := hold.Terms()
 	held := make(map[int]bool, len(terms))
 	for _, t := range terms {
@@ -252,7 +253,7 @@ func (c *claimer) once(ctx context.Context) error {
 	}
 	c.held.Store(&held)
 	if c.unsure {
-		if err := c.recover(ctx, terms); err != nil {
+		if err := c.recover(ctx, hold, terms); err != nil {
 			return err
 		}
 		c.unsure = false
@@ -375,7 +376,7 @@ func (c *claimer) more() bool {
 // meanwhile: the store records the first tasks of the answer as started
 // now (startNow), and exactly those start at once, on the reserved slots.
 // The others wait ahead.
-func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, first, order []claims.ShardEpoch, share int) error {
+func (c *claimer) claimQueue(ctx context.Context, hold *pinnedHold, q *queueClaims, first, order []claims.ShardEpoch, share int) error {
 	// A slot a handler just freed goes to a task waiting ahead, not to this
 	// claim: reserved, it would stay idle for the claim's round trip.
 	c.ahead.startNext()
@@ -386,7 +387,12 @@ func (c *claimer) claimQueue(ctx context.Context, hold Hold, q *queueClaims, fir
 	}
 	toStart := min(now, limit)
 	slots := &reserved{n: c.pool.reserve(q.name, toStart)}
-	defer func() { c.pool.unreserve(q.name, slots.n) }()
+	defer func() {
+		// A slot the claim did not use may be the one a waiting task was
+		// about to take when the reservation got it first.
+		c.pool.unreserve(q.name, slots.n)
+		c.ahead.startNext()
+	}()
 	if limit -= toStart - slots.n; limit <= 0 {
 		return nil
 	}
@@ -417,7 +423,7 @@ type claimFunc func(ctx context.Context, owner string, terms []claims.ShardEpoch
 
 // claim runs one claim statement over order, starts the tasks it recorded
 // as started on the reserved slots and keeps the others ahead.
-func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []claims.ShardEpoch, limit int, slots *reserved, claim claimFunc) ([]tasks.Task, error) {
+func (c *claimer) claim(ctx context.Context, hold *pinnedHold, q *queueClaims, order []claims.ShardEpoch, limit int, slots *reserved, claim claimFunc) ([]tasks.Task, error) {
 	// Not cancelled by shutdown: a cancelled statement may still have
 	// committed, leaving claims nobody runs.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
@@ -471,23 +477,53 @@ func (c *claimer) claim(ctx context.Context, hold Hold, q *queueClaims, order []
 		later = append(later, w)
 	}
 	c.ahead.add(later...)
-	c.giveBack(back)
+	c.giveBack(hold, back)
 	return claimed, nil
 }
 
 // giveBack hands claims that will not start (their term stopped taking
 // work between the claim and the start, or their claim's answer was lost)
-// to the writer, which gives them back with their attempts unspent. If the
-// fence has moved already, the next owner requeues them instead.
-func (c *claimer) giveBack(ts []tasks.Task) {
+// to the writer, which gives them back with their attempts unspent. The
+// round's hold stays until each is written: a term is not released, and
+// its next owner does not requeue (and spend) a claim whose handler never
+// ran, while its give-back is on the way.
+func (c *claimer) giveBack(hold *pinnedHold, ts []tasks.Task) {
 	if len(ts) == 0 {
 		return
 	}
 	rs := make([]result, len(ts))
 	for i, t := range ts {
-		rs[i] = result{task: t, giveBack: true, done: func() {}}
+		rs[i] = result{task: t, giveBack: true, done: hold.pin()}
 	}
 	c.writer.post(rs...)
+}
+
+// pinnedHold is a round's hold, kept until the round and every give-back
+// it posted are done (pin, unpin).
+type pinnedHold struct {
+	Hold
+	mu sync.Mutex
+	n  int
+}
+
+// pin keeps the hold until the returned func is called (once).
+func (p *pinnedHold) pin() func() {
+	p.mu.Lock()
+	p.n++
+	p.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(p.unpin) }
+}
+
+// unpin ends one pin; the last releases the hold.
+func (p *pinnedHold) unpin() {
+	p.mu.Lock()
+	p.n--
+	last := p.n == 0
+	p.mu.Unlock()
+	if last {
+		p.Hold.Release()
+	}
 }
 
 // fence raises the fence of every newly owned term and, in the same
@@ -516,11 +552,25 @@ func (c *claimer) fence(ctx context.Context) {
 		c.log.Warn("raising fences failed; claiming from the shards fenced already meanwhile", "shards", len(fresh), "error", err, "backoff", wait)
 		return
 	}
-	c.raiseBackoff.Reset()
+	if len(o.Moved)+len(o.Unreached) == 0 {
+		c.raiseBackoff.Reset()
+	}
 	c.raiseAt = time.Time{}
-	ok := make(map[claims.ShardEpoch]bool, len(o.Raised))
+	ok := make(map[claims.ShardEpoch]bool, len(o.Raised)+len(o.Moved)+len(o.Unreached))
 	for _, t := range o.Raised {
 		ok[t] = true
+	}
+	// A term whose database does not hold its shard (it moved to another
+	// database) or could not be reached is neither raised nor lost: it
+	// stays unfenced and is raised again later, at the shard's database.
+	for _, t := range slices.Concat(o.Moved, o.Unreached) {
+		ok[t] = true
+		if c.raiseAt.IsZero() {
+			wait := c.raiseBackoff.Next()
+			c.raiseAt = c.clock.Now().Add(wait)
+			c.log.Info("some fences not raised: their shards' databases moved them or could not be reached; raising them again later",
+				"moved", len(o.Moved), "unreached", len(o.Unreached), "backoff", wait)
+		}
 	}
 	for _, t := range fresh {
 		if !ok[t] {
@@ -602,7 +652,7 @@ func (c *claimer) requeueOrphans(ctx context.Context, terms []claims.ShardEpoch)
 // in the database but neither runs nor keeps ahead: those of a claim
 // statement that committed although its answer was lost. Left alone they
 // would go stale.
-func (c *claimer) recover(ctx context.Context, terms []claims.ShardEpoch) error {
+func (c *claimer) recover(ctx context.Context, hold *pinnedHold, terms []claims.ShardEpoch) error {
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	claimed, err := c.store.Claimed(cctx, c.owner, terms)
@@ -611,22 +661,25 @@ func (c *claimer) recover(ctx context.Context, terms []claims.ShardEpoch) error 
 	}
 	// Unclaim applies only to a claim still running under that attempt,
 	// so an outcome written since the listing is left alone.
+	// The buffer first, then the pool: a task moves only from the one to
+	// the other, and holds its pool slot (pool.holds) from before it
+	// leaves the buffer until its outcome is written, so none is missed.
 	mine := make(map[claims.Ref]bool)
-	for _, r := range c.pool.refs() {
+	for _, r := range c.ahead.refs() {
 		mine[r] = true
 	}
-	for _, r := range c.ahead.refs() {
+	for _, r := range c.pool.refs() {
 		mine[r] = true
 	}
 	var lost []tasks.Task
 	for _, r := range claimed {
-		if !mine[r] {
+		if !mine[r] && !c.pool.holds(r.ID) {
 			lost = append(lost, tasks.Task{ID: r.ID, Shard: r.Shard, Attempt: r.Attempt, Epoch: r.Epoch})
 		}
 	}
 	if len(lost) > 0 {
 		c.log.Info("giving back the claims of a claim statement whose answer was lost", "tasks", len(lost))
-		c.giveBack(lost)
+		c.giveBack(hold, lost)
 	}
 	return nil
 }

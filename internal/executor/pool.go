@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -52,10 +53,6 @@ type result struct {
 	// never started, to give back to its lane with its attempt unspent
 	// (Store.Unclaim); done ends its hold on its term once written.
 	giveBack bool
-	// started: not an outcome but a note that the handler of a task
-	// claimed ahead has started (Store.Started); an outcome of the same
-	// attempt in the same flush makes it needless.
-	started bool
 	// busy paces the writes of this item that the store answered
 	// claims.Busy, and retryAt is when it is written again.
 	busy    clock.Backoff
@@ -70,6 +67,9 @@ type attempt struct {
 	cancel context.CancelCauseFunc
 	// started is when the handler started (the executor's clock).
 	started time.Time
+	// unrecorded: the task waited ahead and its claim does not record its
+	// start yet (the heartbeater does, with its next beat).
+	unrecorded bool
 	// finished: the handler returned; the outcome awaits its write. The
 	// attempt is still heartbeated, so a database outage that delays the
 	// write does not make the claim look stale.
@@ -283,6 +283,13 @@ func (p *pool) soon(now time.Time, cover time.Duration) budget {
 // the term. With tracing on, the handler runs in a span that is a child of
 // parent (see tracer.claimed).
 func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), parent trace.SpanContext) {
+	p.startAttempt(termCtx, t, termDone, parent, false)
+}
+
+// startAttempt is start; unrecorded says the task's claim does not record
+// it as started yet (it waited ahead): the heartbeater records the start
+// with its next beat (Store.Started).
+func (p *pool) startAttempt(termCtx context.Context, t tasks.Task, termDone func(), parent trace.SpanContext, unrecorded bool) {
 	h, _ := p.registry.Lookup(t.Kind)
 	ctx, cancel := context.WithCancelCause(termCtx)
 	handlerCtx, stopDeadline := ctx, context.CancelFunc(func() {})
@@ -290,7 +297,7 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), par
 		handlerCtx, stopDeadline = context.WithDeadline(ctx, *t.Deadline)
 	}
 	ref := claims.RefOf(t)
-	a := &attempt{task: t, ctx: ctx, cancel: cancel, started: p.clock.Now()}
+	a := &attempt{task: t, ctx: ctx, cancel: cancel, started: p.clock.Now(), unrecorded: unrecorded}
 	p.mu.Lock()
 	p.attempts[ref] = a
 	p.handlers[t.Queue]++
@@ -320,6 +327,11 @@ func (p *pool) start(termCtx context.Context, t tasks.Task, termDone func(), par
 			expired: err != nil && errors.Is(handlerCtx.Err(), context.DeadlineExceeded)}
 		if cause := context.Cause(ctx); err != nil && errors.Is(cause, tasks.ErrOwnershipLost) {
 			r.interrupted = cause
+		} else if err != nil && (errors.Is(err, tasks.ErrShardMoved) || errors.Is(err, tasks.ErrOwnershipLost)) {
+			// The handler's own write found the shard gone from under it
+			// (CompleteTx: moved to another database, or to another
+			// owner): an interruption, whose attempt is not spent.
+			r.interrupted = err
 		}
 		r.cancelled = err != nil && tasks.CancelRequested(ctx)
 		if span != nil {
@@ -375,15 +387,58 @@ func (p *pool) refs() []claims.Ref {
 	return refs
 }
 
-// cancel cancels the handler of attempt ref, if it is still running: found
-// says whether ref is an attempt of the pool, cancelled whether this call
-// ended the handler's context (false when the handler returned or its
-// context ended before).
-func (p *pool) cancel(ref claims.Ref, cause error) (found, cancelled bool) {
+// holds reports whether the pool has a slot taken for task id: its
+// handler runs, or is about to start (taken from the ahead buffer, not
+// started yet), or its outcome waits for its write.
+func (p *pool) holds(id int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.running[id] > 0
+}
+
+// unrecorded lists the attempts whose start the store has not recorded
+// yet (started from the ahead buffer), for the heartbeater.
+func (p *pool) unrecorded() []claims.Ref {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var refs []claims.Ref
+	for ref, a := range p.attempts {
+		if a.unrecorded && !a.finished {
+			refs = append(refs, ref)
+		}
+	}
+	return refs
+}
+
+// recorded notes that the store recorded the start of these attempts.
+func (p *pool) recorded(refs []claims.Ref) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, ref := range refs {
+		if a := p.attempts[ref]; a != nil {
+			a.unrecorded = false
+		}
+	}
+}
+
+// members are the attempts of refs, by ref: the heartbeater cancels the
+// very attempt it beat (cancelExact), never a later one with the same ref
+// (a task given back and claimed again under the same term and attempt).
+func (p *pool) members() map[claims.Ref]*attempt {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.attempts)
+}
+
+// cancelExact cancels the handler of attempt ref, if it is still want and
+// still running: found says whether ref is that attempt of the pool,
+// cancelled whether this call ended the handler's context (false when the
+// handler returned or its context ended before).
+func (p *pool) cancelExact(ref claims.Ref, want *attempt, cause error) (found, cancelled bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	a := p.attempts[ref]
-	if a == nil {
+	if a == nil || (want != nil && a != want) {
 		return false, false
 	}
 	if a.finished || a.ctx.Err() != nil {

@@ -196,30 +196,8 @@ func (w *writer) drain(ctx context.Context, batch []result) {
 	}
 }
 
-// flush writes batch, flushSize items a statement at most. A start of an
-// attempt whose outcome is in the batch (or waits to be written again) is
-// not written: the outcome ends the claim.
+// flush writes batch, flushSize items a statement at most.
 func (w *writer) flush(ctx context.Context, batch []result) {
-	ended := make(map[claims.Ref]bool)
-	for _, r := range batch {
-		if !r.started {
-			ended[claims.RefOf(r.task)] = true
-		}
-	}
-	for _, r := range w.later {
-		if !r.started {
-			ended[claims.RefOf(r.task)] = true
-		}
-	}
-	needless := func(r result) bool {
-		if r.started && ended[claims.RefOf(r.task)] {
-			r.done()
-			return true
-		}
-		return false
-	}
-	batch = slices.DeleteFunc(batch, needless)
-	w.later = slices.DeleteFunc(w.later, needless)
 	for len(batch) > flushSize {
 		w.flushSome(ctx, batch[:flushSize])
 		batch = batch[flushSize:]
@@ -227,25 +205,22 @@ func (w *writer) flush(ctx context.Context, batch []result) {
 	w.flushSome(ctx, batch)
 }
 
-// flushSome writes one batch — starts, give-backs, completions, failures,
+// flushSome writes one batch — give-backs, completions, failures,
 // interruptions and cancellations, one statement each — then ends each
 // item, except those the store answered Busy: they go to later.
 func (w *writer) flushSome(ctx context.Context, batch []result) {
 	if len(batch) == 0 {
 		return
 	}
-	var starts, backs []claims.Ref
+	var backs []claims.Ref
 	var completions []claims.Completion
 	var failures []claims.Failure
 	var interruptions []claims.Interruption
-	var sItems, bItems, cItems, fItems, iItems, cancelled []*result
+	var bItems, cItems, fItems, iItems, cancelled []*result
 	for i := range batch {
 		r := &batch[i]
 		r.retryAt = time.Time{}
 		switch {
-		case r.started:
-			starts = append(starts, claims.RefOf(r.task))
-			sItems = append(sItems, r)
 		case r.giveBack:
 			backs = append(backs, claims.RefOf(r.task))
 			bItems = append(bItems, r)
@@ -267,7 +242,6 @@ func (w *writer) flushSome(ctx context.Context, batch []result) {
 	if w.tr != nil {
 		batchSpan = w.startBatch(batch)
 	}
-	writeEach(ctx, w, "recording starts", sItems, starts, w.store.Started)
 	writeEach(ctx, w, "giving back claims", bItems, backs, w.store.Unclaim)
 	writeEach(ctx, w, "completing", cItems, completions, w.store.Complete)
 	writeEach(ctx, w, "failing", fItems, failures, w.store.Fail)
@@ -398,7 +372,7 @@ func (w *writer) account(items []*result, res []claims.WriteResult) {
 			continue
 		}
 		switch {
-		case it.started, it.giveBack:
+		case it.giveBack:
 			w.log.Trace("claim written", "task", it.task.ID, "give_back", it.giveBack, "outcome", r.Outcome.String())
 			if r.Outcome == claims.FenceLost {
 				w.m.FenceRejections.Inc()
