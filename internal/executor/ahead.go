@@ -51,12 +51,12 @@ const aheadPatience = 10 * aheadCover
 //     on its term (done) ends only once the give-back is written.
 //   - Its attempt is not spent unless its handler ran. Claims record only
 //     the tasks that start at once as started (Claim's startNow); a task
-//     that waited ahead is recorded as started by the writer's next flush
-//     after its start (Store.Started), or by its outcome if that comes in
-//     the same flush. Until then an orphan requeue or a stale sweep gives
-//     it back with its attempt unspent, so a crash between the start and
-//     that write leaves one attempt uncounted although its handler ran:
-//     the window is one flush delay and a write, and it errs on the side
+//     that waited ahead is recorded as started by the heartbeater's next
+//     beat (Store.Started, one statement beside the beat), or ends with
+//     its outcome before that. Until then an orphan requeue or a stale
+//     sweep gives it back with its attempt unspent, so a crash between the
+//     start and the beat leaves one attempt uncounted although its handler
+//     ran: the window is one heartbeat interval, and it errs on the side
 //     of running a task once more, never of burying it unrun.
 //
 // How much waits ahead is bounded by the worker time that frees up soon,
