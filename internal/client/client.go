@@ -89,17 +89,38 @@ func (c Config) Prepare(n tasks.NewTask, now time.Time) (store.Insert, error) {
 	return store.Insert{NewTask: n, Shard: tasks.ShardOf(cmp.Or(n.SequenceKey, n.Key), c.ShardCount)}, nil
 }
 
+// Store is what the task operations need from the cluster's databases:
+// a *store.Router, which routes each statement by its task's shard and
+// merges the reads of every database, or the *store.Store of a cluster
+// of one.
+type Store interface {
+	EnqueueIn(ctx context.Context, tx pgx.Tx, in store.Insert) (tasks.Enqueued, error)
+	EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []store.Insert) (tasks.BatchEnqueued, error)
+	Get(ctx context.Context, id int64) (tasks.Task, error)
+	List(ctx context.Context, req tasks.ListRequest) (tasks.Page, error)
+	CancelTask(ctx context.Context, id int64) (tasks.Task, error)
+	RetryTask(ctx context.Context, id int64) (tasks.Task, error)
+	CancelMatching(ctx context.Context, f tasks.Filter, after int64, budget time.Duration) (tasks.BulkResult, error)
+	RetryMatching(ctx context.Context, f tasks.Filter, after int64, budget time.Duration) (tasks.BulkResult, error)
+}
+
+var (
+	_ Store = (*store.Store)(nil)
+	_ Store = (*store.Router)(nil)
+)
+
 // Tasks enqueues, inspects, cancels and retries tasks.
 type Tasks struct {
-	st  *store.Store
+	st  Store
 	cfg Config
 	// tracer is nil with tracing off.
 	tracer trace.Tracer
 }
 
-// New returns the task operations on st. cfg gives the cluster's shard
-// count, which decides every task's shard, and the default max_attempts.
-func New(st *store.Store, cfg Config) (*Tasks, error) {
+// New returns the task operations on st (a *store.Router for a cluster
+// of several databases). cfg gives the cluster's shard count, which
+// decides every task's shard, and the default max_attempts.
+func New(st Store, cfg Config) (*Tasks, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
