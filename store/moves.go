@@ -968,13 +968,26 @@ func retryOrBuryUnless(final, expired, runAfter, errExpr string) string {
 // Claims lock the fence rows of the shards they take from FOR SHARE, so
 // the raise waits for a claim under the old epoch (a statement, never a
 // transaction of a program's) and the requeue then sees what it claimed.
+//
+// A term whose shard the database does not hold (placement not held: it
+// moved, or is moving, to another database) is neither raised nor lost:
+// it is named in Orphans.Moved, to raise again once the map says where
+// the shard is.
 func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []claims.ShardEpoch) (claims.Orphans, error) {
 	var out claims.Orphans
 	if len(owned) == 0 {
 		return out, nil
 	}
-	shards, epochs := splitSorted(owned)
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		held, moved, err := placeTerms(ctx, tx, owned)
+		if err != nil {
+			return err
+		}
+		out.Moved = moved
+		if len(held) == 0 {
+			return nil
+		}
+		shards, epochs := splitSorted(held)
 		rows, err := tx.Query(ctx, `/* shardrun.raise_fences */
 			INSERT INTO shard_fences AS f (grp, shard, epoch, owner)
 			SELECT $4, shard, epoch, $3 FROM unnest($1::int[], $2::bigint[]) AS o(shard, epoch) ORDER BY shard
@@ -1004,16 +1017,68 @@ func (s *Store) RaiseFences(ctx context.Context, owner, group string, owned []cl
 // already, that a RaiseFences or an earlier RequeueOrphans skipped because
 // a transaction held them (Orphans.Pending), as RaiseFences does, and says
 // which terms still have some. Terms whose fence no longer holds the
-// runner's epoch are left to their newer owner.
+// runner's epoch are left to their newer owner. Terms whose shard the
+// database does not hold are named Moved and Pending: requeue them again
+// once the map says where the shard is.
 func (s *Store) RequeueOrphans(ctx context.Context, owner, group string, terms []claims.ShardEpoch) (claims.Orphans, error) {
 	var out claims.Orphans
 	if len(terms) == 0 {
 		return out, nil
 	}
-	if err := requeueOrphans(ctx, s.pool, owner, group, terms, true, &out); err != nil {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		held, moved, err := placeTerms(ctx, tx, terms)
+		if err != nil {
+			return err
+		}
+		out.Moved = moved
+		out.Pending = append(out.Pending, moved...)
+		if len(held) == 0 {
+			return nil
+		}
+		return requeueOrphans(ctx, tx, owner, group, held, true, &out)
+	})
+	if err != nil {
 		return claims.Orphans{}, fmt.Errorf("requeueing the orphans of %d shards: %w", len(terms), err)
 	}
 	return out, nil
+}
+
+// placeTerms splits terms into those whose shard the database holds and
+// those it does not (moved: its placement row is not held, or it has none
+// in a database of several), in shard order. In a database of several it
+// locks the placement rows FOR SHARE until the caller's transaction ends:
+// a move's leave step (which takes them FOR UPDATE NOWAIT) then waits for
+// no raise, and no raise lands after a leave committed.
+func placeTerms(ctx context.Context, tx pgx.Tx, terms []claims.ShardEpoch) (held, moved []claims.ShardEpoch, err error) {
+	shards, _ := splitSorted(terms)
+	rows, err := tx.Query(ctx, `/* shardrun.place_terms */
+		SELECT o.shard, coalesce(pl.held, d.one)
+		FROM unnest($1::int[]) WITH ORDINALITY AS o(shard, n)
+		CROSS JOIN (SELECT coalesce((SELECT c.databases FROM shardrun_cluster c WHERE c.id = 1), 1) = 1 AS one) d
+		LEFT JOIN LATERAL (
+			SELECT p.state = 'held' AS held FROM shardrun_placement p WHERE p.shard = o.shard AND NOT d.one FOR SHARE
+		) pl ON true
+		ORDER BY o.n`, shards)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the placement of %d shards: %w", len(shards), err)
+	}
+	here := make(map[int]bool, len(shards))
+	var shard int32
+	var ok bool
+	if _, err := pgx.ForEachRow(rows, []any{&shard, &ok}, func() error {
+		here[int(shard)] = ok
+		return nil
+	}); err != nil {
+		return nil, nil, fmt.Errorf("reading the placement of %d shards: %w", len(shards), err)
+	}
+	for _, t := range terms {
+		if here[t.Shard] {
+			held = append(held, t)
+		} else {
+			moved = append(moved, t)
+		}
+	}
+	return held, moved, nil
 }
 
 // orphanMessage is the history entry of a requeued orphan (k.msg).

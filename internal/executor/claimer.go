@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -79,8 +80,11 @@ type claimer struct {
 	round atomic.Int64
 	// unsure: a claim statement failed without a clear answer, so it may
 	// have committed claims nobody runs. The next round gives them back
-	// first (recover). Owned by Run.
-	unsure bool
+	// first (recover). unsureTerms, when not nil, narrows it to these
+	// terms: a claim over several databases failed at some of them only
+	// (claims.PartialError). Owned by Run.
+	unsure      bool
+	unsureTerms map[claims.ShardEpoch]bool
 	// budget is the last round's measure of the workers that free up
 	// soon. Owned by Run, as are the fields below.
 	budget budget
@@ -253,10 +257,25 @@ func (c *claimer) once(ctx context.Context) error {
 	}
 	c.held.Store(&held)
 	if c.unsure {
-		if err := c.recover(ctx, hold, terms); err != nil {
-			return err
+		rterms := terms
+		if c.unsureTerms != nil {
+			rterms = slices.DeleteFunc(slices.Clone(terms), func(t claims.ShardEpoch) bool { return !c.unsureTerms[t] })
 		}
-		c.unsure = false
+		var partial *claims.PartialError
+		switch err := c.recover(ctx, hold, rterms); {
+		case errors.As(err, &partial):
+			c.unsureTerms = nil
+			c.unsureOf(partial.Terms)
+			c.log.Warn("listing claims after a failed claim failed at some databases; trying there again next round", "error", err)
+		case err != nil && c.unsureTerms == nil:
+			return err
+		case err != nil:
+			// Only some databases' terms are unsure: the others are claimed
+			// from meanwhile.
+			c.log.Warn("listing claims after a failed claim failed; trying again next round", "terms", len(rterms), "error", err)
+		default:
+			c.unsure, c.unsureTerms = false, nil
+		}
 	}
 	c.requeueOrphans(ctx, terms)
 	if len(terms) == 0 {
@@ -438,8 +457,16 @@ func (c *claimer) claim(ctx context.Context, hold *pinnedHold, q *queueClaims, o
 	if c.tr != nil {
 		parents = c.tr.claimed(start, time.Now(), q.name, len(order), claimed, err)
 	}
+	var partial *claims.PartialError
+	if errors.As(err, &partial) {
+		// The claim failed at some databases only: what the others claimed
+		// runs, and only the failed databases' terms are unsure.
+		c.unsureOf(partial.Terms)
+		c.log.Warn("claiming failed at some databases; the others' tasks run", "queue", q.name, "terms", len(partial.Terms), "error", err)
+		err = nil
+	}
 	if err != nil {
-		c.unsure = true
+		c.unsure, c.unsureTerms = true, nil
 		return nil, fmt.Errorf("claiming tasks of queue %s: %w", q.name, err)
 	}
 	c.m.Claimed.Add(float64(len(claimed)))
@@ -648,6 +675,20 @@ func (c *claimer) requeueOrphans(ctx context.Context, terms []claims.ShardEpoch)
 	c.orphansAt = c.clock.Now().Add(max(c.poll, c.orphansBackoff.Next()))
 }
 
+// unsureOf marks terms unsure (unless every term is already).
+func (c *claimer) unsureOf(terms []claims.ShardEpoch) {
+	if c.unsure && c.unsureTerms == nil {
+		return
+	}
+	c.unsure = true
+	if c.unsureTerms == nil {
+		c.unsureTerms = make(map[claims.ShardEpoch]bool, len(terms))
+	}
+	for _, t := range terms {
+		c.unsureTerms[t] = true
+	}
+}
+
 // recover gives back the claims of the held terms that this runner holds
 // in the database but neither runs nor keeps ahead: those of a claim
 // statement that committed although its answer was lost. Left alone they
@@ -656,7 +697,8 @@ func (c *claimer) recover(ctx context.Context, hold *pinnedHold, terms []claims.
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	defer cancel()
 	claimed, err := c.store.Claimed(cctx, c.owner, terms)
-	if err != nil {
+	var partial *claims.PartialError
+	if err != nil && !errors.As(err, &partial) {
 		return fmt.Errorf("listing claims after a failed claim: %w", err)
 	}
 	// Unclaim applies only to a claim still running under that attempt,
@@ -680,6 +722,9 @@ func (c *claimer) recover(ctx context.Context, hold *pinnedHold, terms []claims.
 	if len(lost) > 0 {
 		c.log.Info("giving back the claims of a claim statement whose answer was lost", "tasks", len(lost))
 		c.giveBack(hold, lost)
+	}
+	if partial != nil {
+		return partial // the listing failed at some databases: their terms stay unsure
 	}
 	return nil
 }
