@@ -71,8 +71,10 @@ func (c Config) Validate() error {
 
 // Prepare validates n against now (tasks.NewTask.Check) and makes the
 // insert every enqueue makes: the options with their defaults
-// (tasks.Options.WithDefaults, with the configured max_attempts), a
-// random key when none is given, {} for no payload, and the shard of the
+// (tasks.Options.WithDefaults, with the configured max_attempts), the
+// unique key as the key of a task that has one and no key (so that a
+// unique key lives in one shard), else a random key when none is given,
+// {} for no payload, and the shard of the
 // key (of the sequence key, for a task of a sequence). c must be valid
 // (WithDefaults, Validate). The leader's scheduler prepares the task of
 // every schedule tick with it, with the database's time as now.
@@ -81,7 +83,10 @@ func (c Config) Prepare(n tasks.NewTask, now time.Time) (store.Insert, error) {
 		return store.Insert{}, err
 	}
 	n.Options = n.WithDefaults(c.MaxAttempts)
-	n.Key = cmp.Or(n.Key, tasks.RandomKey())
+	// A task with a unique key and no key is sharded by its unique key:
+	// every task of one unique key lives in one shard, and so in one
+	// database of a cluster of several, where the key's uniqueness is kept.
+	n.Key = cmp.Or(n.Key, n.UniqueKey, tasks.RandomKey())
 	if len(n.Payload) == 0 {
 		n.Payload = json.RawMessage("{}")
 	}
