@@ -59,7 +59,8 @@ func (e *Error) Unwrap() []error { return []error{e.Class, e.Err} }
 // (insufficient resources), 57P01-57P05 (shutdown, cannot connect now),
 // 57014 (statement timeout), 40001 and 40P01 (serialization failure,
 // deadlock), 55P03 (lock not available), 25006 (read-only transaction: a
-// standby after failover), 58 (system I/O), 28 (authentication) and 3D
+// standby after failover), SR001 (an insert into a shard the database
+// does not hold: the shard moved to another database), 58 (system I/O), 28 (authentication) and 3D
 // (database missing) are unavailability; 22 (data exception), 23502 and
 // 23514 (not-null and check constraints) and 54 (program limit exceeded:
 // a value too large or too deep) are invalid input; 23505 is a conflict.
@@ -98,7 +99,8 @@ func classOf(code string) error {
 	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"), strings.HasPrefix(code, "58"),
 		strings.HasPrefix(code, "28"), strings.HasPrefix(code, "3D"),
 		code >= "57P01" && code <= "57P05", code == "57014",
-		code == "40001", code == "40P01", code == "55P03", code == "25006":
+		code == "40001", code == "40P01", code == "55P03", code == "25006",
+		code == CodeNotHeld: // the shard moved to another database: send it there
 		return ErrUnavailable
 	}
 	return ErrInternal

@@ -19,6 +19,8 @@
 --   queue     a queue other than the default one that has a task in a
 --             lane, a claim or a waiting line has a row (the listing
 --             shows it, and its removal is refused)
+--   placement no task of a shard the database gave away (gone: a move
+--             committed deletes every row of the shard with the state)
 CREATE OR REPLACE FUNCTION shardrun_layout_violations()
 RETURNS TABLE (task_id bigint, sequence_key text, problem text)
 LANGUAGE sql STABLE AS $$
@@ -115,4 +117,8 @@ SELECT min(x.id), NULL, format('%s tasks of queue %s, which has no row', count(*
 FROM (SELECT id, queue FROM task_ready UNION ALL SELECT id, queue FROM task_claims UNION ALL SELECT id, queue FROM task_waiting) x
 WHERE x.queue <> 'default' AND NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = x.queue)
 GROUP BY x.queue
+UNION ALL
+SELECT min(t.id), NULL, format('%s tasks of shard %s, which moved to database %s', count(*), t.shard, min(p.peer))
+FROM tasks t JOIN shardrun_placement p ON p.shard = t.shard AND p.state = 'gone'
+GROUP BY t.shard
 $$;
