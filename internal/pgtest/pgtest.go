@@ -202,13 +202,64 @@ func NewDatabase(t testing.TB) string {
 	if adminDSN == "" {
 		t.Fatal("pgtest: no server; call pgtest.Main(m) from TestMain")
 	}
+	return newDatabase(t, adminDSN)
+}
+
+// NewServer starts a throwaway PostgreSQL server of t's own, beside the
+// test binary's, stopped and removed when t ends: for tests that stop one
+// database of a cluster of several while the other serves. Create its
+// databases with NewDatabaseOn (after NewServer, so that they are
+// checked and dropped before the server stops).
+func NewServer(t testing.TB) *pgtmp.Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srv, err := pgtmp.Start(ctx, pgtmp.Options{})
+	if err != nil {
+		t.Fatalf("pgtest: starting a second server: %v", err)
+	}
+	testServers.Store(srv.Dir(), true)
+	t.Cleanup(func() {
+		if err := srv.Stop(); err != nil {
+			t.Logf("pgtest: stopping the second server: %v", err)
+		}
+		testServers.Delete(srv.Dir())
+	})
+	return srv
+}
+
+// testServers are the directories of the servers NewServer started that
+// run still.
+var testServers sync.Map
+
+// IsServerDir reports whether dir is the directory of a server of the
+// tests' (the test binary's, or one NewServer started that runs still),
+// which the tests do not count as left behind.
+func IsServerDir(dir string) bool {
+	if server != nil && dir == server.Dir() {
+		return true
+	}
+	_, ok := testServers.Load(dir)
+	return ok
+}
+
+// NewDatabaseOn is NewDatabase on srv (NewServer): the database's layout
+// is checked when t ends, as every test database's is, so srv must serve
+// then.
+func NewDatabaseOn(t testing.TB, srv *pgtmp.Server) string {
+	t.Helper()
+	return newDatabase(t, srv.DSN("postgres"))
+}
+
+func newDatabase(t testing.TB, admin string) string {
+	t.Helper()
 	name := fmt.Sprintf("t%d_%d_%s", os.Getpid(), seq.Add(1), sanitize(t.Name()))
 	if len(name) > 60 {
 		name = name[:60]
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dsn, err := pgtmp.CreateDatabase(ctx, adminDSN, name)
+	dsn, err := pgtmp.CreateDatabase(ctx, admin, name)
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
@@ -216,7 +267,7 @@ func NewDatabase(t testing.TB) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		checkLayout(ctx, t, dsn)
-		conn, err := pgx.Connect(ctx, adminDSN)
+		conn, err := pgx.Connect(ctx, admin)
 		if err != nil {
 			t.Logf("pgtest: dropping %s: %v", name, err)
 			return

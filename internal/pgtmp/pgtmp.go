@@ -309,15 +309,24 @@ func (s *Server) CreateDatabase(ctx context.Context, name string) (string, error
 // Restart stops the server and starts it again on the same port and data,
 // simulating a database restart under load.
 func (s *Server) Restart(ctx context.Context, downFor time.Duration) error {
-	if err := s.signalStop(); err != nil {
+	if err := s.Halt(); err != nil {
 		return err
 	}
 	time.Sleep(downFor)
+	return s.Resume(ctx)
+}
+
+// Halt stops the server (fast shutdown) and keeps its data: a database
+// that is down until Resume.
+func (s *Server) Halt() error { return s.signalStop() }
+
+// Resume starts a halted server again on the same port and data, so that
+// clients reconnect to the same address.
+func (s *Server) Resume(ctx context.Context) error {
 	cred, err := credential()
 	if err != nil {
 		return err
 	}
-	// The same port, so clients reconnect to the same address.
 	return s.launch(ctx, filepath.Join(s.dir, "data"), cred, s.port)
 }
 
