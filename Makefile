@@ -70,11 +70,13 @@ lint:
 	cd bench && $(GO) vet ./... && $(STATICCHECK) ./...
 
 ## demo: an all-in-one cluster (embedded etcd, throwaway PostgreSQL, coordinator, 3 runners); Ctrl-C stops it
-## (DEMO_FLAGS passes coordinator flags, e.g. DEMO_FLAGS="--http-addr 127.0.0.1:9000 --dev-rate 200")
+## (DATABASES=2 runs it on two databases of the throwaway PostgreSQL, the shards split between them;
+## DEMO_FLAGS passes coordinator flags, e.g. DEMO_FLAGS="--http-addr 127.0.0.1:9000 --dev-rate 200")
+DATABASES ?= 1
 demo:
 	@$(DEPS) demo
 	$(BUILD)
-	$(BIN)/coordinator --dev $(DEMO_FLAGS)
+	$(BIN)/coordinator --dev --dev-databases $(DATABASES) $(DEMO_FLAGS)
 
 ## bench: side-by-side benchmarks; writes bench/results/latest.json
 ## (BENCH_FLAGS passes the harness's flags, e.g. BENCH_FLAGS="-only throughput,steady")

@@ -50,7 +50,7 @@ func TestAPeriodicTaskRunsWithNoCoordinator(t *testing.T) {
 		return err == nil && n >= 2, fmt.Sprintf("%d completed, %v", n, err)
 	})
 	code, body := testutil.HTTP(t, "GET", "http://"+admin+"/metrics", "", "")
-	for _, want := range []string{"shardrun_coordinator_is_leader 1", "shardrun_schedule_errors_total 0",
+	for _, want := range []string{"shardrun_coordinator_is_leader 1", `shardrun_schedule_errors_total{database="main"} 0`,
 		"shardrun_sweeps_total", "shardrun_tasks_claimed_total"} {
 		if code != 200 || !strings.Contains(body, want) {
 			t.Errorf("the runner's /metrics (%d) lacks %q", code, want)

@@ -40,6 +40,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,13 +52,16 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/client"
 	"github.com/shardrun/shardrun/internal/leadership"
+	"github.com/shardrun/shardrun/internal/placement"
 	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/schedule"
 	"github.com/shardrun/shardrun/internal/slogbridge"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 // Defaults of Config.
@@ -74,8 +78,32 @@ const (
 	DefaultEtcdTimeout = 10 * time.Second
 )
 
+// Database is one of the cluster's databases: its name in the cluster's
+// map of shards to databases and a pool on it (Config.Databases).
+type Database struct {
+	// Name is the database's name in the cluster (a lowercase letter, then
+	// up to 62 lowercase letters, digits, - and _): what the binaries call
+	// it with --database NAME=URL, and what DatabaseOf answers.
+	Name string
+	// Pool is a pool on the database: the client opens its own
+	// connections with its settings, and AddWorkerTx handlers of tasks
+	// whose shard lives there begin their transactions on it.
+	Pool *pgxpool.Pool
+}
+
 // Config configures a Client. Every field is optional.
 type Config struct {
+	// Databases are the cluster's databases, by name, for a cluster of
+	// several (the binaries' --database NAME=URL); the pool given to
+	// NewClient is the database named main, listed first. A new cluster
+	// spreads its shards over them in contiguous ranges, in this order;
+	// a client given a database the cluster's map does not name, or
+	// missing one it names, is refused naming it. Each task lives in the
+	// database of its shard (DatabaseOf): enqueue in a transaction on
+	// that database (EnqueueTx), complete in one there (CompleteTx).
+	// Defaults to none: the pool is the cluster's one database.
+	Databases []Database
+
 	// Cluster and EtcdPrefix place the cluster's keys in etcd, under
 	// EtcdPrefix+Cluster+"/" (the binaries' --etcd-prefix and --cluster).
 	Cluster    string
@@ -151,10 +179,19 @@ type Config struct {
 // Client enqueues, reads and waits for tasks, and runs them when it has
 // workers (Start). It is safe for concurrent use.
 type Client struct {
-	cfg       Config
-	pool      *pgxpool.Pool
-	etcd      *clientv3.Client
-	st        *store.Store
+	cfg  Config
+	etcd *clientv3.Client
+	// dbs are the cluster's databases as given (the pool as main, first),
+	// and pools each one's pool by name.
+	dbs   []Database
+	pools map[string]*pgxpool.Pool
+	// router routes every statement by its task's shard to the store of
+	// its database (the client's own connections).
+	router *store.Router
+	// watch follows the cluster's map in etcd (nil without etcd); Close
+	// stops it.
+	stopWatch context.CancelFunc
+	watching  sync.WaitGroup
 	tasks     *client.Tasks
 	schedules *schedule.Catalog
 	caps      *shard.Capabilities
@@ -180,28 +217,37 @@ type running struct {
 }
 
 // NewClient connects a client to the cluster whose tasks live in pool's
-// database and whose membership lives in etcd. It applies the database's
-// migrations (idempotently, under a lock), reads the cluster's shard count
-// (creating the cluster with Config.ShardCount, or DefaultShardCount, when
-// it is new) and stores the declared periodic tasks. Close releases it.
+// database (and, for a cluster of several databases, in those of
+// Config.Databases) and whose membership lives in etcd. It applies the
+// databases' migrations (idempotently, under a lock), reads the cluster's
+// shard count and map of databases (creating the cluster with
+// Config.ShardCount, or DefaultShardCount, over its databases when it is
+// new) and stores the declared periodic tasks. Close releases it.
+//
+// pool is the database named main: NewClient(ctx, pool, etcd, cfg) is
+// NewClient(ctx, nil, etcd, cfg) with Database{Name: "main", Pool: pool}
+// first in cfg.Databases. It may be nil when cfg.Databases names every
+// database; one of them is required.
 //
 // etcd may be nil: the client then enqueues (every form), reads, waits,
-// cancels and retries on the database alone, as a producer or an
-// operator's tool needs, with the shard count the database recorded when
+// cancels and retries on the databases alone, as a producer or an
+// operator's tool needs, with the shard count the databases recorded when
 // the cluster was created (Config.ShardCount, if set, must match it; it
-// is required when no runner or coordinator has started yet). Start then
-// fails: a runner needs etcd, and so does a leader (NewClient refuses
-// Config.Leader without etcd). Such a client sets no Enqueued.Warnings,
-// which need the fleet's membership; the coordinator's status page and
-// GET /api/queues show work no runner can run.
+// is required when no runner or coordinator has started yet) and the map
+// of databases they record (each database knows the shards it holds).
+// Start then fails: a runner needs etcd, and so does a leader (NewClient
+// refuses Config.Leader without etcd). Such a client sets no
+// Enqueued.Warnings, which need the fleet's membership; the coordinator's
+// status page and GET /api/queues show work no runner can run.
 //
 // With etcd, NewClient waits at most Config.EtcdTimeout for it and then
 // fails naming its endpoints. A pool given with workers added by
 // AddWorkerTx must serve Config.MaxWorkers connections (its MaxConns): each
 // running task holds one for its transaction.
 func NewClient(ctx context.Context, pool *pgxpool.Pool, etcd *clientv3.Client, cfg Config) (*Client, error) {
-	if pool == nil {
-		return nil, errors.New("shardrun: NewClient needs a database pool")
+	dbs, err := databases(pool, cfg.Databases)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.Leader != nil && etcd == nil {
 		return nil, errLeaderNeedsEtcd
@@ -218,48 +264,102 @@ func NewClient(ctx context.Context, pool *pgxpool.Pool, etcd *clientv3.Client, c
 	}
 	if w := cfg.Workers; w != nil && w.tx.Load() {
 		workers := cmp.Or(cfg.MaxWorkers, runner.DefaultConfig().MaxWorkers)
-		if have := int(pool.Config().MaxConns); have < workers {
-			return nil, fmt.Errorf("shardrun: the pool given to NewClient serves %d connections (MaxConns) but Config.MaxWorkers is %d: "+
-				"AddWorkerTx handlers would run %d at a time; raise the pool's pool_max_conns to %d or lower MaxWorkers", have, workers, have, workers)
+		for _, d := range dbs {
+			if have := int(d.Pool.Config().MaxConns); have < workers {
+				return nil, fmt.Errorf("shardrun: the pool of database %s serves %d connections (MaxConns) but Config.MaxWorkers is %d: "+
+					"AddWorkerTx handlers would run %d at a time; raise the pool's pool_max_conns to %d or lower MaxWorkers", d.Name, have, workers, have, workers)
+			}
 		}
 	}
 	var leaderCfg leadership.Config
 	if cfg.Leader != nil {
-		var err error
 		if leaderCfg, err = leaderSettings(cfg); err != nil {
 			return nil, err
 		}
 		leaderCfg.Logger = cfg.Logger.Named("leader")
 	}
 	prefix := cfg.EtcdPrefix + cfg.Cluster + "/"
-	st, err := store.OpenLike(ctx, pool, store.Options{MaxConns: cmp.Or(cfg.DBMaxConns, DefaultDBMaxConns),
-		ApplicationName: "shardrun-client", Logger: cfg.Logger.Named("store"), HandlerTxTimeout: cfg.LeaseTTL})
-	if err != nil {
-		return nil, fmt.Errorf("shardrun: opening the database: %w", err)
+	c := &Client{cfg: cfg, etcd: etcd, dbs: dbs, pools: map[string]*pgxpool.Pool{}, log: cfg.Logger, leaderCfg: leaderCfg}
+	stores := map[string]*store.Store{}
+	closeStores := func() {
+		for _, st := range stores {
+			st.Close()
+		}
 	}
-	c := &Client{cfg: cfg, pool: pool, etcd: etcd, st: st, log: cfg.Logger, leaderCfg: leaderCfg}
+	for _, d := range dbs {
+		st, err := store.OpenLike(ctx, d.Pool, store.Options{MaxConns: cmp.Or(cfg.DBMaxConns, DefaultDBMaxConns),
+			ApplicationName: "shardrun-client", Logger: cfg.Logger.Named("store").With("database", d.Name), HandlerTxTimeout: cfg.LeaseTTL})
+		if err != nil {
+			closeStores()
+			return nil, fmt.Errorf("shardrun: opening database %s: %w", d.Name, err)
+		}
+		stores[d.Name], c.pools[d.Name] = st, d.Pool
+	}
 	if etcd != nil {
 		c.caps = &shard.Capabilities{Client: etcd, Prefix: prefix}
 	}
-	if err := c.init(ctx, prefix); err != nil {
-		st.Close()
+	if err := c.init(ctx, prefix, stores); err != nil {
+		if c.router != nil {
+			_ = c.Close()
+		}
+		closeStores()
 		return nil, err
 	}
 	return c, nil
 }
 
-func (c *Client) init(ctx context.Context, prefix string) error {
-	if err := c.st.Migrate(ctx); err != nil {
-		return fmt.Errorf("shardrun: migrating the database: %w", err)
+// databases are the cluster's databases a client is given: pool as main
+// first, then cfg's, each checked.
+func databases(pool *pgxpool.Pool, given []Database) ([]Database, error) {
+	var dbs []Database
+	if pool != nil {
+		dbs = append(dbs, Database{Name: store.MainDatabase, Pool: pool})
 	}
-	n, err := c.shardCount(ctx, prefix)
+	dbs = append(dbs, given...)
+	if len(dbs) == 0 {
+		return nil, errors.New("shardrun: NewClient needs a database pool, or Config.Databases")
+	}
+	for i, d := range dbs {
+		switch {
+		case d.Pool == nil:
+			return nil, fmt.Errorf("shardrun: Config.Databases: database %s has no pool", d.Name)
+		case slices.ContainsFunc(dbs[:i], func(o Database) bool { return o.Name == d.Name }):
+			if d.Name == store.MainDatabase && pool != nil {
+				return nil, errors.New("shardrun: Config.Databases names the database main, which is the pool given to NewClient: give it one way")
+			}
+			return nil, fmt.Errorf("shardrun: Config.Databases names the database %s twice", d.Name)
+		}
+		if err := cli.CheckDatabaseName(d.Name); err != nil {
+			return nil, fmt.Errorf("shardrun: Config.Databases: %w", err)
+		}
+	}
+	if len(dbs) > cli.MaxDatabases {
+		return nil, fmt.Errorf("shardrun: Config.Databases: at most %d databases, got %d", cli.MaxDatabases, len(dbs))
+	}
+	return dbs, nil
+}
+
+func (c *Client) init(ctx context.Context, prefix string, stores map[string]*store.Store) error {
+	names := make([]string, len(c.dbs))
+	for i, d := range c.dbs {
+		names[i] = d.Name
+		if err := stores[d.Name].Migrate(ctx); err != nil {
+			return fmt.Errorf("shardrun: migrating database %s: %w", d.Name, err)
+		}
+	}
+	n, err := c.shardCount(ctx, prefix, names, stores)
 	if err != nil {
 		return err
 	}
-	if _, err := c.st.EnsureShardCount(ctx, n); err != nil {
-		return fmt.Errorf("shardrun: %w", err)
+	for _, name := range names {
+		if _, err := stores[name].EnsureShardCount(ctx, n); err != nil {
+			return fmt.Errorf("shardrun: database %s: %w", name, err)
+		}
 	}
 	c.shards = n
+	if err := c.route(ctx, prefix, names, stores); err != nil {
+		return err
+	}
 	if c.cfg.Leader != nil {
 		c.leaderCfg.ShardCount = n
 		if err := c.leaderCfg.WithDefaults().Validate(); err != nil {
@@ -267,10 +367,10 @@ func (c *Client) init(ctx context.Context, prefix string) error {
 		}
 	}
 	prep := client.Config{ShardCount: n, MaxAttempts: c.cfg.MaxAttempts, TracerProvider: c.cfg.TracerProvider}
-	if c.tasks, err = client.New(c.st, prep); err != nil {
+	if c.tasks, err = client.New(c.router, prep); err != nil {
 		return fmt.Errorf("shardrun: %w", err)
 	}
-	if c.schedules, err = schedule.NewCatalog(c.st, prep); err != nil {
+	if c.schedules, err = schedule.NewCatalog(c.router.Catalog(), prep); err != nil {
 		return fmt.Errorf("shardrun: %w", err)
 	}
 	if c.cfg.Workers != nil {
@@ -286,18 +386,58 @@ func (c *Client) init(ctx context.Context, prefix string) error {
 	return nil
 }
 
-// shardCount is the cluster's shard count: etcd's (bounded by
-// EtcdTimeout), or without etcd the one the database recorded.
-func (c *Client) shardCount(ctx context.Context, prefix string) (int, error) {
+// route joins the databases to the cluster's map: from etcd, where it
+// follows the map until Close; without etcd, the map the databases
+// record (store.ReadMap), which the router reads again when a database
+// refuses an insert into a shard it no longer holds.
+func (c *Client) route(ctx context.Context, prefix string, names []string, stores map[string]*store.Store) error {
+	log := c.log.Named("databases")
 	if c.etcd == nil {
-		n, ok, err := c.st.ShardCount(ctx)
+		m, err := store.ReadMap(ctx, stores)
+		if err != nil {
+			return fmt.Errorf("shardrun: %w", err)
+		}
+		if err := shard.CheckDatabases(m, names); err != nil {
+			return fmt.Errorf("shardrun: %w", err)
+		}
+		if c.router, err = store.NewRouter(stores, m, log.Named("router")); err != nil {
+			return fmt.Errorf("shardrun: %w", err)
+		}
+		return nil
+	}
+	r, err := placement.Join(ctx, c.etcd, prefix, c.shards, names, stores, log)
+	if err != nil {
+		return fmt.Errorf("shardrun: %w", err)
+	}
+	c.router = r
+	wctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	c.stopWatch = stop
+	c.watching.Go(func() { placement.Watch(wctx, c.etcd, prefix, c.shards, r, log) })
+	return nil
+}
+
+// shardCount is the cluster's shard count: etcd's (bounded by
+// EtcdTimeout; creating the cluster over names when it is new), or
+// without etcd the one the databases recorded.
+func (c *Client) shardCount(ctx context.Context, prefix string, names []string, stores map[string]*store.Store) (int, error) {
+	if c.etcd == nil {
+		n := 0
+		for _, name := range names {
+			got, ok, err := stores[name].ShardCount(ctx)
+			switch {
+			case err != nil:
+				return 0, fmt.Errorf("shardrun: database %s: %w", name, err)
+			case ok && n != 0 && got != n:
+				return 0, fmt.Errorf("shardrun: database %s records %d shards, another of the cluster's %d", name, got, n)
+			case ok:
+				n = got
+			}
+		}
 		switch {
-		case err != nil:
-			return 0, fmt.Errorf("shardrun: %w", err)
-		case !ok && c.cfg.ShardCount == 0:
+		case n == 0 && c.cfg.ShardCount == 0:
 			return 0, errors.New("shardrun: the database records no shard count yet (no runner or coordinator has started on it): " +
 				"set Config.ShardCount to the cluster's, or give NewClient an etcd client")
-		case !ok:
+		case n == 0:
 			return c.cfg.ShardCount, nil
 		case c.cfg.ShardCount != 0 && c.cfg.ShardCount != n:
 			return 0, fmt.Errorf("shardrun: Config.ShardCount is %d but the database's cluster has %d shards", c.cfg.ShardCount, n)
@@ -306,7 +446,7 @@ func (c *Client) shardCount(ctx context.Context, prefix string) (int, error) {
 	}
 	ectx, cancel := context.WithTimeout(ctx, c.cfg.EtcdTimeout)
 	defer cancel()
-	n, err := shard.ClusterShardCount(ectx, c.etcd, prefix, c.cfg.ShardCount)
+	n, err := shard.ClusterShardCount(ectx, c.etcd, prefix, c.cfg.ShardCount, names)
 	if err != nil && ectx.Err() != nil && ctx.Err() == nil {
 		return 0, fmt.Errorf("shardrun: etcd at %s did not answer within %s (Config.EtcdTimeout): %w",
 			strings.Join(c.etcd.Endpoints(), ","), c.cfg.EtcdTimeout, err)
@@ -316,6 +456,24 @@ func (c *Client) shardCount(ctx context.Context, prefix string) (int, error) {
 	}
 	return n, nil
 }
+
+// DatabaseOf names the database that holds the tasks of key, under the
+// cluster's map now: the database of a task whose Key is key (of its
+// SequenceKey when it has one, or of its UniqueKey when it has no Key, as
+// the task's shard is). Enqueue a task in your own transaction
+// (EnqueueTx) and complete it in one (CompleteTx) on that database: a
+// transaction on another is refused naming both. To keep a task with
+// your own data, give it a Key (or a SequenceKey) whose database is your
+// data's, for example the key of the record the task is about, and keep
+// that record in the database DatabaseOf names. A shard's move (an
+// operator's) changes the answer.
+func (c *Client) DatabaseOf(key string) string {
+	name, _ := c.router.Of(tasks.ShardOf(key, c.shards))
+	return name
+}
+
+// Databases lists the cluster's databases, in the map's order.
+func (c *Client) Databases() []string { return c.router.Names() }
 
 // ShardCount is the cluster's shard count.
 func (c *Client) ShardCount() int { return c.shards }
@@ -350,7 +508,7 @@ func (c *Client) Start(ctx context.Context) error {
 		run.runner, reg = r, r.Registry()
 	}
 	if c.cfg.Leader != nil {
-		l, err := leadership.New(c.etcd, c.st, reg, c.leaderCfg)
+		l, err := leadership.New(c.etcd, c.router, reg, c.leaderCfg)
 		if err != nil {
 			return fmt.Errorf("shardrun: Config.Leader: %w", err)
 		}
@@ -398,7 +556,7 @@ func (c *Client) Start(ctx context.Context) error {
 func (c *Client) newRunner(w *Workers) (*runner.Runner, error) {
 	rc := runner.DefaultConfig()
 	rc.Cluster, rc.EtcdPrefix, rc.ShardCount = c.cfg.Cluster, c.cfg.EtcdPrefix, c.shards
-	rc.Etcd, rc.Store, rc.Logger, rc.TracerProvider = c.etcd, c.st, c.log.Named("runner"), c.cfg.TracerProvider
+	rc.Etcd, rc.Router, rc.Logger, rc.TracerProvider = c.etcd, c.router, c.log.Named("runner"), c.cfg.TracerProvider
 	rc.Queues, rc.RunnerID = c.cfg.Queues, cmp.Or(c.cfg.RunnerID, rc.RunnerID)
 	rc.MaxWorkers = cmp.Or(c.cfg.MaxWorkers, rc.MaxWorkers)
 	rc.LeaseTTL = cmp.Or(c.cfg.LeaseTTL, rc.LeaseTTL)
@@ -460,10 +618,14 @@ func (c *Client) Stop(ctx context.Context) error {
 }
 
 // Close stops the runner and the leader if they run (as Stop, waiting for
-// them) and closes the client's own connections. The pool and etcd client
+// them) and closes the client's own connections. The pools and etcd client
 // given to NewClient stay open: they are the caller's.
 func (c *Client) Close() error {
 	err := c.Stop(context.Background())
-	c.st.Close()
+	if c.stopWatch != nil {
+		c.stopWatch()
+		c.watching.Wait()
+	}
+	c.router.Close()
 	return err
 }

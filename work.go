@@ -161,13 +161,18 @@ func CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error {
 	return rt.CompleteTx(ctx, tx, t)
 }
 
-// runtime is what the client's runner puts in its handlers' contexts.
-type runtime struct{ c *Client }
+// runtime is what the client's runner puts in a handler's context: the
+// client, and the shard of the task the handler runs.
+type runtime struct {
+	c     *Client
+	shard int
+}
 
-// CompleteTx records the attempt's completion with the store, under the
-// claim's owner.
+// CompleteTx records the attempt's completion in its shard's database,
+// under the claim's owner: a tx on another database is refused, naming
+// both, and nothing is committed there.
 func (r runtime) CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error {
-	res, err := r.c.st.CompleteTx(ctx, tx, t.ClaimedBy, claims.Completion{Ref: claims.RefOf(*t), Result: t.Result})
+	res, err := r.c.router.CompleteTx(ctx, tx, t.ClaimedBy, claims.Completion{Ref: claims.RefOf(*t), Result: t.Result})
 	if err != nil {
 		return fmt.Errorf("shardrun: completing task %d: %w", t.ID, err)
 	}
@@ -181,11 +186,20 @@ func (r runtime) CompleteTx(ctx context.Context, tx pgx.Tx, t *tasks.Task) error
 	}
 }
 
-// Begin starts an AddWorkerTx handler's transaction on the client's pool.
-func (r runtime) Begin(ctx context.Context) (pgx.Tx, error) { return r.c.pool.Begin(ctx) }
+// Begin starts an AddWorkerTx handler's transaction on the pool of its
+// task's database.
+func (r runtime) Begin(ctx context.Context) (pgx.Tx, error) {
+	name, _ := r.c.router.Of(r.shard)
+	pool := r.c.pools[name]
+	if pool == nil {
+		return nil, fmt.Errorf("shardrun: shard %d's database %q has no pool in this client", r.shard, name)
+	}
+	return pool.Begin(ctx)
+}
 
 // withRuntime wraps h so that its context carries the client's runtime.
 func (c *Client) withRuntime(h tasks.Handler) tasks.Handler {
-	rt := runtime{c}
-	return func(ctx context.Context, t *tasks.Task) error { return h(handlerctx.With(ctx, rt), t) }
+	return func(ctx context.Context, t *tasks.Task) error {
+		return h(handlerctx.With(ctx, runtime{c: c, shard: t.Shard}), t)
+	}
 }

@@ -122,9 +122,10 @@ func ReadCluster(ctx context.Context, client *clientv3.Client, prefix string, sh
 }
 
 // ClusterShardCount returns the shard count of the cluster under prefix,
-// creating the cluster with want (DefaultShardCount when 0) if it is new;
-// ErrShardCountMismatch when want is set and differs from the cluster's.
-func ClusterShardCount(ctx context.Context, client *clientv3.Client, prefix string, want int) (int, error) {
+// creating the cluster with want shards (DefaultShardCount when 0) spread
+// over databases (EnsureCluster) if it is new; ErrShardCountMismatch when
+// want is set and differs from the cluster's.
+func ClusterShardCount(ctx context.Context, client *clientv3.Client, prefix string, want int, databases []string) (int, error) {
 	key := keys{prefix}.meta()
 	resp, err := client.Get(ctx, key)
 	if err != nil {
@@ -145,9 +146,9 @@ func ClusterShardCount(ctx context.Context, client *clientv3.Client, prefix stri
 	if n == 0 {
 		n = DefaultShardCount
 	}
-	_, err = EnsureShardCount(ctx, client, prefix, n)
+	_, _, err = EnsureCluster(ctx, client, prefix, n, databases)
 	if errors.Is(err, ErrShardCountMismatch) && want == 0 {
-		return ClusterShardCount(ctx, client, prefix, 0) // created meanwhile by another process: its count
+		return ClusterShardCount(ctx, client, prefix, 0, databases) // created meanwhile by another process: its count
 	}
 	if err != nil {
 		return 0, err

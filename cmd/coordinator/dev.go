@@ -24,6 +24,7 @@ import (
 	"github.com/shardrun/shardrun/internal/freeport"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtmp"
+	"github.com/shardrun/shardrun/internal/placement"
 	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
@@ -34,6 +35,10 @@ import (
 // data is inside), so that one left by a killed demo is found by the next,
 // which removes it when its marker says its owner is gone.
 const devDirPrefix = "shardrun-dev-"
+
+// devDatabaseNames name the demo's databases (--dev-databases), in order:
+// the first is main, --database-url's.
+var devDatabaseNames = [maxDevDatabases]string{"main", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth"}
 
 // devLeaseTTL is the demo runners' lease TTL: short, so that a kill -9 or a
 // SIGSTOP moves shards within seconds, long enough for a loaded laptop.
@@ -86,7 +91,7 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 		}
 	}()
 
-	if o.databaseURL == "" {
+	if o.databaseURL == "" && len(o.databases) == 0 {
 		fmt.Fprintln(out, "starting a throwaway PostgreSQL from the local binaries…")
 		pg, err := pgtmp.Start(ctx, pgtmp.Options{})
 		if err != nil {
@@ -96,8 +101,19 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 			_ = pg.Stop()
 			fmt.Fprintf(out, "stopped PostgreSQL and removed %s\n", pg.Dir())
 		}()
-		if o.databaseURL, err = pg.CreateDatabase(ctx, "shardrun"); err != nil {
-			return err
+		// The demo's databases, each a database of the throwaway server:
+		// main, then second, third, … (--dev-databases).
+		for i := range o.devDatabases {
+			name := devDatabaseNames[i]
+			url, err := pg.CreateDatabase(ctx, "shardrun_"+name)
+			if err != nil {
+				return err
+			}
+			if i == 0 {
+				o.databaseURL = url
+			} else {
+				o.databases = append(o.databases, cli.Database{Name: name, URL: url, From: "--dev-databases"})
+			}
 		}
 	}
 	etcdPort, err := freeport.Port()
@@ -141,20 +157,35 @@ func runDev(ctx context.Context, o options, log hclog.Logger, out io.Writer) (er
 	}
 	defer stopRunners(runners, out)
 
-	printBanner(out, c.Addr(), runners, o, tmp)
+	printBanner(ctx, out, c, runners, o, tmp)
 	return demoLoad(ctx, o, c, log, out)
 }
 
 // demoLoad enqueues the demo stream through the task client and prints
 // the progress line until ctx ends.
 func demoLoad(ctx context.Context, o options, c *coordinator.Coordinator, log hclog.Logger, out io.Writer) error {
-	st, err := store.Open(ctx, o.databaseURL, store.Options{MaxConns: 2})
+	// A producer of its own, as a program would be: its databases routed
+	// by the map the databases record (store.ReadMap), without etcd.
+	dbs, err := cli.DatabaseList(o.databaseURL, o.databases)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	stores, closeStores, err := placement.Open(ctx, dbs, store.Options{MaxConns: 2}, log.Named("demo"))
+	if err != nil {
+		return err
+	}
+	defer closeStores()
+	m, err := store.ReadMap(ctx, stores)
+	if err != nil {
+		return err
+	}
+	router, err := store.NewRouter(stores, m, log.Named("demo"))
+	if err != nil {
+		return err
+	}
+	defer router.Close()
 	// The demo's tasks are traced as any producer's when tracing is on.
-	producer, err := client.New(st, client.Config{ShardCount: o.shardCount, TracerProvider: o.tracerProvider})
+	producer, err := client.New(router, client.Config{ShardCount: o.shardCount, TracerProvider: o.tracerProvider})
 	if err != nil {
 		return err
 	}
@@ -167,8 +198,8 @@ func demoLoad(ctx context.Context, o options, c *coordinator.Coordinator, log hc
 }
 
 // printBanner says what the demo runs and what to try.
-func printBanner(out io.Writer, addr string, runners []*devRunner, o options, tmp string) {
-	url := "http://" + addr + "/"
+func printBanner(ctx context.Context, out io.Writer, c *coordinator.Coordinator, runners []*devRunner, o options, tmp string) {
+	url := "http://" + c.Addr() + "/"
 	fmt.Fprintf(out, "\nshardrun demo: an all-in-one cluster is running\n")
 	fmt.Fprintf(out, "  status page  %s\n", url)
 	fmt.Fprintf(out, "  cluster API  curl -s %sapi/cluster\n", url)
@@ -176,10 +207,36 @@ func printBanner(out io.Writer, addr string, runners []*devRunner, o options, tm
 	for _, r := range runners {
 		fmt.Fprintf(out, "  %-12s pid %d, admin http://%s  (try: curl -X POST http://%s/admin/detach)\n", r.id, r.cmd.Process.Pid, r.admin, r.admin)
 	}
-	fmt.Fprintf(out, "  database     %s\n", store.MaskDSN(o.databaseURL))
+	dbs, _ := cli.DatabaseList(o.databaseURL, o.databases)
+	shards := map[string]string{}
+	vctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if v, err := c.Databases(vctx); err == nil {
+		for _, d := range v.Databases {
+			shards[d.Name] = "shards " + d.Shards
+		}
+	}
+	cancel()
+	flags := ""
+	for i, d := range dbs {
+		switch {
+		case len(dbs) == 1:
+			fmt.Fprintf(out, "  database     %s\n", store.MaskDSN(d.URL))
+			flags = fmt.Sprintf("--database-url '%s'", store.MaskDSN(d.URL))
+			continue
+		case i == 0:
+			fmt.Fprintf(out, "  databases    ")
+		default:
+			fmt.Fprintf(out, "               ")
+		}
+		fmt.Fprintf(out, "%-8s %-14s %s\n", d.Name, shards[d.Name], store.MaskDSN(d.URL))
+		flags += fmt.Sprintf(" --database %s='%s'", d.Name, store.MaskDSN(d.URL))
+	}
+	if len(dbs) > 1 {
+		fmt.Fprintf(out, "               GET %sapi/databases shows each with its shards, health and tasks\n", url)
+	}
 	fmt.Fprintf(out, "  etcd         %s (cluster %q under %s, %d shards)\n", o.endpoints, o.cluster, o.prefix, o.shardCount)
 	fmt.Fprintf(out, "  your runner  ./bin/runner --etcd-endpoints %s --etcd-prefix %s --cluster %s --shard-count %d \\\n"+
-		"                 --database-url '%s' --admin-addr 127.0.0.1:0\n", o.endpoints, o.prefix, o.cluster, o.shardCount, store.MaskDSN(o.databaseURL))
+		"                 %s --admin-addr 127.0.0.1:0\n", o.endpoints, o.prefix, o.cluster, o.shardCount, strings.TrimSpace(flags))
 	fmt.Fprintf(out, "  faults       kill -STOP <pid> makes a zombie runner (kill -CONT it back); kill -9 <pid> a dead one:\n")
 	fmt.Fprintf(out, "               its shards move within about %s (the demo's lease TTL); a manual detach moves them at once\n", devLeaseTTL)
 	fmt.Fprintf(out, "  tasks        %d/s: 55%% sleep, 30%% noop, and on purpose 12%% that fail once then complete,\n", o.devRate)
@@ -290,9 +347,9 @@ func progress(ctx context.Context, c *coordinator.Coordinator, out io.Writer) {
 			}
 			continue
 		}
-		fmt.Fprintf(out, "%5.0fs  completed %d (%.0f/s)  ready %d  running %d  failed %d  dead %d  |  shards: %s\n",
+		fmt.Fprintf(out, "%5.0fs  completed %d (%.0f/s)  ready %d  running %d  failed %d  dead %d  |  shards: %s%s\n",
 			time.Since(start).Seconds(), v.Tasks[tasks.Completed], v.Rates[tasks.Completed], v.Tasks[tasks.Ready],
-			v.Tasks[tasks.Running], v.Tasks[tasks.Failed], v.Tasks[tasks.Dead], shardsLine(v))
+			v.Tasks[tasks.Running], v.Tasks[tasks.Failed], v.Tasks[tasks.Dead], shardsLine(v), databasesLine(v))
 	}
 }
 
@@ -336,6 +393,22 @@ func shardsLine(v coordinator.ClusterView) string {
 	return strings.Join(parts, ", ")
 }
 
+// databasesLine is "  |  main 812 completed, second 799 completed
+// (unavailable)" for a demo of several databases, "" for one.
+func databasesLine(v coordinator.ClusterView) string {
+	if len(v.Databases) < 2 {
+		return ""
+	}
+	parts := make([]string, len(v.Databases))
+	for i, d := range v.Databases {
+		parts[i] = fmt.Sprintf("%s %d completed", d.Name, d.Tasks[tasks.Completed])
+		if d.Health != placement.HealthOK {
+			parts[i] += " (" + d.Health + ")"
+		}
+	}
+	return "  |  " + strings.Join(parts, ", ")
+}
+
 type devRunner struct {
 	id       string
 	admin    string
@@ -373,7 +446,14 @@ func startDevRunner(n int, bin string, o options, out io.Writer) (*devRunner, er
 	// environment passes on: OTEL_* among it, so the runners trace as this
 	// coordinator does (service.name shardrun-runner unless
 	// OTEL_SERVICE_NAME says otherwise).
-	r.cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "DATABASE_URL_FILE"), "DATABASE_URL="+o.databaseURL)
+	r.cmd.Env = append(withoutEnv(os.Environ(), "DATABASE_URL", "DATABASE_URL_FILE", cli.DatabasesEnv, cli.DatabasesFileEnv), "DATABASE_URL="+o.databaseURL)
+	if len(o.databases) > 0 {
+		var list []string
+		for _, d := range o.databases {
+			list = append(list, d.Name+"="+d.URL)
+		}
+		r.cmd.Env = append(r.cmd.Env, cli.DatabasesEnv+"="+strings.Join(list, " "))
+	}
 	// The etcd client's TLS, as this coordinator's: by environment too (the
 	// key is a secret).
 	for name, v := range map[string]string{"SHARDRUN_ETCD_CA": o.etcdCA, "SHARDRUN_ETCD_CERT": o.etcdCert, "SHARDRUN_ETCD_KEY": o.etcdKey} {

@@ -200,7 +200,11 @@ func TestEveryFileFlagIsReadWithABound(t *testing.T) {
 	for _, m := range flags {
 		for _, path := range []string{"/dev/zero", sparse} {
 			var out, errOut bytes.Buffer
-			code := run([]string{"--" + m[1], path}, func(string) string { return "" }, &out, &errOut)
+			arg := path
+			if m[1] == "database-file" {
+				arg = "main=" + path // NAME=PATH
+			}
+			code := run([]string{"--" + m[1], arg}, func(string) string { return "" }, &out, &errOut)
 			msg := strings.TrimSpace(errOut.String())
 			if code != 2 || !strings.HasPrefix(msg, "coordinator: --"+m[1]+": "+path+" is larger than") || strings.Contains(msg, "\n") {
 				t.Errorf("--%s %s: exit %d %q; want exit 2 and one line naming the flag", m[1], path, code, msg)

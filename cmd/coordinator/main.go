@@ -22,6 +22,7 @@ import (
 	"github.com/shardrun/shardrun/internal/coordinator"
 	"github.com/shardrun/shardrun/internal/embedetcd"
 	"github.com/shardrun/shardrun/internal/maintenance"
+	"github.com/shardrun/shardrun/internal/placement"
 	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
@@ -46,6 +47,11 @@ type options struct {
 	dev                                                               bool
 	devRunners, devRate                                               int
 	runnerBin                                                         string
+	// databases are the named databases (--database, --database-file,
+	// SHARDRUN_DATABASES, SHARDRUN_DATABASES_FILE), after databaseURL's
+	// main; devDatabases is --dev-databases.
+	databases    []cli.Database
+	devDatabases int
 	// tracerProvider traces the API's enqueues; nil: tracing off.
 	tracerProvider trace.TracerProvider
 	// warnings name the secrets given on the command line.
@@ -66,14 +72,19 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 		"Several coordinators may run; one is leader: it sweeps stale claims and missed deadlines, deletes\n"+
 		"finished tasks after their retention and enqueues the ticks of schedules.\n"+
 		"SIGTERM/SIGINT shuts down gracefully (the leader resigns); a second signal exits at once.\n\n"+
-		"Secrets (--database-url, --api-token) are best given by file (--database-url-file,\n"+
-		"DATABASE_URL_FILE, …) or by the environment: the command line is readable by every local user.")
+		"Secrets (--database-url, --database, --api-token) are best given by file (--database-url-file,\n"+
+		"--database-file NAME=PATH, DATABASE_URL_FILE, …) or by the environment: the command line is readable\n"+
+		"by every local user.\n\n"+
+		"Several databases: --database NAME=URL for each (repeat it; --database-url URL is --database main=URL).\n"+
+		"A new cluster spreads its shards over them in contiguous ranges, in the order given; a coordinator\n"+
+		"given a database the cluster's map does not name, or missing one it names, stops saying which.")
 	fs.String(&o.endpoints, "etcd-endpoints", "SHARDRUN_ETCD_ENDPOINTS", cli.DefaultEtcdEndpoints, fmt.Sprintf("comma-separated etcd client URLs, at most %d (ignored with --embed-etcd)", cli.MaxEndpoints))
 	fs.EtcdTLSFlags(&o.etcdCA, &o.etcdCert, &o.etcdKey)
 	fs.String(&o.prefix, "etcd-prefix", "SHARDRUN_ETCD_PREFIX", shard.DefaultEtcdPrefix, "etcd key prefix; the cluster's keys live under <prefix><cluster>/")
 	fs.String(&o.cluster, "cluster", "SHARDRUN_CLUSTER", shard.DefaultCluster, "cluster name")
 	fs.Int(&o.shardCount, "shard-count", "SHARDRUN_SHARD_COUNT", shard.DefaultShardCount, fmt.Sprintf("number of shards, 1 to %d; must match the cluster's (meta/shard-count)", shard.MaxShardCount))
-	fs.Secret(&o.databaseURL, "database-url", "DATABASE_URL", "PostgreSQL URL (required, except with --dev)")
+	fs.Secret(&o.databaseURL, "database-url", "DATABASE_URL", "PostgreSQL URL of the database named main (this or --database is required, except with --dev)")
+	fs.Databases(&o.databases)
 	fs.Int(&o.dbMaxConns, "db-max-conns", "SHARDRUN_DB_MAX_CONNS", store.DefaultMaxConns, fmt.Sprintf("PostgreSQL pool size, %d to %d", store.MinMaxConns, store.MaxMaxConns))
 	fs.String(&o.httpAddr, "http-addr", "SHARDRUN_HTTP_ADDR", coordinator.DefaultHTTPAddr, "address of the API, status page and metrics")
 	fs.PEM(&o.httpCert, "http-cert", "SHARDRUN_HTTP_CERT", "PEM certificate: the API and status page are served over HTTPS (with --http-key)")
@@ -101,6 +112,7 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	fs.Bool(&o.dev, "dev", "", false, "all-in-one demo cluster on this machine; Ctrl-C stops and removes everything")
 	fs.Int(&o.devRunners, "dev-runners", "", 3, fmt.Sprintf("--dev: runner processes to start, 1 to %d", maxDevRunners))
 	fs.Int(&o.devRate, "dev-rate", "", 40, fmt.Sprintf("--dev: demo tasks enqueued per second, 0 to %d", maxDevRate))
+	fs.Int(&o.devDatabases, "dev-databases", "SHARDRUN_DEV_DATABASES", 1, fmt.Sprintf("--dev: databases of the demo cluster, 1 to %d (each a database of the throwaway PostgreSQL; make demo DATABASES=2)", maxDevDatabases))
 	fs.String(&o.runnerBin, "runner-bin", "", "", "--dev: the runner binary (default: runner next to this binary)")
 	fs.LogFlags(&o.logLevel, &o.logFormat)
 	fs.ReadFile = readFile
@@ -116,6 +128,12 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	for _, name := range fs.SecretsOnCommandLine() {
 		if name != "database-url" || store.HasPassword(o.databaseURL) {
 			o.warnings = append(o.warnings, name)
+		}
+	}
+	for _, d := range fs.DatabasesOnCommandLine() {
+		if store.HasPassword(d.URL) {
+			o.warnings = append(o.warnings, cli.DatabaseFlag)
+			break
 		}
 	}
 	return o, nil
@@ -163,6 +181,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator: %s\n", cli.OneLine(err))
+		var dbErr *placement.DatabasesError
+		if errors.As(err, &dbErr) {
+			return 2 // the databases are not the cluster's: a setting
+		}
 		return 1
 	}
 	return 0
@@ -170,8 +192,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 
 // Bounds of the --dev flags: a demo on one machine.
 const (
-	maxDevRunners = 64
-	maxDevRate    = 10_000
+	maxDevRunners   = 64
+	maxDevRate      = 10_000
+	maxDevDatabases = 8
 )
 
 // config is the coordinator's configuration from the flags; serve adds the
@@ -201,12 +224,9 @@ func (o *options) validate() error {
 	if err := cli.CheckLogFlags(o.logLevel, o.logFormat); err != nil {
 		return err
 	}
-	if !o.dev && o.databaseURL == "" {
-		return errors.New("--database-url (DATABASE_URL or DATABASE_URL_FILE): required, e.g. postgres://user:pass@host:5432/db")
-	}
-	if o.databaseURL != "" {
-		if err := store.CheckDSN(o.databaseURL); err != nil {
-			return fmt.Errorf("--database-url (DATABASE_URL): %s", cli.OneLine(err))
+	if !o.dev || o.databaseURL != "" || len(o.databases) > 0 {
+		if err := placement.CheckDatabases(o.databaseURL, o.databases, o.storeOptions()); err != nil {
+			return err
 		}
 	}
 	if o.embedDir == "" && !o.dev {
@@ -246,6 +266,10 @@ func (o *options) validate() error {
 		return fmt.Errorf("--dev-runners: must be 1 to %d (processes on this machine), got %d", maxDevRunners, o.devRunners)
 	case o.devRate < 0 || o.devRate > maxDevRate:
 		return fmt.Errorf("--dev-rate: must be 0 to %d tasks per second, got %d", maxDevRate, o.devRate)
+	case o.devDatabases < 1 || o.devDatabases > maxDevDatabases:
+		return fmt.Errorf("--dev-databases: must be 1 to %d, got %d", maxDevDatabases, o.devDatabases)
+	case o.dev && o.devDatabases > 1 && (o.databaseURL != "" || len(o.databases) > 0):
+		return fmt.Errorf("--dev-databases: the demo makes its databases in its throwaway PostgreSQL; give --dev-databases or your own databases (--database-url, --database), not both")
 	}
 	return nil
 }
@@ -272,16 +296,6 @@ func serve(ctx context.Context, o options, log hclog.Logger, ready chan<- *coord
 		defer srv.Close()
 		endpoints = srv.Endpoints()
 	}
-	opts := o.storeOptions()
-	opts.Logger = log.Named("store")
-	st, err := store.Open(ctx, o.databaseURL, opts)
-	if err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
-	}
-	defer st.Close()
-	if err := st.Migrate(ctx); err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %w", err)
-	}
 	tlsConfig, err := o.etcdTLS().Client()
 	if err != nil {
 		return err
@@ -291,8 +305,30 @@ func serve(ctx context.Context, o options, log hclog.Logger, ready chan<- *coord
 		return err
 	}
 	defer etcd.Close()
+	prefix := o.prefix + o.cluster + "/"
+	dbs, err := cli.DatabaseList(o.databaseURL, o.databases)
+	if err != nil {
+		return err
+	}
+	names := placement.Names(dbs)
+	if err := placement.Precheck(ctx, etcd, prefix, names); err != nil {
+		return err
+	}
+	stores, closeStores, err := placement.Open(ctx, dbs, o.storeOptions(), log)
+	if err != nil {
+		return err
+	}
+	defer closeStores()
+	if err := placement.Prepare(ctx, names, stores, o.shardCount, placement.Where(dbs)); err != nil {
+		return err
+	}
+	router, err := placement.Join(ctx, etcd, prefix, o.shardCount, names, stores, log)
+	if err != nil {
+		return err
+	}
+	defer router.Close() // its pings of a database that is down, and the stores
 	cfg := o.config()
-	cfg.Client, cfg.Store, cfg.Logger, cfg.TracerProvider = etcd, st, log, o.tracerProvider
+	cfg.Client, cfg.Router, cfg.Logger, cfg.TracerProvider = etcd, router, log, o.tracerProvider
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/executor"
+	"github.com/shardrun/shardrun/internal/placement"
 	"github.com/shardrun/shardrun/internal/runner"
 	"github.com/shardrun/shardrun/internal/tracing"
 	"github.com/shardrun/shardrun/store"
@@ -55,8 +56,12 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 		"their tasks from PostgreSQL. It detaches (stops all work) when it cannot prove its lease,\n"+
 		"and drains on SIGTERM/SIGINT (a second signal exits at once). Built-in task kinds:\n"+
 		"noop, sleep {\"ms\": N}, fail {\"times\": N}.\n\n"+
-		"Secrets (--database-url, --admin-token) are best given by file (--database-url-file,\n"+
-		"DATABASE_URL_FILE, …) or by the environment: the command line is readable by every local user.")
+		"Secrets (--database-url, --database, --admin-token) are best given by file (--database-url-file,\n"+
+		"--database-file NAME=PATH, DATABASE_URL_FILE, …) or by the environment: the command line is readable\n"+
+		"by every local user.\n\n"+
+		"Several databases: --database NAME=URL for each (repeat it; --database-url URL is --database main=URL).\n"+
+		"A new cluster spreads its shards over them in contiguous ranges, in the order given; a runner given a\n"+
+		"database the cluster's map does not name, or missing one it names, stops saying which.")
 	fs.String(&endpoints, "etcd-endpoints", "SHARDRUN_ETCD_ENDPOINTS", cli.DefaultEtcdEndpoints, fmt.Sprintf("comma-separated etcd client URLs (at most %d)", cli.MaxEndpoints))
 	fs.EtcdTLSFlags(&cfg.EtcdCA, &cfg.EtcdCert, &cfg.EtcdKey)
 	fs.PEM(&cfg.AdminCert, "admin-cert", "SHARDRUN_ADMIN_CERT", "PEM certificate: the admin endpoint serves HTTPS (with --admin-key)")
@@ -64,7 +69,8 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	fs.String(&cfg.EtcdPrefix, "etcd-prefix", "SHARDRUN_ETCD_PREFIX", cfg.EtcdPrefix, "etcd key prefix; the cluster's keys live under <prefix><cluster>/")
 	fs.String(&cfg.Cluster, "cluster", "SHARDRUN_CLUSTER", cfg.Cluster, "cluster name")
 	fs.Int(&cfg.ShardCount, "shard-count", "SHARDRUN_SHARD_COUNT", cfg.ShardCount, "number of shards, 1 to 16384; must match the cluster's (written once to meta/shard-count)")
-	fs.Secret(&cfg.DatabaseURL, "database-url", "DATABASE_URL", "PostgreSQL URL, e.g. postgres://user:pass@host:5432/db (required)")
+	fs.Secret(&cfg.DatabaseURL, "database-url", "DATABASE_URL", "PostgreSQL URL of the database named main, e.g. postgres://user:pass@host:5432/db (this or --database is required)")
+	fs.Databases(&cfg.Databases)
 	fs.Int(&cfg.DBMaxConns, "db-max-conns", "SHARDRUN_DB_MAX_CONNS", cfg.DBMaxConns, "PostgreSQL pool size, 2 to 1000")
 	fs.String(&cfg.AdminAddr, "admin-addr", "SHARDRUN_ADMIN_ADDR", cfg.AdminAddr, "admin HTTP address (healthz, readyz, status, metrics, admin/detach, admin/attach)")
 	fs.Secret(&cfg.AdminToken, "admin-token", "SHARDRUN_ADMIN_TOKEN", "bearer token for POST /admin/*; required when --admin-addr is not loopback")
@@ -113,7 +119,8 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	return s, nil
 }
 
-// secretWarnings says which secrets were given on the command line.
+// secretWarnings says which secrets were given on the command line: a
+// database URL only when it holds a password.
 func secretWarnings(fs *cli.FlagSet, databaseURL string) []string {
 	var out []string
 	for _, name := range fs.SecretsOnCommandLine() {
@@ -121,6 +128,12 @@ func secretWarnings(fs *cli.FlagSet, databaseURL string) []string {
 			continue // a URL without a password is no secret
 		}
 		out = append(out, name)
+	}
+	for _, d := range fs.DatabasesOnCommandLine() {
+		if store.HasPassword(d.URL) {
+			out = append(out, cli.DatabaseFlag)
+			break
+		}
 	}
 	return out
 }
@@ -166,6 +179,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	ctx, stop := cli.SignalContext(log)
 	defer stop()
 	if err := r.Run(ctx); err != nil {
+		var dbErr *placement.DatabasesError
+		if errors.As(err, &dbErr) {
+			return fail(err, 2) // the databases are not the cluster's: a setting
+		}
 		return fail(err, 1)
 	}
 	return 0

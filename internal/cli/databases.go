@@ -172,7 +172,7 @@ func (f *FlagSet) parseDatabases(getenv func(string) string) error {
 			case err != nil:
 				return fmt.Errorf("%s: database %s: reading the secret file: %v", e.from, e.name, err)
 			case len(b) > MaxSecretFile:
-				return fmt.Errorf("%s: database %s: %s is larger than %d bytes: not a secret file", e.from, e.name, e.value, MaxSecretFile)
+				return fmt.Errorf("%s: %s is larger than %d bytes: not a secret file (database %s)", e.from, e.value, MaxSecretFile, e.name)
 			}
 			url = strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
 			if url == "" {

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
+	"slices"
 	"strconv"
 	"time"
 
@@ -63,6 +65,7 @@ func (c *Coordinator) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "leader": c.IsLeader()})
 	})
 	mux.HandleFunc("GET /api/cluster", c.handleCluster)
+	mux.HandleFunc("GET /api/databases", c.handleDatabases)
 	// With a token, every call that reads task data or changes anything
 	// needs it (the cluster view and the status page hold no task data).
 	c.taskRoutes(mux)
@@ -131,6 +134,11 @@ type ClusterView struct {
 	// Queues with their ready and running tasks, pause and completion rate
 	// over RateWindow.
 	Queues []store.QueueStats `json:"queues"`
+	// Databases are the cluster's databases with their shards, health and
+	// tasks by state (GET /api/databases has the same), and DatabasesRev
+	// the map's revision.
+	Databases    []DatabaseView `json:"databases"`
+	DatabasesRev int64          `json:"databases_revision"`
 }
 
 // rateWindow is the window of ClusterView.Rates: long enough to smooth
@@ -147,17 +155,21 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 	if err != nil {
 		return ClusterView{}, err
 	}
-	rates, err := c.cfg.Store.FinishedRates(ctx, rateWindow)
+	// A database that does not answer leaves the view without what only
+	// it knows (said in the log), not without the rest.
+	rates, err := c.router.FinishedRates(ctx, rateWindow)
 	if err != nil {
-		return ClusterView{}, err
+		c.log.Warn("reading the completion rates failed", "error", err)
+		rates = map[tasks.State]float64{}
 	}
 	unrunnable, err := c.unhandled.Unrunnable(ctx)
 	if err != nil {
-		return ClusterView{}, err
+		c.log.Warn("reading the unrunnable tasks failed", "error", err)
+		unrunnable = []store.ClassCount{}
 	}
 	page, err := c.schedules.List(ctx, schedule.ListRequest{Limit: MaxSchedulesListed})
 	if err != nil {
-		return ClusterView{}, err
+		c.log.Warn("listing the schedules failed", "error", err)
 	}
 	scheds := page.Schedules
 	now := c.clock.Now()
@@ -166,6 +178,8 @@ func (c *Coordinator) Cluster(ctx context.Context) (ClusterView, error) {
 		Coordinator: c.cfg.ID, GeneratedAt: now.UTC(), Groups: cl.Groups, Tasks: tc.counts,
 		TasksEstimated: tc.estimated, Attention: tc.attention, Queues: tc.queues,
 		Runners: []RunnerView{}, Rates: rates, RateWindow: rateWindow.Seconds()}
+	dv := c.databasesView(tc)
+	v.Databases, v.DatabasesRev = dv.Databases, dv.Revision
 	if v.Groups == nil {
 		v.Groups = []shard.Group{}
 	}
@@ -218,6 +232,29 @@ type apiError struct {
 	Field string      `json:"field,omitempty"`
 	Index *int        `json:"index,omitempty"`
 	State tasks.State `json:"state,omitempty"`
+	// Database names the database an unavailability is about, in a
+	// cluster of several.
+	Database string `json:"database,omitempty"`
+}
+
+// databaseName finds "database NAME" in a store error's message.
+var databaseName = regexp.MustCompile(`\bdatabase ([a-z][a-z0-9_-]*)`)
+
+// databaseIn names the cluster's database err is about ("" when it names
+// none or the cluster has one): the router's errors name the database of
+// each failed statement, and only its name (the cluster's map's) is
+// repeated to the client.
+func (c *Coordinator) databaseIn(err error) string {
+	names := c.router.Names()
+	if len(names) < 2 {
+		return ""
+	}
+	for _, m := range databaseName.FindAllStringSubmatch(err.Error(), -1) {
+		if slices.Contains(names, m[1]) {
+			return m[1]
+		}
+	}
+	return ""
 }
 
 // badRequest answers 400 for a malformed body or an invalid task, naming
@@ -269,11 +306,17 @@ func (c *Coordinator) storeErrorOn(w http.ResponseWriter, r *http.Request, what 
 	}
 	switch {
 	case errors.Is(err, store.ErrUnavailable):
+		db := c.databaseIn(err)
 		if r.Context().Err() == nil {
-			c.log.Warn(what+" failed: database unavailable", "error", err)
+			c.log.Warn(what+" failed: database unavailable", "database", db, "error", err)
 		}
 		w.Header().Set("Retry-After", retryAfter)
-		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "database unavailable; retry later"})
+		msg := "database unavailable; retry later"
+		if db != "" {
+			// The tasks of the other databases are served: say which one.
+			msg = "database " + db + " unavailable; retry later"
+		}
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: msg, Database: db})
 	case errors.Is(err, store.ErrInvalidInput):
 		// Validation should have refused this before the database did.
 		c.log.Error(what+": the database refused a value that passed validation", "error", err)
@@ -282,7 +325,7 @@ func (c *Coordinator) storeErrorOn(w http.ResponseWriter, r *http.Request, what 
 		c.log.Info(what+": conflict", "error", err)
 		e := apiError{Error: "conflicts with an existing task" + code}
 		if id > 0 {
-			if t, gerr := c.cfg.Store.Get(r.Context(), id); gerr == nil {
+			if t, gerr := c.router.Get(r.Context(), id); gerr == nil {
 				e.State = t.State
 			}
 		}

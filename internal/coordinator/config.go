@@ -35,7 +35,14 @@ type Config struct {
 	Prefix string
 	// ShardCount must match the cluster's (meta/shard-count).
 	ShardCount int
-	// Store is the database; required.
+	// Router is the cluster's databases, joined to the cluster's map
+	// (placement.Join: cmd/coordinator opens, migrates and joins them,
+	// creating the cluster with them when it is new); the API reads and
+	// writes through it, merged across the databases and routed by each
+	// task's shard. Store is the one-database form.
+	Router *store.Router
+	// Store, when Router is nil, is the cluster's one database, main,
+	// which Run joins to the cluster. One of them is required.
 	Store *store.Store
 	// ElectionTTL is the leader session's TTL, whole seconds: a leader that
 	// dies is replaced within about this long. Default 10s.

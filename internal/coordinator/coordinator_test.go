@@ -403,9 +403,9 @@ func TestMetricsAndHealth(t *testing.T) {
 	})
 	_, body := testutil.HTTP(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
 	for _, want := range []string{
-		"shardrun_coordinator_is_leader 1", "shardrun_sweeps_total", "shardrun_sweep_duration_seconds_count",
-		"shardrun_sweep_released_total 3", "shardrun_sweep_deadline_failed_total 0", "shardrun_sweep_dead_total 0",
-		"shardrun_sweep_errors_total 0", `shardrun_tasks{state="running"}`,
+		"shardrun_coordinator_is_leader 1", `shardrun_sweeps_total{database="main"}`, `shardrun_sweep_duration_seconds_count{database="main"}`,
+		`shardrun_sweep_released_total{database="main"} 3`, `shardrun_sweep_deadline_failed_total{database="main"} 0`,
+		`shardrun_sweep_dead_total{database="main"} 0`, `shardrun_sweep_errors_total{database="main"} 0`, `shardrun_tasks{state="running"}`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)

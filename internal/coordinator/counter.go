@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -66,62 +67,108 @@ type BlockedSequence struct {
 
 // taskCounts is what the counter serves.
 type taskCounts struct {
+	// counts are the cluster's: the sum of its databases'.
 	counts map[tasks.State]int64
-	// estimated lists the states whose count reached store.CountCap: their
-	// number is the last full count (up to a few minutes old), or the cap
-	// when none has run yet.
+	// estimated lists the states whose count reached store.CountCap in a
+	// database: their number is the last full count (up to a few minutes
+	// old), or the cap when none has run yet.
 	estimated []tasks.State
+	// databases are each database's counts, in the map's order.
+	databases []databaseCounts
 	attention Attention
 	// queues are the queues with their counts, rates and pauses.
 	queues []store.QueueStats
 }
 
+// databaseCounts are one database's task counts.
+type databaseCounts struct {
+	name      string
+	counts    map[tasks.State]int64
+	estimated []tasks.State
+	// at is when they were counted: a database that did not answer the
+	// last count keeps its last counts (zero: never counted).
+	at time.Time
+}
+
 // counter is the loop that keeps the tasks{state} gauge current, and the
 // cache the API reads counts and the attention lists from. Counts are
-// capped (store.CountByStateCapped: bounded by the cap, not by the table),
-// and a state at the cap gets its number from an occasional full count.
+// capped (store.CountByStateCapped: bounded by the cap, not by the table)
+// and taken in each database, and a state at the cap gets its number
+// from an occasional full count. A database that does not answer keeps
+// its last counts: one database's outage leaves the others' current.
 type counter struct {
-	store *store.Store
-	clock clock.Clock
-	log   hclog.Logger
-	gauge *prometheus.GaugeVec
+	router *store.Router
+	clock  clock.Clock
+	log    hclog.Logger
+	gauge  *prometheus.GaugeVec
 
 	mu   sync.Mutex
 	last taskCounts
 	at   time.Time
+	// byDB are the last counts of each database.
+	byDB map[string]databaseCounts
 
 	fullMu   sync.Mutex
-	full     map[tasks.State]int64
+	full     map[string]map[tasks.State]int64
 	fullAt   time.Time
 	fullTook time.Duration
 }
 
-// View returns the counts and the attention lists, at most countsMaxAge old.
+// View returns the counts and the attention lists, at most countsMaxAge
+// old. It fails only when no database answered.
 func (c *counter) View(ctx context.Context) (taskCounts, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.last.counts != nil && c.clock.Now().Sub(c.at) < countsMaxAge {
 		return c.last, nil
 	}
-	capped, err := c.store.CountByStateCapped(ctx, store.CountCap)
-	if err != nil {
-		return taskCounts{}, err
+	if c.byDB == nil {
+		c.byDB = map[string]databaseCounts{}
 	}
-	v := taskCounts{counts: capped}
-	c.fullMu.Lock()
-	for st, n := range capped {
-		if n < store.CountCap {
-			continue
+	v := taskCounts{counts: map[tasks.State]int64{}}
+	var failed error
+	answered := 0
+	for _, name := range c.router.Names() {
+		d, err := c.countDatabase(ctx, name)
+		if err != nil {
+			failed = fmt.Errorf("counting the tasks of database %s: %w", name, err)
+			if ctx.Err() == nil {
+				c.log.Warn("counting tasks failed; keeping the database's last counts", "database", name, "error", err)
+			}
+			d = c.byDB[name]
+			d.name = name
+		} else {
+			answered++
+			c.byDB[name] = d
 		}
-		v.estimated = append(v.estimated, st)
-		v.counts[st] = max(n, c.full[st])
+		v.databases = append(v.databases, d)
+		for st, n := range d.counts {
+			v.counts[st] += n
+		}
+		for _, st := range d.estimated {
+			if !slices.Contains(v.estimated, st) {
+				v.estimated = append(v.estimated, st)
+			}
+		}
 	}
-	c.fullMu.Unlock()
+	if answered == 0 {
+		return taskCounts{}, failed
+	}
+	var err error
 	if v.attention, err = c.attention(ctx); err != nil {
-		return taskCounts{}, err
+		if ctx.Err() == nil {
+			c.log.Warn("listing the tasks that need attention failed; keeping the last lists", "error", err)
+		}
+		v.attention = c.last.attention
+		if v.attention.Dead == nil {
+			v.attention = Attention{Dead: []AttentionTask{}, Failed: []AttentionTask{}, LongRunning: []AttentionTask{}, Blocked: []BlockedSequence{}}
+		}
 	}
-	if v.queues, err = c.store.Queues(ctx, rateWindow); err != nil {
-		return taskCounts{}, err
+	if v.queues, err = c.router.Queues(ctx, rateWindow); err != nil {
+		if ctx.Err() == nil {
+			c.log.Warn("reading the queues failed; keeping the last ones", "error", err)
+		}
+		v.queues = c.last.queues
 	}
 	c.last, c.at = v, c.clock.Now()
 	for st, n := range v.counts {
@@ -130,13 +177,33 @@ func (c *counter) View(ctx context.Context) (taskCounts, error) {
 	return v, nil
 }
 
+// countDatabase counts one database's tasks by state, capped, a state at
+// the cap given its last full count.
+func (c *counter) countDatabase(ctx context.Context, name string) (databaseCounts, error) {
+	capped, err := c.router.Store(name).CountByStateCapped(ctx, store.CountCap)
+	if err != nil {
+		return databaseCounts{}, err
+	}
+	d := databaseCounts{name: name, counts: capped, at: c.clock.Now()}
+	c.fullMu.Lock()
+	defer c.fullMu.Unlock()
+	for st, n := range capped {
+		if n < store.CountCap {
+			continue
+		}
+		d.estimated = append(d.estimated, st)
+		d.counts[st] = max(n, c.full[name][st])
+	}
+	return d, nil
+}
+
 func (c *counter) attention(ctx context.Context) (Attention, error) {
 	a := Attention{Dead: []AttentionTask{}, Failed: []AttentionTask{}, LongRunning: []AttentionTask{}}
 	for _, l := range []struct {
 		state tasks.State
 		into  *[]AttentionTask
 	}{{tasks.Dead, &a.Dead}, {tasks.Failed, &a.Failed}} {
-		page, err := c.store.List(ctx, tasks.ListRequest{Filter: tasks.Filter{States: []tasks.State{l.state}}, Limit: attentionSize, Desc: true})
+		page, err := c.router.List(ctx, tasks.ListRequest{Filter: tasks.Filter{States: []tasks.State{l.state}}, Limit: attentionSize, Desc: true})
 		if err != nil {
 			return Attention{}, err
 		}
@@ -144,14 +211,14 @@ func (c *counter) attention(ctx context.Context) (Attention, error) {
 			*l.into = append(*l.into, attentionTask(t, t.FinishedAt))
 		}
 	}
-	running, err := c.store.LongestRunning(ctx, attentionSize)
+	running, err := c.router.LongestRunning(ctx, attentionSize)
 	if err != nil {
 		return Attention{}, err
 	}
 	for _, t := range running {
 		a.LongRunning = append(a.LongRunning, attentionTask(t, t.ClaimedAt))
 	}
-	blocked, err := c.store.BlockedSequences(ctx, "", attentionSize)
+	blocked, err := c.router.BlockedSequences(ctx, "", attentionSize)
 	if err != nil {
 		return Attention{}, err
 	}
@@ -167,30 +234,44 @@ func attentionTask(t tasks.Summary, since *time.Time) AttentionTask {
 		MaxAttempts: t.MaxAttempts, ClaimedBy: t.ClaimedBy, Since: since}
 }
 
-// fullCount counts every state exactly when a capped count reached the
-// cap and the last full count is old enough for its cost.
+// fullCount counts every state of a database exactly when one of its
+// capped counts reached the cap and the last full count is old enough for
+// its cost.
 func (c *counter) fullCount(ctx context.Context) {
 	c.mu.Lock()
-	needed := len(c.last.estimated) > 0
+	var needed []string
+	for _, d := range c.last.databases {
+		if len(d.estimated) > 0 {
+			needed = append(needed, d.name)
+		}
+	}
 	c.mu.Unlock()
 	c.fullMu.Lock()
 	due := c.full == nil || c.clock.Now().Sub(c.fullAt) >= max(fullCountEvery, fullCountCost*c.fullTook)
 	c.fullMu.Unlock()
-	if !needed || !due {
+	if len(needed) == 0 || !due {
 		return
 	}
 	start := c.clock.Now()
-	full, err := c.store.CountByState(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			c.log.Warn("counting all tasks failed", "error", err)
+	counted := map[string]map[tasks.State]int64{}
+	for _, name := range needed {
+		full, err := c.router.Store(name).CountByState(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("counting all tasks failed", "database", name, "error", err)
+			}
+			continue
 		}
-		return
+		counted[name] = full
 	}
 	c.fullMu.Lock()
-	c.full, c.fullAt, c.fullTook = full, c.clock.Now(), c.clock.Now().Sub(start)
+	if c.full == nil {
+		c.full = map[string]map[tasks.State]int64{}
+	}
+	maps.Copy(c.full, counted)
+	c.fullAt, c.fullTook = c.clock.Now(), c.clock.Now().Sub(start)
 	c.fullMu.Unlock()
-	c.log.Debug("counted all tasks", "took", c.clock.Now().Sub(start))
+	c.log.Debug("counted all tasks", "took", c.clock.Now().Sub(start), "databases", needed)
 }
 
 // Run refreshes the counts every countsRefresh until ctx ends, and the full
@@ -227,7 +308,7 @@ func refresh(ctx context.Context, clk clock.Clock, once func(qctx context.Contex
 // runners serving the queue handles (runners publish their queues and
 // kinds in their runners/ key).
 type unrunnableWatch struct {
-	store    *store.Store
+	store    *store.Router
 	runnable func(ctx context.Context) (map[tasks.Class]bool, error)
 	clock    clock.Clock
 	log      hclog.Logger

@@ -338,8 +338,8 @@ func TestUnhandledKindsVisibleAndFailed(t *testing.T) {
 	_, body := testutil.HTTP(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
 	for _, want := range []string{`shardrun_unrunnable_tasks{kind="mystery",queue="default"} 10`,
 		`shardrun_unrunnable_tasks{kind="report",queue="default"} 10`, `shardrun_unrunnable_tasks{kind="noop",queue="mail"} 10`,
-		`shardrun_retention_deleted_total{state="completed"} 0`, `shardrun_schedule_ticks_skipped_total{reason="missed"} 0`,
-		`shardrun_schedule_ticks_skipped_total{reason="unfinished"} 0`} {
+		`shardrun_retention_deleted_total{database="main",state="completed"} 0`, `shardrun_schedule_ticks_skipped_total{database="main",reason="missed"} 0`,
+		`shardrun_schedule_ticks_skipped_total{database="main",reason="unfinished"} 0`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}

@@ -53,7 +53,7 @@ func parseQueueQuery(q url.Values) (idle *bool, err error) {
 
 func (c *Coordinator) handleListQueues(w http.ResponseWriter, r *http.Request) {
 	answerQuery(c, w, r, "reading the queues", queueParams, parseQueueQuery, func(ctx context.Context, idle *bool) (any, error) {
-		qs, err := c.cfg.Store.Queues(ctx, queueRateWindow)
+		qs, err := c.router.Queues(ctx, queueRateWindow)
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +105,7 @@ func (c *Coordinator) handleDeleteQueue(w http.ResponseWriter, r *http.Request) 
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	removed, err := c.cfg.Store.DeleteQueue(ctx, name)
+	removed, err := c.router.DeleteQueue(ctx, name)
 	var inUse *store.QueueInUseError
 	switch {
 	case errors.Is(err, store.ErrDefaultQueue):
@@ -132,7 +132,7 @@ func (c *Coordinator) handlePauseQueue(paused bool) http.HandlerFunc {
 		if !ok {
 			return
 		}
-		at, err := c.cfg.Store.SetQueuePaused(r.Context(), name, paused)
+		at, err := c.router.SetQueuePaused(r.Context(), name, paused)
 		if err != nil {
 			c.storeError(w, r, "pausing or resuming a queue", err)
 			return
@@ -185,7 +185,7 @@ func (c *Coordinator) handleBlockedSequences(w http.ResponseWriter, r *http.Requ
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	seqs, err := c.cfg.Store.BlockedSequences(ctx, after, limit)
+	seqs, err := c.router.BlockedSequences(ctx, after, limit)
 	if err != nil {
 		c.storeError(w, r, "listing blocked sequences", err)
 		return

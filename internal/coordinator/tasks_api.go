@@ -42,8 +42,8 @@ func (c *Coordinator) taskRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/tasks/{id}", auth(c.handleTask("reading a task", c.client.Get, statusOK)))
 	mux.HandleFunc("POST /api/tasks/{id}/cancel", auth(c.handleTask("cancelling a task", c.client.Cancel, cancelled)))
 	mux.HandleFunc("POST /api/tasks/{id}/retry", auth(c.handleTask("retrying a task", c.client.Retry, statusOK)))
-	mux.HandleFunc("POST /api/tasks/cancel", auth(c.handleBulk("cancel", c.cfg.Store.CancelMatching)))
-	mux.HandleFunc("POST /api/tasks/retry", auth(c.handleBulk("retry", c.cfg.Store.RetryMatching)))
+	mux.HandleFunc("POST /api/tasks/cancel", auth(c.handleBulk("cancel", c.router.CancelMatching)))
+	mux.HandleFunc("POST /api/tasks/retry", auth(c.handleBulk("retry", c.router.RetryMatching)))
 }
 
 // failed answers err when there is one: 400 naming the field of a
@@ -299,7 +299,7 @@ func parseLimit(q url.Values) (int, error) {
 func (c *Coordinator) handleListTasks(w http.ResponseWriter, r *http.Request) {
 	answerQuery(c, w, r, "listing tasks", listParams,
 		func(q url.Values) (tasks.ListRequest, error) { return parseListQuery(q, c.cfg.ShardCount) },
-		func(ctx context.Context, req tasks.ListRequest) (any, error) { return c.cfg.Store.List(ctx, req) })
+		func(ctx context.Context, req tasks.ListRequest) (any, error) { return c.router.List(ctx, req) })
 }
 
 // answerQuery serves a GET of one JSON answer: the query string's
@@ -360,7 +360,7 @@ func (c *Coordinator) handleCountTasks(w http.ResponseWriter, r *http.Request) {
 			f, _, err := parseFilter(q, c.cfg.ShardCount)
 			return f, err
 		},
-		func(ctx context.Context, f tasks.Filter) (any, error) { return c.cfg.Store.CountMatching(ctx, f) })
+		func(ctx context.Context, f tasks.Filter) (any, error) { return c.router.CountMatching(ctx, f) })
 }
 
 // handleBulk is POST /api/tasks/cancel and /api/tasks/retry: the filter in

@@ -3,6 +3,7 @@ package leadership
 import (
 	"cmp"
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/shardrun/shardrun/internal/clock"
+	"github.com/shardrun/shardrun/store"
 )
 
 // The election: the leader campaigns under a fresh etcd session for each
@@ -83,26 +85,88 @@ func (l *Leader) term(ctx context.Context, sess *concurrency.Session) {
 	rcancel()
 }
 
-// lead raises the coordinator fence to epoch and runs the leader's
-// services until ctx ends or the fence moves to a newer leader.
+// lead raises the coordinator fence to epoch in every database and runs
+// each database's services once its fence is raised, until ctx ends or a
+// fence holds a newer leader. A database that does not answer holds up
+// only its own services: its fence is raised again and again, with a
+// backoff, until it answers or the term ends. The term counts as begun
+// (IsLeader, Terms) at the first fence raised.
 func (l *Leader) lead(ctx context.Context, epoch int64) {
 	log := l.cfg.Logger
-	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	ok, err := l.store.RaiseLeaderFence(fctx, l.cfg.ID, epoch)
-	cancel()
-	if err != nil || !ok {
-		log.Warn("could not raise the coordinator fence; not leading", "epoch", epoch, "error", err, "newer_leader", !ok)
+	tctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var begin sync.Once
+	began := false
+	start := func() {
+		begin.Do(func() {
+			began = true
+			l.leader.Store(true)
+			l.isLeader.Set(1)
+			log.Info("became leader", "epoch", epoch)
+			l.Terms.Emit(Event{ID: l.cfg.ID, Leader: true, Epoch: epoch, At: l.cfg.Clock.Now()})
+		})
+	}
+	var wg sync.WaitGroup
+	for _, db := range l.databases {
+		wg.Go(func() {
+			if !l.raise(tctx, db, epoch) {
+				cancel(store.ErrNotLeader)
+				return
+			}
+			if tctx.Err() != nil {
+				return
+			}
+			start()
+			if err := db.loop.Run(tctx, epoch); err != nil {
+				cancel(err)
+			}
+		})
+	}
+	wg.Wait()
+	err := context.Cause(tctx)
+	if errors.Is(err, context.Canceled) {
+		err = nil // the term ended from outside (ctx): its cause is said below
+	}
+	if !began {
+		log.Warn("could not raise the coordinator fence; not leading", "epoch", epoch, "error", err)
 		return
 	}
-	l.leader.Store(true)
-	l.isLeader.Set(1)
-	log.Info("became leader", "epoch", epoch)
-	l.Terms.Emit(Event{ID: l.cfg.ID, Leader: true, Epoch: epoch, At: l.cfg.Clock.Now()})
-	err = l.loop.Run(ctx, epoch)
 	l.leader.Store(false)
 	l.isLeader.Set(0)
 	l.Terms.Emit(Event{ID: l.cfg.ID, Leader: false, Epoch: epoch, At: l.cfg.Clock.Now()})
 	log.Info("stopped leading", "epoch", epoch, "reason", cmp.Or(errString(err), errString(context.Cause(ctx)), "shutdown"))
+}
+
+// raise raises db's coordinator fence to epoch, again after a backoff
+// while the database does not answer, until it is raised (true), it
+// holds a newer leader (false) or ctx ends (true: nothing more to do).
+func (l *Leader) raise(ctx context.Context, db *database, epoch int64) bool {
+	backoff := clock.Backoff{Min: 200 * time.Millisecond, Max: 5 * time.Second}
+	warned := false
+	for {
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ok, err := db.store.RaiseLeaderFence(fctx, l.cfg.ID, epoch)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return true
+		case err == nil && !ok:
+			db.log.Warn("the coordinator fence holds a newer leader; not leading", "epoch", epoch)
+			return false
+		case err == nil:
+			if warned {
+				db.log.Info("raised the coordinator fence: the database's services start", "epoch", epoch)
+			}
+			return true
+		}
+		if !warned {
+			db.log.Warn("could not raise the coordinator fence: this database's services wait for it, the others' run", "epoch", epoch, "error", err)
+			warned = true
+		}
+		if !clock.Sleep(l.cfg.Clock, backoff.Next(), ctx.Done()) {
+			return true
+		}
+	}
 }
 
 func errString(err error) string {

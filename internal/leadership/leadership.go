@@ -1,9 +1,13 @@
 // Package leadership is the cluster's leader, as one part a process runs:
 // it campaigns in the coordinators' election (etcd's concurrency.Election
 // under <prefix>coordinator/leader), raises the coordinator fence in
-// PostgreSQL to each term's epoch, and while it leads runs the leader's
-// services in one leader.Loop: the sweeps, retention, the schedules'
-// ticks and (with Unhandled.After) the unrunnable-work rule.
+// each of the cluster's databases to each term's epoch, and while it
+// leads runs the leader's services, one leader.Loop per database: the
+// sweeps, retention and (with Unhandled.After) the unrunnable-work rule
+// of that database, and in the first database (which holds the
+// schedules) the schedules' ticks, each tick's task routed by its shard.
+// A database that is down holds up only its own services: its fence is
+// raised, and its loop started, once it answers.
 //
 // A coordinator process (internal/coordinator) runs one beside its API; a
 // program using the library runs one with shardrun.Config.Leader. Both
@@ -150,8 +154,8 @@ type Leader struct {
 
 	cfg       Config
 	etcd      *clientv3.Client
-	store     *store.Store
-	loop      *leader.Loop
+	router    *store.Router
+	databases []*database
 	scheduler *schedule.Scheduler
 	isLeader  prometheus.Gauge
 
@@ -159,47 +163,71 @@ type Leader struct {
 	session atomic.Pointer[concurrency.Session]
 }
 
+// database is one database's part of the leader: its coordinator fence
+// and its services, run by its own loop in each term.
+type database struct {
+	name  string
+	store *store.Store
+	loop  *leader.Loop
+	log   hclog.Logger
+}
+
 // New fills the defaults of cfg, validates it and builds the leader's
-// services, each once, with their metrics registered with reg (nil: not
-// registered): the sweeper and the scheduler always, retention unless it
-// keeps everything, the unrunnable rule when Unhandled.After is set.
-func New(etcd *clientv3.Client, st *store.Store, reg prometheus.Registerer, cfg Config) (*Leader, error) {
+// services, each once, for every database of router (the cluster's, in
+// its map's order), with their metrics registered with reg (nil: not
+// registered) labelled with their database: the sweeper always,
+// retention unless it keeps everything, the unrunnable rule when
+// Unhandled.After is set, and the scheduler in the first database.
+func New(etcd *clientv3.Client, router *store.Router, reg prometheus.Registerer, cfg Config) (*Leader, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if etcd == nil || st == nil {
-		return nil, errors.New("leadership: an etcd client and a store are required")
+	if etcd == nil || router == nil {
+		return nil, errors.New("leadership: an etcd client and the databases' router are required")
 	}
 	cfg.Clock = cmp.Or(cfg.Clock, clock.Real())
 	cfg.Logger = cmp.Or(cfg.Logger, hclog.NewNullLogger())
-	l := &Leader{cfg: cfg, etcd: etcd, store: st,
+	l := &Leader{cfg: cfg, etcd: etcd, router: router,
 		isLeader: promauto.With(reg).NewGauge(prometheus.GaugeOpts{Name: "shardrun_coordinator_is_leader",
 			Help: "1 while this process is the cluster's leader and sweeps."})}
-	services, err := l.services(reg)
-	if err != nil {
-		return nil, err
+	if cfg.Retention.Off() {
+		cfg.Logger.Info("retention is off: finished tasks are kept forever")
 	}
-	l.loop = leader.New(leader.Config{Clock: cfg.Clock, Logger: cfg.Logger, Registry: reg}, services...)
+	for i, name := range router.Names() {
+		st := router.Store(name)
+		dreg := prometheus.WrapRegistererWith(prometheus.Labels{"database": name}, reg)
+		services, err := l.services(st, i == 0, dreg)
+		if err != nil {
+			return nil, fmt.Errorf("the leader's services of database %s: %w", name, err)
+		}
+		log := cfg.Logger.With("database", name)
+		l.databases = append(l.databases, &database{name: name, store: st, log: log,
+			loop: leader.New(leader.Config{Clock: cfg.Clock, Logger: log, Registry: dreg}, services...)})
+	}
 	return l, nil
 }
 
-// services builds the leader's services from their settings.
-func (l *Leader) services(reg prometheus.Registerer) ([]leader.Service, error) {
+// services builds one database's services from their settings; the
+// first database's include the scheduler, since it holds the schedules.
+func (l *Leader) services(st *store.Store, first bool, reg prometheus.Registerer) ([]leader.Service, error) {
 	cfg := l.cfg
-	sw, err := sweeper.New(l.store, cfg.Sweep, reg)
+	sw, err := sweeper.New(st, cfg.Sweep, reg)
 	if err != nil {
 		return nil, err
 	}
-	prep := client.Config{ShardCount: cfg.ShardCount, MaxAttempts: cfg.MaxAttempts, Clock: cfg.Clock}
-	if l.scheduler, err = schedule.NewScheduler(l.store, prep, reg); err != nil {
-		return nil, err
+	services := []leader.Service{sw}
+	if first {
+		// The schedules live in the first database; each tick's task is
+		// enqueued in its shard's database through the router.
+		prep := client.Config{ShardCount: cfg.ShardCount, MaxAttempts: cfg.MaxAttempts, Clock: cfg.Clock}
+		if l.scheduler, err = schedule.NewScheduler(l.router, prep, reg); err != nil {
+			return nil, err
+		}
+		services = append(services, l.scheduler)
 	}
-	services := []leader.Service{sw, l.scheduler}
-	if cfg.Retention.Off() {
-		cfg.Logger.Info("retention is off: finished tasks are kept forever")
-	} else {
-		ret, err := maintenance.NewRetainer(l.store, cfg.Retention, reg)
+	if !cfg.Retention.Off() {
+		ret, err := maintenance.NewRetainer(st, cfg.Retention, reg)
 		if err != nil {
 			return nil, err
 		}
@@ -207,7 +235,7 @@ func (l *Leader) services(reg prometheus.Registerer) ([]leader.Service, error) {
 	}
 	if cfg.Unhandled.After > 0 {
 		caps := &shard.Capabilities{Client: l.etcd, Prefix: cfg.Prefix, Clock: cfg.Clock}
-		rp, err := maintenance.NewReaper(l.store, caps.Runnable, cfg.Unhandled, reg)
+		rp, err := maintenance.NewReaper(st, caps.Runnable, cfg.Unhandled, reg)
 		if err != nil {
 			return nil, err
 		}
@@ -231,6 +259,8 @@ func (l *Leader) Session() *concurrency.Session { return l.session.Load() }
 // resigns on the way out. It returns when every goroutine it started has
 // ended.
 func (l *Leader) Run(ctx context.Context) {
-	l.loop.Events = l.Passes
+	for _, db := range l.databases {
+		db.loop.Events = l.Passes
+	}
 	l.campaign(ctx)
 }

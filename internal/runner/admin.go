@@ -17,6 +17,7 @@ import (
 	"github.com/shardrun/shardrun/internal/httpauth"
 	"github.com/shardrun/shardrun/internal/httpjson"
 	"github.com/shardrun/shardrun/internal/jsonbody"
+	"github.com/shardrun/shardrun/internal/placement"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -54,6 +55,18 @@ type Status struct {
 	// Conflict names the key another live process holds under this
 	// runner's id: the runner stands down, doing no work, until it leaves.
 	Conflict string `json:"runner_id_conflict,omitempty"`
+	// Databases are the cluster's databases in the map's order, each with
+	// the shards the map places in it and its health as this runner last
+	// probed it: the shards of one that is unavailable wait, the others'
+	// work goes on.
+	Databases []DatabaseStatus `json:"databases"`
+}
+
+// DatabaseStatus is one database in GET /status.
+type DatabaseStatus struct {
+	placement.DatabaseHealth
+	// Shards are the shards the map places in it, as ranges ("0-31").
+	Shards string `json:"shards"`
 }
 
 // Status returns what GET /status serves.
@@ -74,6 +87,10 @@ func (r *Runner) Status() Status {
 	}
 	if st.Owned == nil {
 		st.Owned = []claims.ShardEpoch{}
+	}
+	m := r.router.Map()
+	for _, h := range r.health.All() {
+		st.Databases = append(st.Databases, DatabaseStatus{DatabaseHealth: h, Shards: m.Ranges(h.Name)})
 	}
 	if ds.Detached {
 		st.DetachReason, st.DetachKind = ds.Reason.String(), ds.Reason.Kind.String()
@@ -109,7 +126,23 @@ func (r *Runner) adminHandler() http.Handler {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "stalled", "reason": st.Stalled})
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+		// Ready while one of its databases serves: the shards of one that
+		// is down wait, and restarting the runner would not bring it back.
+		var down []string
+		for _, d := range st.Databases {
+			if d.Health == placement.HealthUnavailable {
+				down = append(down, d.Name)
+			}
+		}
+		if len(down) > 0 && len(down) == len(st.Databases) {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "databases unavailable", "databases_down": down})
+			return
+		}
+		body := map[string]any{"status": "ready"}
+		if len(down) > 0 {
+			body["databases_down"] = down
+		}
+		writeJSON(w, http.StatusOK, body)
 	})
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, r.Status())

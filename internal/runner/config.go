@@ -22,6 +22,7 @@ import (
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/executor"
+	"github.com/shardrun/shardrun/internal/placement"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -39,8 +40,15 @@ type Config struct {
 	// ShardCount: --shard-count, SHARDRUN_SHARD_COUNT.
 	ShardCount int
 	// DatabaseURL: --database-url, DATABASE_URL (or --database-url-file,
-	// DATABASE_URL_FILE).
+	// DATABASE_URL_FILE): the database named main, the one-database form
+	// of Databases (listed first when both are given).
 	DatabaseURL string
+	// Databases are the cluster's databases by name, in the order given
+	// (--database NAME=URL, --database-file NAME=PATH, SHARDRUN_DATABASES,
+	// SHARDRUN_DATABASES_FILE): a new cluster spreads its shards over them
+	// in contiguous ranges in this order; a process given a database its
+	// cluster's map does not name, or missing one it names, stops.
+	Databases []cli.Database
 	// DBMaxConns: --db-max-conns, SHARDRUN_DB_MAX_CONNS.
 	DBMaxConns int
 	// AdminAddr and AdminToken: --admin-addr, SHARDRUN_ADMIN_ADDR;
@@ -97,11 +105,17 @@ type Config struct {
 	// not used; the runner does not close it. Give it gRPC keep-alives
 	// (DialKeepAliveTime), so that a dead connection is noticed.
 	Etcd *clientv3.Client
-	// Store, when set, is the database the runner uses (opened with the
-	// pool settings of the program that embeds it), and DatabaseURL and
-	// DBMaxConns are not used; the runner migrates it and does not close
-	// it.
+	// Store, when set, is the database the runner uses as the cluster's
+	// one database, main (opened with the pool settings of the program
+	// that embeds it), and DatabaseURL, Databases and DBMaxConns are not
+	// used; the runner migrates it and does not close it.
 	Store *store.Store
+	// Router, when set, is the cluster's databases, joined to its map
+	// already (the library's client: it migrated and registered them and
+	// follows the map): the runner routes every statement through it and
+	// neither closes it nor watches the map. Store and the database
+	// settings are then not used.
+	Router *store.Router
 	// TracerProvider, when set, traces every claim, handler run and
 	// outcome write (docs/reference.md, Traces); the handler's context carries its
 	// span. Nil: tracing off, at no cost. cmd/runner sets it from the
@@ -232,8 +246,8 @@ func (c Config) Validate() error {
 	if err := shard.CheckKeyPrefix(c.EtcdPrefix, c.Cluster); err != nil {
 		return err
 	}
-	if c.Store == nil {
-		if err := c.checkDatabase(); err != nil {
+	if c.Store == nil && c.Router == nil {
+		if err := c.checkDatabases(); err != nil {
 			return err
 		}
 	}
@@ -252,16 +266,16 @@ func (c Config) Validate() error {
 	return c.adminServer().Check()
 }
 
-// checkDatabase checks the settings of the database the runner opens
+// databases are the databases the runner opens itself: --database-url's
+// (main) first, then the named ones.
+func (c Config) databases() ([]cli.Database, error) {
+	return cli.DatabaseList(c.DatabaseURL, c.Databases)
+}
+
+// checkDatabases checks the settings of the databases the runner opens
 // itself.
-func (c Config) checkDatabase() error {
-	if c.DatabaseURL == "" {
-		return fmt.Errorf("--database-url (DATABASE_URL or DATABASE_URL_FILE): required, e.g. postgres://user:pass@host:5432/db")
-	}
-	if err := store.CheckDSN(c.DatabaseURL); err != nil {
-		return fmt.Errorf("--database-url (DATABASE_URL): %s", cli.OneLine(err))
-	}
-	return c.storeOptions().Validate()
+func (c Config) checkDatabases() error {
+	return placement.CheckDatabases(c.DatabaseURL, c.Databases, c.storeOptions())
 }
 
 func (c Config) etcdTLS() cli.TLS {

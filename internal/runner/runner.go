@@ -15,10 +15,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/detach"
 	"github.com/shardrun/shardrun/internal/cli"
 	"github.com/shardrun/shardrun/internal/executor"
+	"github.com/shardrun/shardrun/internal/placement"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
@@ -36,6 +38,8 @@ type Runner struct {
 	machine   *detach.Machine
 	mgr       *shard.Manager
 	exec      *executor.Executor
+	router    *store.Router
+	health    *placement.Health
 	adminAddr string
 }
 
@@ -105,11 +109,6 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.adminAddr = ln.Addr().String()
 	}
 
-	st, closeStore, err := r.openStore(ctx)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
 	etcd := cfg.Etcd
 	if etcd == nil {
 		tlsConfig, err := cfg.etcdTLS().Client()
@@ -121,6 +120,13 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		defer etcd.Close()
 	}
+	router, own, closeStores, err := r.openDatabases(ctx, etcd)
+	if err != nil {
+		return err
+	}
+	defer closeStores()
+	r.router = router
+	r.health = &placement.Health{Router: router, Logger: r.log.Named("databases")}
 
 	dc := cfg.detachConfig()
 	dc.Logger = r.log.Named("detach")
@@ -137,7 +143,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		return err
 	}
 	ec := cfg.executorConfig()
-	ec.Store, ec.Ownership, ec.Registry = st, ownership{r.mgr}, r.handlers
+	ec.Store, ec.Ownership, ec.Registry = router, ownership{r.mgr}, r.handlers
 	ec.Logger, ec.Metrics = r.log.Named("executor"), executor.NewMetrics(r.reg)
 	r.exec, err = executor.New(ec)
 	if err != nil {
@@ -146,14 +152,24 @@ func (r *Runner) Run(ctx context.Context) error {
 	support, stopSupport := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSupport()
 	var bg sync.WaitGroup
-	listener := st.NewListener(r.log.Named("listener"), func(n store.Notification) { r.exec.Wake(n.All, n.Shards, n.Urgent) })
-	bg.Go(func() { _ = listener.Run(support) })
+	// One listener per database: an enqueue wakes the claimer whichever
+	// database it committed in, and a database that is down delays only
+	// its own notifications.
+	for _, name := range router.Names() {
+		listener := router.Store(name).NewListener(r.log.Named("listener").With("database", name),
+			func(n store.Notification) { r.exec.Wake(n.All, n.Shards, n.Urgent) })
+		bg.Go(func() { _ = listener.Run(support) })
+	}
+	bg.Go(func() { r.health.Run(support) })
+	if own {
+		bg.Go(func() { placement.Watch(support, etcd, cfg.Prefix(), cfg.ShardCount, router, r.log.Named("databases")) })
+	}
 	var admin *http.Server
 	if ln != nil {
 		admin = r.serveAdmin(ln, &bg)
 	}
 	r.log.Info("runner started", "admin", r.adminAddr, "kinds", r.handlers.Kinds(), "shards", cfg.ShardCount,
-		"lease_ttl", cfg.LeaseTTL, "max_workers", cfg.MaxWorkers)
+		"databases", placement.Describe(router.Map()), "lease_ttl", cfg.LeaseTTL, "max_workers", cfg.MaxWorkers)
 	close(r.started)
 
 	var core sync.WaitGroup
@@ -194,27 +210,48 @@ func (r *Runner) serveAdmin(ln net.Listener, bg *sync.WaitGroup) *http.Server {
 	return admin
 }
 
-// openStore opens the database (unless Config.Store gives one), migrates
-// it and checks its shard count. done closes what it opened.
-func (r *Runner) openStore(ctx context.Context) (st *store.Store, done func(), err error) {
-	st, done = r.cfg.Store, func() {}
-	if st == nil {
-		opts := r.cfg.storeOptions()
-		opts.Logger = r.log.Named("store")
-		if st, err = store.Open(ctx, r.cfg.DatabaseURL, opts); err != nil {
-			return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+// openDatabases opens the cluster's databases (unless Config.Router or
+// Config.Store gives them), migrates them, checks their shard count and
+// joins them to the cluster's map in etcd (creating the cluster with them
+// when it is new): the router over them, whether the runner built it (and
+// follows the map), and what closes what it opened.
+func (r *Runner) openDatabases(ctx context.Context, etcd *clientv3.Client) (router *store.Router, own bool, done func(), err error) {
+	cfg := r.cfg
+	if cfg.Router != nil {
+		return cfg.Router, false, func() {}, nil
+	}
+	var dbs []cli.Database
+	var stores map[string]*store.Store
+	closeStores := func() {}
+	if cfg.Store != nil {
+		dbs = []cli.Database{{Name: shard.MainDatabase}}
+		stores = map[string]*store.Store{shard.MainDatabase: cfg.Store}
+	} else {
+		if dbs, err = cfg.databases(); err != nil {
+			return nil, false, nil, err
 		}
-		done = st.Close
+		if err := placement.Precheck(ctx, etcd, cfg.Prefix(), placement.Names(dbs)); err != nil {
+			return nil, false, nil, err
+		}
+		if stores, closeStores, err = placement.Open(ctx, dbs, cfg.storeOptions(), r.log); err != nil {
+			return nil, false, nil, err
+		}
 	}
-	if err := st.Migrate(ctx); err != nil {
-		done()
-		return nil, nil, fmt.Errorf("--database-url (DATABASE_URL): %w", err)
+	names := placement.Names(dbs)
+	if err := placement.Prepare(ctx, names, stores, cfg.ShardCount, placement.Where(dbs)); err != nil {
+		closeStores()
+		return nil, false, nil, err
 	}
-	if _, err := st.EnsureShardCount(ctx, r.cfg.ShardCount); err != nil {
-		done()
-		return nil, nil, err
+	if router, err = placement.Join(ctx, etcd, cfg.Prefix(), cfg.ShardCount, names, stores, r.log); err != nil {
+		closeStores()
+		return nil, false, nil, err
 	}
-	return st, done, nil
+	if cfg.Store != nil {
+		// The caller's store stays open; a router of one database runs no
+		// goroutine of its own to stop.
+		return router, true, func() {}, nil
+	}
+	return router, true, router.Close, nil
 }
 
 // ownership is the shard manager as the executor sees it. Go interfaces
