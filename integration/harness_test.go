@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardrun/shardrun/internal/faultproxy"
@@ -103,8 +104,11 @@ type cluster struct {
 	cli       *clientv3.Client
 	dsn       string
 	store     *store.Store
-	runner    string
-	coord     string
+	// dbs are the cluster's databases, in the map's order: main (dsn,
+	// store) alone, or with others (newClusterOnDatabases).
+	dbs    []clusterDB
+	runner string
+	coord  string
 
 	mu       sync.Mutex
 	procs    map[string]*proc
@@ -114,6 +118,12 @@ type cluster struct {
 	// claims from and the kinds it handles.
 	caps     map[string]capabilities
 	watchEnd func()
+}
+
+// clusterDB is one of the cluster's databases.
+type clusterDB struct {
+	name, dsn string
+	store     *store.Store
 }
 
 // capabilities are a runner's --queues and --kinds.
@@ -169,7 +179,8 @@ func newClusterOn(t *testing.T, endpoints []string, cli *clientv3.Client) *clust
 	runnerBin, coordBin := binaries(t)
 	st, dsn := pgtest.NewStore(t, store.Options{MaxConns: 4})
 	c := &cluster{t: t, start: time.Now(), endpoints: endpoints, cli: cli, dsn: dsn, store: st, runner: runnerBin, coord: coordBin,
-		procs: map[string]*proc{}, enqueued: map[int64]tasks.State{}, caps: map[string]capabilities{}}
+		procs: map[string]*proc{}, enqueued: map[int64]tasks.State{}, caps: map[string]capabilities{},
+		dbs: []clusterDB{{name: "main", dsn: dsn, store: st}}}
 	c.watch()
 	t.Cleanup(func() {
 		for _, p := range c.all() {
@@ -190,6 +201,53 @@ func newClusterOn(t *testing.T, endpoints []string, cli *clientv3.Client) *clust
 		http.DefaultClient.CloseIdleConnections()
 	})
 	return c
+}
+
+// newClusterOnDatabases is a scenario's world on an embedded etcd and
+// several databases: main (the test binary's server) and one more for
+// each of dsns, by name, in order (the map's order).
+func newClusterOnDatabases(t *testing.T, others ...clusterDB) *cluster {
+	t.Helper()
+	c := newCluster(t)
+	for _, d := range others {
+		st, err := store.Open(context.Background(), d.dsn, store.Options{MaxConns: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		if err := st.Migrate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		d.store = st
+		c.dbs = append(c.dbs, d)
+	}
+	return c
+}
+
+// databaseArgs are the flags that give a process the cluster's
+// databases: --database-url for main alone, --database NAME=URL for each
+// of several.
+func (c *cluster) databaseArgs() []string {
+	if len(c.dbs) == 1 {
+		return []string{"--database-url", c.dsn}
+	}
+	var args []string
+	for _, d := range c.dbs {
+		args = append(args, "--database", d.name+"="+d.dsn)
+	}
+	return args
+}
+
+// db is the named database of the cluster.
+func (c *cluster) db(name string) clusterDB {
+	c.t.Helper()
+	for _, d := range c.dbs {
+		if d.name == name {
+			return d
+		}
+	}
+	c.t.Fatalf("no database %s", name)
+	return clusterDB{}
 }
 
 // watch records every etcd event of the cluster from the start.
@@ -277,23 +335,23 @@ func (c *cluster) startRunnerServing(name string, withProxy bool, queues, kinds 
 		endpoint = "http://" + proxy.Addr()
 	}
 	return c.serve(name, "runner", c.runner, proxy, "/readyz", func(addr string) []string {
-		return []string{"--etcd-endpoints", endpoint, "--etcd-prefix", "/shardrun/", "--cluster", "it", "--shard-count", strconv.Itoa(shards),
-			"--database-url", c.dsn, "--runner-id", name, "--admin-addr", addr, "--admin-token", adminToken,
+		return append([]string{"--etcd-endpoints", endpoint, "--etcd-prefix", "/shardrun/", "--cluster", "it", "--shard-count", strconv.Itoa(shards),
+			"--runner-id", name, "--admin-addr", addr, "--admin-token", adminToken,
 			"--lease-ttl", leaseTTL.String(), "--recovery-window", recoveryWindow.String(), "--heartbeat-interval", "1s",
 			"--poll-interval", "500ms", "--handoff-timeout", "2s", "--retry-base", "100ms", "--retry-cap", "500ms",
 			"--log-format", "json", "--log-level", "info",
-			"--queues", strings.Join(queues, ","), "--kinds", strings.Join(kinds, ",")}
+			"--queues", strings.Join(queues, ","), "--kinds", strings.Join(kinds, ",")}, c.databaseArgs()...)
 	})
 }
 
 func (c *cluster) startCoordinator(name string) *proc {
 	c.t.Helper()
 	return c.serve(name, "coordinator", c.coord, nil, "/healthz", func(addr string) []string {
-		return []string{"--etcd-endpoints", strings.Join(c.endpoints, ","), "--etcd-prefix", "/shardrun/", "--cluster", "it",
-			"--shard-count", strconv.Itoa(shards), "--database-url", c.dsn, "--coordinator-id", name, "--http-addr", addr,
+		return append([]string{"--etcd-endpoints", strings.Join(c.endpoints, ","), "--etcd-prefix", "/shardrun/", "--cluster", "it",
+			"--shard-count", strconv.Itoa(shards), "--coordinator-id", name, "--http-addr", addr,
 			"--api-token", apiToken, "--election-ttl", electionTTL.String(), "--sweep-interval", "1s",
 			"--stale-threshold", staleThreshold.String(), "--heartbeat-interval", "1s", "--retry-base", "100ms",
-			"--retry-cap", "500ms", "--log-format", "json"}
+			"--retry-cap", "500ms", "--log-format", "json"}, c.databaseArgs()...)
 	})
 }
 
@@ -451,41 +509,74 @@ func (c *cluster) enqueueWith(coord *proc, n int, kind, payload string, fields m
 		}
 		batch = append(batch, task)
 	}
+	c.enqueueBatch(coord, batch, expect)
+}
+
+// enqueueBatch posts a batch of tasks, each with its key, through the
+// coordinator API and remembers what each must end as.
+func (c *cluster) enqueueBatch(coord *proc, batch []map[string]any, expect tasks.State) {
+	c.t.Helper()
 	body, _ := json.Marshal(batch)
 	code, resp := testutil.HTTP(c.t, "POST", "http://"+coord.addr+"/api/tasks", apiToken, string(body))
 	if code != 201 {
 		c.t.Fatalf("enqueue through the API: %d %s", code, resp)
 	}
-	// Read back the ids of what was just inserted.
-	rows, err := c.store.Pool().Query(context.Background(), `SELECT id FROM task_view WHERE kind = $1 ORDER BY id DESC LIMIT $2`, kind, n)
-	if err != nil {
-		c.t.Fatal(err)
+	// Read back the ids of what was just inserted, by their keys, in
+	keys := make([]string, len(batch))
+	for i, task := range batch {
+		keys[i] = fmt.Sprint(task["key"])
 	}
-	defer rows.Close()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for rows.Next() {
-		var id int64
-		_ = rows.Scan(&id)
-		c.enqueued[id] = expect
+	// every database, until all are found (a database that is down holds
+	// none of them: the API refused the batch otherwise).
+	found := 0
+	for _, d := range c.dbs {
+		if found == len(keys) {
+			break
+		}
+		rows, err := d.store.Pool().Query(context.Background(), `SELECT id FROM task_view WHERE key = ANY ($1)`, keys)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		c.mu.Lock()
+		for _, id := range ids {
+			c.enqueued[id] = expect
+		}
+		c.mu.Unlock()
+		found += len(ids)
 	}
 }
 
+// counts are the tasks by state, summed over the databases.
 func (c *cluster) counts() map[tasks.State]int64 {
 	c.t.Helper()
-	counts, err := c.store.CountByState(context.Background())
-	if err != nil {
-		c.t.Fatal(err)
+	sum := map[tasks.State]int64{}
+	for _, d := range c.dbs {
+		counts, err := d.store.CountByState(context.Background())
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		for st, n := range counts {
+			sum[st] += n
+		}
 	}
-	return counts
+	return sum
 }
 
-// waitDrained waits until no task is ready or running.
+// waitDrained waits until no task is ready or running in any database.
 func (c *cluster) waitDrained(timeout time.Duration) time.Duration {
 	c.t.Helper()
 	return c.waitFor(timeout, "all tasks finished", func() bool {
-		counts, err := c.store.CountByState(context.Background())
-		return err == nil && counts[tasks.Ready] == 0 && counts[tasks.Running] == 0
+		for _, d := range c.dbs {
+			counts, err := d.store.CountByState(context.Background())
+			if err != nil || counts[tasks.Ready] != 0 || counts[tasks.Running] != 0 {
+				return false
+			}
+		}
+		return true
 	})
 }
 

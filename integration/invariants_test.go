@@ -60,17 +60,29 @@ func (c *cluster) finish(drain time.Duration) summary {
 
 func (c *cluster) checkOutcomes() {
 	c.t.Helper()
-	ctx := context.Background()
-	rows, err := c.store.Pool().Query(ctx, `SELECT id, kind, queue, shard, state, coalesce(claimed_by, ''), coalesce(claim_epoch, 0), attempt FROM task_view`)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer rows.Close()
 	owner := c.ownersByEpoch()
 	c.mu.Lock()
 	expected := maps.Clone(c.enqueued)
 	caps := maps.Clone(c.caps)
 	c.mu.Unlock()
+	seen := 0
+	for _, d := range c.dbs {
+		seen += c.checkOutcomesIn(d, expected, caps, owner)
+	}
+	if seen != len(expected) {
+		c.t.Errorf("%d enqueued tasks, %d found", len(expected), seen)
+	}
+}
+
+// checkOutcomesIn checks the tasks of one database and returns how many
+// of the expected ones it holds.
+func (c *cluster) checkOutcomesIn(d clusterDB, expected map[int64]tasks.State, caps map[string]capabilities, owner map[string]string) int {
+	c.t.Helper()
+	rows, err := d.store.Pool().Query(context.Background(), `SELECT id, kind, queue, shard, state, coalesce(claimed_by, ''), coalesce(claim_epoch, 0), attempt FROM task_view`)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer rows.Close()
 	seen := 0
 	for rows.Next() {
 		var id, epoch int64
@@ -99,9 +111,7 @@ func (c *cluster) checkOutcomes() {
 			}
 		}
 	}
-	if seen != len(expected) {
-		c.t.Errorf("%d enqueued tasks, %d found", len(expected), seen)
-	}
+	return seen
 }
 
 // ownersByEpoch maps "shard/epoch" to the runner whose owner key started
@@ -167,7 +177,7 @@ func leftBehind() []string {
 	for _, prefix := range ourPrefixes {
 		found, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
 		for _, d := range found {
-			if d != binDir && (pgtest.Server() == nil || d != pgtest.Server().Dir()) {
+			if d != binDir && !pgtest.IsServerDir(d) {
 				left = append(left, d)
 			}
 		}
