@@ -55,7 +55,8 @@ func headless(t *testing.T, browser string, args ...string) string {
 // coordinator and four real runners, one of them detached by hand and one
 // stopped, and checks the grid (one cell per shard, every cell coloured by
 // an attached owner, filling its card), the detached runner marked, the
-// stopped one still listed as gone, the completion rate and the legend.
+// stopped one still listed as gone, the completion rate, the legend and
+// the databases with their shards and health.
 // The screenshot is kept in artifacts/status-page.png (not in git).
 func TestStatusPageInABrowser(t *testing.T) {
 	browser := chromium(t)
@@ -149,6 +150,7 @@ func TestStatusPageInABrowser(t *testing.T) {
 		`<tr data-schedule="nightly-report" data-next-run="`, "0 3 * * * (Europe/Berlin)",
 		`<tr data-queue="default" data-kind="mystery" data-ready="7">`,
 		"no attached runner serves queue default with a handler of kind mystery",
+		`<tr data-database="main" data-health="ok"><td>main</td><td>0-63</td>`,
 	} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered page lacks %s", want)

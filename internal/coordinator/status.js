@@ -187,6 +187,22 @@ function render(v) {
     const tr = node("tr"); const td = text(node("td"), "no runners"); td.colSpan = 5; tr.append(td); $("runners").append(tr);
   }
 
+  // Each database with the shards the map places in it: one that is
+  // unavailable pauses only its shards, and a move names its phase.
+  const dbs = v.databases || [];
+  const moveText = (m) => `shard ${m.shard} ${m.from} → ${m.to} (${m.phase})`;
+  $("databases").replaceChildren(...dbs.map((d) => {
+    const tr = node("tr");
+    tr.dataset.database = d.name;
+    tr.dataset.health = d.health;
+    const health = node("td");
+    health.append(text(node("span", "badge " + (d.health === "ok" ? "attached" : d.health === "unavailable" ? "detached" : d.health)), d.health));
+    tr.append(text(node("td"), d.name), text(node("td"), d.shards || "–"), health,
+      text(node("td", "num"), ((d.tasks || {}).ready || 0).toLocaleString()), text(node("td", "num"), ((d.tasks || {}).running || 0).toLocaleString()),
+      text(node("td"), (d.moves || []).map(moveText).join("; ") || "–"));
+    return tr;
+  }));
+
   const unrunnable = v.unrunnable || [];
   $("unrunnablecard").style.display = unrunnable.length ? "block" : "none";
   $("unrunnable").replaceChildren(...unrunnable.map((u) => {
@@ -228,6 +244,7 @@ function render(v) {
   v.gone.filter((r) => r.health === "lost").forEach((r) => faults.push(`${r.id} was lost ${since(r.last_seen)} (its lease expired without a drain); its shards moved to the others`));
   unrunnable.forEach((u) => faults.push(`${u.ready.toLocaleString()} ready ${u.kind} tasks of queue ${u.queue} wait: no attached runner serves queue ${u.queue} with a handler of kind ${u.kind}`));
   queues.filter((q) => q.paused_at).forEach((q) => faults.push(`queue ${q.name} is paused (since ${since(q.paused_at)}): ${q.ready.toLocaleString()} ready tasks wait`));
+  dbs.filter((d) => d.health === "unavailable").forEach((d) => faults.push(`database ${d.name} is unavailable${d.health_since ? " (since " + since(d.health_since) + ")" : ""}: the tasks of its shards (${d.shards}) wait; the other databases' work goes on`));
   (a.blocked_sequences || []).forEach((b) => faults.push(`sequence ${b.sequence_key} is blocked by ${b.blocked_by.state} task #${b.blocked_by.id}: retry or cancel it`));
   const fb = $("faults");
   fb.replaceChildren(...faults.map((f) => text(node("div"), f)));
