@@ -112,7 +112,7 @@ func parse(args []string, getenv func(string) string, readFile func(string, int)
 	fs.Bool(&o.dev, "dev", "", false, "all-in-one demo cluster on this machine; Ctrl-C stops and removes everything")
 	fs.Int(&o.devRunners, "dev-runners", "", 3, fmt.Sprintf("--dev: runner processes to start, 1 to %d", maxDevRunners))
 	fs.Int(&o.devRate, "dev-rate", "", 40, fmt.Sprintf("--dev: demo tasks enqueued per second, 0 to %d", maxDevRate))
-	fs.Int(&o.devDatabases, "dev-databases", "SHARDRUN_DEV_DATABASES", 1, fmt.Sprintf("--dev: databases of the demo cluster, 1 to %d (each a database of the throwaway PostgreSQL; make demo DATABASES=2)", maxDevDatabases))
+	fs.Int(&o.devDatabases, "dev-databases", "", 1, fmt.Sprintf("--dev: databases of the demo cluster, 1 to %d (each a database of the throwaway PostgreSQL; make demo DATABASES=2)", maxDevDatabases))
 	fs.String(&o.runnerBin, "runner-bin", "", "", "--dev: the runner binary (default: runner next to this binary)")
 	fs.LogFlags(&o.logLevel, &o.logFormat)
 	fs.ReadFile = readFile
