@@ -12,7 +12,8 @@ import (
 // TestComposeFileIsValid checks docker-compose.yml with `docker-compose
 // config` (Debian's docker-compose; .ci/run installs it): it parses, names
 // every service, runs three etcd members, two coordinators and three
-// runners, has the emails pool under the profile pools, and refuses to start without tokens. It needs no Docker engine;
+// runners, has the emails pool under the profile pools and a second
+// PostgreSQL under the profile databases, and refuses to start without tokens. It needs no Docker engine;
 // the deploy test (build tag deploy) runs the file.
 func TestComposeFileIsValid(t *testing.T) {
 	bin, err := exec.LookPath("docker-compose")
@@ -39,6 +40,13 @@ func TestComposeFileIsValid(t *testing.T) {
 	cmd.Env = append(os.Environ(), "SHARDRUN_ADMIN_TOKEN=t1", "SHARDRUN_API_TOKEN=t2")
 	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "  runner-emails:") || !strings.Contains(string(out), "- emails=8") {
 		t.Errorf("docker-compose --profile pools config: want the runner-emails pool serving emails=8: %v\n%s", err, out)
+	}
+	// A second database, under its profile, named to every process by
+	// SHARDRUN_DATABASES.
+	cmd = exec.Command(bin, "-f", "../docker-compose.yml", "--profile", "databases", "config")
+	cmd.Env = append(os.Environ(), "SHARDRUN_ADMIN_TOKEN=t1", "SHARDRUN_API_TOKEN=t2", "SHARDRUN_DATABASES=second=postgres://shardrun@postgres2:5432/shardrun")
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "  postgres2:") || !strings.Contains(string(out), "SHARDRUN_DATABASES: second=postgres://shardrun@postgres2:5432/shardrun") {
+		t.Errorf("docker-compose --profile databases config: want postgres2 and SHARDRUN_DATABASES passed on: %v\n%s", err, out)
 	}
 	cmd = exec.Command(bin, "-f", "../docker-compose.yml", "config")
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}

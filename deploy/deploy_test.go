@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -51,16 +50,9 @@ const (
 )
 
 func TestDeploy(t *testing.T) {
-	for _, tool := range []string{"docker", "docker-compose"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			testutil.MissingTool(t, tool+" is not installed: the deploy test runs docker-compose.yml on a Docker engine")
-		}
-	}
-	if out, err := exec.Command("docker", "version", "--format", "{{.Server.Version}}").CombinedOutput(); err != nil {
-		testutil.MissingTool(t, fmt.Sprintf("no Docker engine answers: docker version: %v: %s", err, bytes.TrimSpace(out)))
-	}
+	requireDocker(t)
 	started := time.Now()
-	d := newDeployment(t)
+	d := newDeployment(t, 1)
 	steps := []struct {
 		name string
 		run  func(*testing.T)
@@ -85,6 +77,20 @@ func TestDeploy(t *testing.T) {
 	t.Log("figures:\n" + strings.Join(d.figures, "\n"))
 }
 
+// requireDocker stops the test, as a missing tool, when docker,
+// docker-compose or the engine is not there.
+func requireDocker(t *testing.T) {
+	t.Helper()
+	for _, tool := range []string{"docker", "docker-compose"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			testutil.MissingTool(t, tool+" is not installed: the deploy test runs docker-compose.yml on a Docker engine")
+		}
+	}
+	if out, err := exec.Command("docker", "version", "--format", "{{.Server.Version}}").CombinedOutput(); err != nil {
+		testutil.MissingTool(t, fmt.Sprintf("no Docker engine answers: docker version: %v: %s", err, bytes.TrimSpace(out)))
+	}
+}
+
 // deployment is one compose project of the test, with what the steps share.
 type deployment struct {
 	t          *testing.T // the whole test's, for what outlives one step
@@ -99,7 +105,12 @@ type deployment struct {
 	prefix       string
 	shards       int
 	coordinators [2]string // base URLs of the published APIs
-	pgContainer  string
+	pgContainer  string    // main's
+	// databases is 1, or 2 for a cluster on the compose file's two
+	// PostgreSQL servers (the databases profile; TestDeployOnTwoDatabases),
+	// and pgContainers their containers, main's first.
+	databases    int
+	pgContainers []string
 	etcd         *clientv3.Client
 	view         *etcdView
 	stopView     func()
@@ -109,9 +120,10 @@ type deployment struct {
 	figures      []string
 }
 
-func newDeployment(t *testing.T) *deployment {
+func newDeployment(t *testing.T, databases int) *deployment {
 	d := &deployment{
 		t:          t,
+		databases:  databases,
 		project:    "shardrun-deploytest-" + randomHex(4),
 		adminToken: randomHex(16),
 		apiToken:   randomHex(16),
@@ -132,6 +144,9 @@ func newDeployment(t *testing.T) *deployment {
 		"SHARDRUN_ADMIN_TOKEN="+d.adminToken, "SHARDRUN_API_TOKEN="+d.apiToken, "POSTGRES_PASSWORD="+d.pgPassword,
 		// Free host ports: the default 8080 and 8081 may be taken here.
 		"SHARDRUN_COORDINATOR1_PORT=0", "SHARDRUN_COORDINATOR2_PORT=0")
+	if databases == 2 {
+		d.env = append(d.env, "SHARDRUN_DATABASES=second=postgres://shardrun:"+d.pgPassword+"@postgres2:5432/shardrun?sslmode=disable")
+	}
 	t.Logf("compose project %s", d.project)
 	t.Cleanup(func() { d.cleanup(t) })
 	return d
@@ -172,7 +187,11 @@ func (d *deployment) run(ctx context.Context, name string, args ...string) (stri
 }
 
 func (d *deployment) composeArgs(args ...string) []string {
-	return append([]string{"-f", composeFile, "-p", d.project}, args...)
+	base := []string{"-f", composeFile, "-p", d.project}
+	if d.databases == 2 {
+		base = append(base, "--profile", "databases")
+	}
+	return append(base, args...)
 }
 
 // compose runs a docker-compose command on the project; failing, it fails
@@ -397,14 +416,32 @@ func (d *deployment) keepaliveFailures() float64 {
 	return sum
 }
 
-// pg connects to the published PostgreSQL port (read anew each time: a
-// restarted container may publish another one).
+// pg connects to main's published PostgreSQL port (read anew each time:
+// a restarted container may publish another one).
 func (d *deployment) pg(ctx context.Context) (*pgx.Conn, error) {
-	addr := d.hostAddr(d.pgContainer, "5432")
+	return d.pgOf(ctx, d.pgContainer)
+}
+
+// pgOf connects to the published PostgreSQL port of one of the
+// databases' containers.
+func (d *deployment) pgOf(ctx context.Context, container string) (*pgx.Conn, error) {
+	addr := d.hostAddr(container, "5432")
 	if addr == "" {
-		return nil, errors.New("postgres publishes no port")
+		return nil, fmt.Errorf("%s publishes no port", container)
 	}
 	return pgx.Connect(ctx, fmt.Sprintf("postgres://shardrun:%s@%s/shardrun?sslmode=disable&connect_timeout=3", d.pgPassword, addr))
+}
+
+// count sums one statement's count over every database of the cluster.
+func (d *deployment) count(t testing.TB, sql string, args ...any) int {
+	t.Helper()
+	var sum int
+	for _, c := range d.pgContainers {
+		var n int
+		d.queryOn(t, c, sql, args, &n)
+		sum += n
+	}
+	return sum
 }
 
 // network names one of the project's networks (default, admin).
@@ -418,12 +455,19 @@ func (d *deployment) network(t testing.TB, name string) string {
 	return out
 }
 
-// query runs one statement on a fresh connection.
+// query runs one statement on a fresh connection to main.
 func (d *deployment) query(t testing.TB, sql string, args []any, dest ...any) {
+	t.Helper()
+	d.queryOn(t, d.pgContainer, sql, args, dest...)
+}
+
+// queryOn runs one statement on a fresh connection to one database's
+// container.
+func (d *deployment) queryOn(t testing.TB, container, sql string, args []any, dest ...any) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := d.pg(ctx)
+	conn, err := d.pgOf(ctx, container)
 	if err != nil {
 		t.Fatalf("connecting to PostgreSQL: %v", err)
 	}
@@ -466,7 +510,7 @@ func (d *deployment) up(t *testing.T) {
 				waiting = append(waiting, l)
 			}
 		}
-		return len(lines) == 9 && len(waiting) == 0, fmt.Sprintf("%d containers, not healthy: %v", len(lines), waiting)
+		return len(lines) == 8+d.databases && len(waiting) == 0, fmt.Sprintf("%d containers, not healthy: %v", len(lines), waiting)
 	})
 
 	for i := range d.coordinators {
@@ -479,6 +523,10 @@ func (d *deployment) up(t *testing.T) {
 	}
 	d.prefix, d.shards = cl.Prefix, cl.ShardCount
 	d.pgContainer = d.container(t, "postgres", 1)
+	d.pgContainers = []string{d.pgContainer}
+	if d.databases == 2 {
+		d.pgContainers = append(d.pgContainers, d.container(t, "postgres2", 1))
+	}
 	// The client and the watch outlive this step: the test's cleanups
 	// stop the watch first (registered last), then close the client.
 	d.etcd = etcdClient(d.t, d.etcdEndpoints(t)...)
@@ -1029,8 +1077,7 @@ func (d *deployment) checkTasks(t *testing.T) {
 		lastErr = lastErr[:160] + "…"
 	}
 	drained := until(t, 3*time.Minute, time.Second, "every task finished", func() (bool, string) {
-		var open int
-		d.query(t, `SELECT count(*)::int FROM tasks WHERE key LIKE 'dt-%' AND state IN ('ready', 'running')`, nil, &open)
+		open := d.count(t, `SELECT count(*)::int FROM tasks WHERE key LIKE 'dt-%' AND state IN ('ready', 'running')`)
 		return open == 0, fmt.Sprintf("%d ready or running", open)
 	})
 
@@ -1050,18 +1097,6 @@ func (d *deployment) checkTasks(t *testing.T) {
 		t.Error(p)
 	}
 
-	ctx, cancel = context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := d.pg(ctx)
-	if err != nil {
-		t.Fatalf("connecting to PostgreSQL: %v", err)
-	}
-	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT key, kind, state, attempt, shard, coalesce(claimed_by, ''), coalesce(claim_epoch, 0), errors::text
-		FROM tasks WHERE key LIKE 'dt-%'`)
-	if err != nil {
-		t.Fatalf("reading the tasks: %v", err)
-	}
 	perBatch := map[int]int{}
 	seen := map[string]bool{}
 	var total, completed, retried, orphaned, orphanedCutOff, failedOnce int
@@ -1071,13 +1106,9 @@ func (d *deployment) checkTasks(t *testing.T) {
 			bad = append(bad, fmt.Sprintf(format, args...))
 		}
 	}
-	for rows.Next() {
-		var key, kind, state, claimedBy, errText string
-		var attempt, shard int
-		var epoch int64
-		if err := rows.Scan(&key, &kind, &state, &attempt, &shard, &claimedBy, &epoch, &errText); err != nil {
-			t.Fatalf("reading the tasks: %v", err)
-		}
+	for _, row := range d.storedTasks(t) {
+		key, kind, state, claimedBy, errText := row.key, row.kind, row.state, row.claimedBy, row.errText
+		attempt, shard, epoch := row.attempt, row.shard, row.epoch
 		total++
 		if seen[key] {
 			complain("task %s stored twice", key)
@@ -1129,9 +1160,6 @@ func (d *deployment) checkTasks(t *testing.T) {
 			complain("task %s completed by %q at epoch %d of shard %d, but etcd shows %q holding that epoch", key, claimedBy, epoch, shard, got)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("reading the tasks: %v", err)
-	}
 	var sent, lost, unanswered, stored int
 	for b, ok := range confirmed {
 		sent += batchSize
@@ -1139,7 +1167,9 @@ func (d *deployment) checkTasks(t *testing.T) {
 		case ok && n != batchSize:
 			lost += batchSize - n
 			complain("batch %d: confirmed by the API, %d of %d tasks stored", b, n, batchSize)
-		case !ok && n != 0 && n != batchSize:
+		case !ok && n != 0 && n != batchSize && d.databases == 1:
+			// With several databases a batch is one transaction per
+			// database: a batch refused by one may be stored in the others.
 			complain("batch %d: answered with an error and partly stored (%d of %d)", b, n, batchSize)
 		case !ok:
 			unanswered++
@@ -1160,6 +1190,44 @@ func (d *deployment) checkTasks(t *testing.T) {
 	if lost > 0 || completed != total {
 		t.Errorf("%d tasks lost, %d of %d completed", lost, completed, total)
 	}
+}
+
+// storedTask is one row of a task the load enqueued.
+type storedTask struct {
+	key, kind, state, claimedBy, errText string
+	attempt, shard                       int
+	epoch                                int64
+}
+
+// storedTasks reads every task the load enqueued, from every database.
+func (d *deployment) storedTasks(t *testing.T) []storedTask {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out []storedTask
+	for _, c := range d.pgContainers {
+		conn, err := d.pgOf(ctx, c)
+		if err != nil {
+			t.Fatalf("connecting to PostgreSQL: %v", err)
+		}
+		rows, err := conn.Query(ctx, `SELECT key, kind, state, attempt, shard, coalesce(claimed_by, ''), coalesce(claim_epoch, 0), errors::text
+			FROM tasks WHERE key LIKE 'dt-%'`)
+		if err != nil {
+			t.Fatalf("reading the tasks of %s: %v", c, err)
+		}
+		for rows.Next() {
+			var r storedTask
+			if err := rows.Scan(&r.key, &r.kind, &r.state, &r.attempt, &r.shard, &r.claimedBy, &r.epoch, &r.errText); err != nil {
+				t.Fatalf("reading the tasks of %s: %v", c, err)
+			}
+			out = append(out, r)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatalf("reading the tasks of %s: %v", c, err)
+		}
+		conn.Close(ctx)
+	}
+	return out
 }
 
 func (d *deployment) downAndCheck(t *testing.T) {
