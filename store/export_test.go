@@ -15,3 +15,10 @@ var ReadyQueuesSQL = readyQueuesSQL
 func ReadyQueuesArgs(shards []int, queues, kinds []string) []any {
 	return readyQueuesArgs(shards, queues, kinds)
 }
+
+// Abandoning is m for a CopyShard that stops between the destination's
+// commit and the source's, as a driver that crashed there.
+func Abandoning(m ShardMove) ShardMove {
+	m.abandon = true
+	return m
+}

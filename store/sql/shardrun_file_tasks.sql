@@ -6,13 +6,18 @@
 -- and their queues (shardrun_register_queues), and
 -- notifies the runners of the shards that got tasks
 -- claimable now, unless the transaction is quiet (shardrun.notify off: the
--- store's own inserts, notified after their commit).
+-- store's own inserts, notified after their commit). A move's copy
+-- (shardrun.move_copy on: store.CopyShard) inserts every table of the
+-- shard as it was, so its tasks are not filed again.
 CREATE OR REPLACE FUNCTION shardrun_file_tasks() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     shards integer[];
     urgent boolean[];
 BEGIN
+    IF current_setting('shardrun.move_copy', true) = 'on' THEN
+        RETURN NULL;
+    END IF;
     PERFORM shardrun_file(ARRAY(
         SELECT row(n.id, n.shard, n.queue, n.kind, n.priority, n.run_after, n.deadline, n.state,
                    n.unique_key, n.finished_at, n.sequence_key)::shardrun_place
