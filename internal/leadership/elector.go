@@ -77,7 +77,7 @@ func (l *Leader) term(ctx context.Context, sess *concurrency.Session) {
 			}
 		}
 	})
-	l.lead(tctx, el.Rev())
+	l.lead(tctx, el.Rev(), el.Key())
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	if err := el.Resign(rctx); err != nil && ctx.Err() == nil {
 		l.cfg.Logger.Debug("resigning failed", "error", err)
@@ -86,12 +86,13 @@ func (l *Leader) term(ctx context.Context, sess *concurrency.Session) {
 }
 
 // lead raises the coordinator fence to epoch in every database and runs
-// each database's services once its fence is raised, until ctx ends or a
+// each database's services once its fence is raised, and the move driver
+// (several databases) under the leader key key, until ctx ends or a
 // fence holds a newer leader. A database that does not answer holds up
 // only its own services: its fence is raised again and again, with a
 // backoff, until it answers or the term ends. The term counts as begun
 // (IsLeader, Terms) at the first fence raised.
-func (l *Leader) lead(ctx context.Context, epoch int64) {
+func (l *Leader) lead(ctx context.Context, epoch int64, key string) {
 	log := l.cfg.Logger
 	tctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -116,11 +117,16 @@ func (l *Leader) lead(ctx context.Context, epoch int64) {
 			if tctx.Err() != nil {
 				return
 			}
+			db.raised.Store(epoch)
 			start()
 			if err := db.loop.Run(tctx, epoch); err != nil {
 				cancel(err)
 			}
 		})
+	}
+	if len(l.databases) > 1 {
+		mv := &mover{l: l, epoch: epoch, leaderKey: key}
+		wg.Go(func() { mv.Run(tctx) })
 	}
 	wg.Wait()
 	err := context.Cause(tctx)

@@ -170,6 +170,9 @@ type database struct {
 	store *store.Store
 	loop  *leader.Loop
 	log   hclog.Logger
+	// raised is the epoch of the term whose fence is raised here (the
+	// move driver waits for it at both of a move's databases).
+	raised atomic.Int64
 }
 
 // New fills the defaults of cfg, validates it and builds the leader's
