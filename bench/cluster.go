@@ -58,6 +58,10 @@ type runnerOpts struct {
 	// them when empty).
 	kindCount int
 	kinds     []string
+	// databases, when set, are the runner's --database NAME=URL flags, in
+	// order, instead of --database-url with the cluster's dsn (bin/runner
+	// only).
+	databases []string
 }
 
 func (e *env) newCluster(name, dsn string, shards int) *cluster {
@@ -78,6 +82,9 @@ func (c *cluster) start(id string, o runnerOpts) (*runnerProc, error) {
 // spawn starts a runner without waiting for it, so that many can start at
 // once; waitReady then waits for each.
 func (c *cluster) spawn(id string, o runnerOpts) (*runnerProc, error) {
+	if o.kindCount > 0 && len(o.databases) > 0 {
+		return nil, fmt.Errorf("runner %s: a runner child of the bench binary takes one database", id)
+	}
 	endpoint := c.env.etcd.Endpoints()[0]
 	r := &runnerProc{id: id, logs: &linewriter.Buffer{}, done: make(chan error, 1)}
 	if o.proxy {
@@ -99,9 +106,15 @@ func (c *cluster) spawn(id string, o runnerOpts) (*runnerProc, error) {
 		}
 		return r, nil
 	}
-	args := []string{"--etcd-endpoints", endpoint, "--cluster", c.name, "--shard-count", strconv.Itoa(c.shards),
-		"--database-url", c.dsn, "--runner-id", id, "--admin-addr", r.admin, "--log-format", "json",
-		"--lease-ttl", o.leaseTTL.String(), "--recovery-window", "1s", "--handoff-timeout", "2s"}
+	args := []string{"--etcd-endpoints", endpoint, "--cluster", c.name, "--shard-count", strconv.Itoa(c.shards)}
+	if len(o.databases) == 0 {
+		args = append(args, "--database-url", c.dsn)
+	}
+	for _, d := range o.databases {
+		args = append(args, "--database", d)
+	}
+	args = append(args, "--runner-id", id, "--admin-addr", r.admin, "--log-format", "json",
+		"--lease-ttl", o.leaseTTL.String(), "--recovery-window", "1s", "--handoff-timeout", "2s")
 	if o.maxWorkers > 0 {
 		args = append(args, "--max-workers", strconv.Itoa(o.maxWorkers), "--db-max-conns", strconv.Itoa(cmp.Or(o.dbMaxConns, 8)))
 	}

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's utime and stime.
@@ -62,20 +60,7 @@ func readProcStat(pid int) (procStat, error) {
 // a backend (pgtmp does not expose it, and its data directory may belong to
 // another user).
 func (e *env) postmasterPID(ctx context.Context) (int, error) {
-	conn, err := pgx.Connect(ctx, e.pg.DSN("postgres"))
-	if err != nil {
-		return 0, fmt.Errorf("connecting to find the postmaster: %w", err)
-	}
-	defer conn.Close(ctx)
-	var backend int
-	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
-		return 0, fmt.Errorf("reading the backend pid: %w", err)
-	}
-	st, err := readProcStat(backend)
-	if err != nil {
-		return 0, fmt.Errorf("reading the backend's parent: %w", err)
-	}
-	return st.ppid, nil
+	return postmasterOf(ctx, e.pg.DSN("postgres"))
 }
 
 // procKey is a process's identity: pids are reused.

@@ -81,6 +81,7 @@ type Report struct {
 	Tracing     *tracingCost      `json:"tracing,omitempty"`
 	Idle        []idleRun         `json:"idle_queues,omitempty"`
 	Outage      *outageResult     `json:"outage,omitempty"`
+	Databases   *databasesResult  `json:"databases,omitempty"`
 	// Targets are the targets of issues 23, 26, 31, 35 and 39, judged from this run.
 	Targets []target `json:"targets"`
 	// Seconds each section took.
@@ -111,7 +112,7 @@ func main() {
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,work,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,startup,mixed,tracing,idle,outage (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,work,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,startup,mixed,tracing,idle,outage,databases (default all)")
 	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
 	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
 	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
@@ -174,6 +175,18 @@ func main() {
 	flag.DurationVar(&outageFlags.hold, "outage-hold", outageFlags.hold, "how long the frozen runner's handler holds its transaction open after CompleteTx")
 	flag.DurationVar(&outageFlags.bound, "outage-bound", outageFlags.bound, "how long a frozen-transaction trial waits for the failover (longer: reported as more than this)")
 	flag.StringVar(&outageFlags.logs, "outage-logs", "", "a directory for the runners' logs of each outage restart trial (none when empty)")
+	flag.StringVar(&databasesFlags.counts, "db-counts", databasesFlags.counts, "database counts of the databases section (one PostgreSQL server each)")
+	flag.IntVar(&databasesFlags.trials, "db-trials", databasesFlags.trials, "trials at each database count of the databases section")
+	flag.Float64Var(&databasesFlags.cores, "db-cpu", databasesFlags.cores, "cgroup v1 cpu quota of each PostgreSQL server in the databases section, in cores")
+	flag.IntVar(&databasesFlags.runnersPer, "db-runners", databasesFlags.runnersPer, "runners per database in the databases section")
+	flag.IntVar(&databasesFlags.maxWorkers, "db-max-workers", databasesFlags.maxWorkers, "--max-workers of each runner in the databases section")
+	flag.IntVar(&databasesFlags.dbMaxConns, "db-max-conns", databasesFlags.dbMaxConns, "--db-max-conns of each runner in the databases section (per database)")
+	flag.IntVar(&databasesFlags.tasksPerDB, "db-tasks", databasesFlags.tasksPerDB, "noop tasks enqueued per database before each databases trial")
+	flag.DurationVar(&databasesFlags.warmup, "db-warmup", databasesFlags.warmup, "wait after the ownership is balanced before the databases section's window")
+	flag.DurationVar(&databasesFlags.window, "db-window", databasesFlags.window, "measured window of each databases trial")
+	flag.IntVar(&databasesFlags.shares, "db-shares", databasesFlags.shares, "cpu.shares of the databases section's server groups and runner group (0: the default 1024)")
+	flag.StringVar(&databasesFlags.logs, "db-logs", "", "a directory for the runners' logs of each databases trial (none when empty)")
+	flag.BoolVar(&databasesFlags.halt, "db-halt", databasesFlags.halt, "halt one server in the last trial at the largest count and measure the others")
 	flag.IntVar(&tracingFlags.procs, "tracing-procs", tracingFlags.procs, "runner processes of the tracing section (--max-workers as in the throughput runs at that count)")
 	flag.Parse()
 	if *redraw != "" {
@@ -299,6 +312,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"tracing", func() error { return e.tracingSection(ctx, rep, trials, n) }},
 		{"idle", func() error { return e.idleSection(ctx, rep) }},
 		{"outage", func() error { return e.outageSection(ctx, rep) }},
+		{"databases", func() error { return e.databasesSection(ctx, rep) }},
 	}
 	rep.SectionSeconds = map[string]float64{}
 	benchStart := time.Now()
@@ -568,6 +582,9 @@ func printTable(w io.Writer, rep *Report) {
 	if m := rep.Mixed; m != nil {
 		printMixed(w, m)
 	}
+	if d := rep.Databases; d != nil {
+		printDatabases(w, d)
+	}
 	if c := rep.Curve; c != nil {
 		printCurve(w, c)
 	}
@@ -644,7 +661,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "features", "curve", "work", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "startup", "mixed", "tracing", "idle", "outage"} {
+	for _, name := range []string{"throughput", "features", "curve", "work", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "startup", "mixed", "tracing", "idle", "outage", "databases"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}

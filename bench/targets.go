@@ -51,6 +51,7 @@ func targets(rep *Report) []target {
 	out = append(out, workTargets(rep.Work)...)
 	out = append(out, startupTargets(rep.Startup)...)
 	out = append(out, outageTargets(rep.Outage)...)
+	out = append(out, databasesTargets(rep.Databases)...)
 	return out
 }
 
