@@ -74,6 +74,7 @@ func (c *Coordinator) Handler() http.Handler {
 	mux.HandleFunc("GET /api/schedules", auth(c.handleListSchedules))
 	mux.HandleFunc("PUT /api/schedules/{name}", auth(c.handlePutSchedule))
 	mux.HandleFunc("DELETE /api/schedules/{name}", auth(c.handleDeleteSchedule))
+	mux.HandleFunc("POST /api/shards/{n}/move", auth(c.handleMoveShard))
 	c.queueRoutes(mux, auth)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{}))
 	return httpjson.Errors(mux)

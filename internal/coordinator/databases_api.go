@@ -1,15 +1,22 @@
 package coordinator
 
 // GET /api/databases: the cluster's databases, each with the shards the
-// map places in it, its health and its tasks by state. It shows names,
+// map places in it, its health, its tasks by state and the moves under
+// way; POST /api/shards/{n}/move asks for a shard's move. It shows names,
 // never a URL, a host or a password: the page and the API are read by
 // people who have no business with the databases' credentials.
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
+	"github.com/shardrun/shardrun/internal/httpjson"
+	"github.com/shardrun/shardrun/internal/jsonbody"
+	"github.com/shardrun/shardrun/internal/leadership"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -115,4 +122,66 @@ func (c *Coordinator) handleDatabases(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, v)
+}
+
+// MoveRequest is the body of POST /api/shards/{n}/move: the database to
+// move shard n to, by name.
+type MoveRequest struct {
+	To string `json:"to"`
+}
+
+// MoveAccepted is the answer (202 Accepted) to POST /api/shards/{n}/move:
+// the move as the map records it, and the map's revision with it. The
+// leader makes the move; GET /api/databases shows it until it is done.
+type MoveAccepted struct {
+	Move     MoveView `json:"move"`
+	Revision int64    `json:"revision"`
+}
+
+// maxMoveBody bounds the body of a move request.
+const maxMoveBody = 4 << 10
+
+// handleMoveShard is POST /api/shards/{n}/move: record the intent to move
+// shard n to another database (leadership.RequestMove), which the
+// leader's move driver then makes online. 400 names a shard out of range
+// or already moving, an unknown database, or one that holds the shard
+// already.
+func (c *Coordinator) handleMoveShard(w http.ResponseWriter, r *http.Request) {
+	n, err := strconv.Atoi(r.PathValue("n"))
+	if err != nil {
+		badRequest(w, &tasks.FieldError{Field: "shard", Problem: fmt.Sprintf("%q in the path is not a shard number", r.PathValue("n"))}, false, -1)
+		return
+	}
+	body, ok := httpjson.ReadBody(w, r, maxMoveBody)
+	if !ok {
+		return
+	}
+	var req MoveRequest
+	if err := jsonbody.Decode(body, &req); err != nil {
+		badRequest(w, err, false, -1)
+		return
+	}
+	if req.To == "" {
+		badRequest(w, &tasks.FieldError{Field: "to", Problem: "the name of the database to move the shard to is required"}, false, -1)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	m, err := leadership.RequestMove(ctx, c.cfg.Client, c.cfg.Prefix, c.cfg.ShardCount, n, req.To)
+	var fe *tasks.FieldError
+	switch {
+	case errors.As(err, &fe):
+		badRequest(w, err, false, -1)
+		return
+	case err != nil:
+		if r.Context().Err() == nil {
+			c.log.Warn("recording a shard's move failed", "error", err)
+		}
+		w.Header().Set("Retry-After", retryAfter)
+		writeJSON(w, http.StatusServiceUnavailable, apiError{Error: "could not record the move in etcd; retry later"})
+		return
+	}
+	mv := m.Moves[len(m.Moves)-1]
+	c.log.Info("a shard's move was asked", "shard", mv.Shard, "from", mv.From, "to", mv.To, "revision", m.Rev)
+	writeJSON(w, http.StatusAccepted, MoveAccepted{Move: MoveView{Shard: mv.Shard, From: mv.From, To: mv.To, Phase: mv.Phase}, Revision: m.Rev})
 }

@@ -29,7 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -37,6 +37,7 @@ import (
 	"github.com/shardrun/shardrun/internal/clock"
 	"github.com/shardrun/shardrun/shard"
 	"github.com/shardrun/shardrun/store"
+	"github.com/shardrun/shardrun/tasks"
 )
 
 // Move phases, as the map records them (store.Move.Phase).
@@ -294,18 +295,12 @@ func step[T any](ctx context.Context, f func(ctx context.Context) (T, error)) (T
 	return f(sctx)
 }
 
-// MoveRequestError is a move refused as asked (an unknown database, a
-// shard outside the cluster, a shard already there or already moving):
-// the caller's mistake, named.
-type MoveRequestError struct{ Reason string }
-
-func (e *MoveRequestError) Error() string { return e.Reason }
-
 // RequestMove records the intent to move shard to database to in the
 // cluster's map under prefix (step 1: the move, phase leaving, conditioned
 // on the map's revision), for the leader's driver to make; it returns the
-// map with the move. A request that cannot be made is a
-// *MoveRequestError naming what is wrong.
+// map with the move. A request that cannot be made (an unknown database,
+// a shard outside the cluster, a shard already there or moving) is a
+// *tasks.FieldError naming the field (shard or to) and what is wrong.
 func RequestMove(ctx context.Context, etcd *clientv3.Client, prefix string, shardCount, shardID int, to string) (store.Map, error) {
 	for range 10 {
 		m, err := shard.ReadDatabases(ctx, etcd, prefix, shardCount)
@@ -314,15 +309,15 @@ func RequestMove(ctx context.Context, etcd *clientv3.Client, prefix string, shar
 		}
 		switch {
 		case shardID < 0 || shardID >= len(m.Shards):
-			return store.Map{}, &MoveRequestError{Reason: "shard " + strconv.Itoa(shardID) + " is not one of the cluster's " + strconv.Itoa(len(m.Shards)) + " shards (0-" + strconv.Itoa(len(m.Shards)-1) + ")"}
+			return store.Map{}, &tasks.FieldError{Field: "shard", Problem: fmt.Sprintf("%d is not one of the cluster's %d shards (0-%d)", shardID, len(m.Shards), len(m.Shards)-1)}
 		case !slices.Contains(m.Databases, to):
-			return store.Map{}, &MoveRequestError{Reason: fmt.Sprintf("to: the cluster has no database %q (its databases: %v)", to, m.Databases)}
+			return store.Map{}, &tasks.FieldError{Field: "to", Problem: fmt.Sprintf("the cluster has no database %q (its databases: %s)", to, strings.Join(m.Databases, ", "))}
 		case m.Shards[shardID] == to:
-			return store.Map{}, &MoveRequestError{Reason: fmt.Sprintf("shard %d is in database %s already", shardID, to)}
+			return store.Map{}, &tasks.FieldError{Field: "to", Problem: fmt.Sprintf("shard %d is in database %s already", shardID, to)}
 		}
 		for _, mv := range m.Moves {
 			if mv.Shard == shardID {
-				return store.Map{}, &MoveRequestError{Reason: fmt.Sprintf("shard %d is moving already (from %s to %s, %s)", shardID, mv.From, mv.To, mv.Phase)}
+				return store.Map{}, &tasks.FieldError{Field: "shard", Problem: fmt.Sprintf("shard %d is moving already (from %s to %s, %s)", shardID, mv.From, mv.To, mv.Phase)}
 			}
 		}
 		m.Moves = append(slices.Clone(m.Moves), store.Move{Shard: shardID, From: m.Shards[shardID], To: to, Phase: PhaseLeaving})

@@ -109,13 +109,13 @@ func TestTheLeaderMovesAShard(t *testing.T) {
 		to    string
 		want  string
 	}{
-		{9, "b", "shard 9 is not one of the cluster's 8 shards (0-7)"},
-		{1, "c", `to: the cluster has no database "c" (its databases: [a b])`},
-		{1, "a", "shard 1 is in database a already"},
+		{9, "b", "invalid shard: 9 is not one of the cluster's 8 shards (0-7)"},
+		{1, "c", `invalid to: the cluster has no database "c" (its databases: a, b)`},
+		{1, "a", "invalid to: shard 1 is in database a already"},
 	} {
 		_, err := leadership.RequestMove(ctx, cli, prefix, 8, c.shard, c.to)
-		var re *leadership.MoveRequestError
-		if !errors.As(err, &re) || err.Error() != c.want {
+		var fe *tasks.FieldError
+		if !errors.As(err, &fe) || err.Error() != c.want {
 			t.Fatalf("moving shard %d to %s: %v, want %q", c.shard, c.to, err, c.want)
 		}
 	}
@@ -123,7 +123,7 @@ func TestTheLeaderMovesAShard(t *testing.T) {
 	if err != nil || len(m.Moves) != 1 || m.Moves[0] != (store.Move{Shard: 1, From: "a", To: "b", Phase: leadership.PhaseLeaving}) {
 		t.Fatalf("the intent: %+v %v", m, err)
 	}
-	if _, err := leadership.RequestMove(ctx, cli, prefix, 8, 1, "b"); err == nil || err.Error() != "shard 1 is moving already (from a to b, leaving)" {
+	if _, err := leadership.RequestMove(ctx, cli, prefix, 8, 1, "b"); err == nil || err.Error() != "invalid shard: shard 1 is moving already (from a to b, leaving)" {
 		t.Fatalf("a second move of the shard: %v", err)
 	}
 	lead(t, cli, r)
