@@ -358,7 +358,9 @@ var overriding = map[string]bool{"tasks": true, "task_waiting": true}
 //   - one transaction at to deletes whatever of the shard an earlier
 //     attempt left, inserts the rows as they were (task records, sequences,
 //     lanes, waiting lines, claims, finished entries, unique keys, fences,
-//     and the queues they name), sets the shard arriving (peer m.From),
+//     and the queues they name; the claims' heartbeat_at now, so that a
+//     stale sweep there leaves them to their runners), sets the shard
+//     arriving (peer m.From),
 //     raises its task ids and its sequences' positions above those copied,
 //     and commits;
 //   - the transaction at from, still holding its locks, deletes every row
@@ -509,6 +511,13 @@ func insertCopy(ctx context.Context, to *Store, tx pgx.Tx, m ShardMove, cp shard
 			SELECT * FROM jsonb_populate_recordset(NULL::`+ct.table+`, $1::jsonb)`, cp.tables[ct.table]); err != nil {
 			return fmt.Errorf("inserting the shard's %s: %w", ct.table, err)
 		}
+	}
+	// The copied claims count as alive from the copy on: B's stale sweep
+	// must not requeue them before their runners see the new map (the
+	// arrival touches them again).
+	if _, err := tx.Exec(ctx, `/* shardrun.move_touch_claims */
+		UPDATE task_claims SET heartbeat_at = now() WHERE shard = $1`, m.Shard); err != nil {
+		return fmt.Errorf("touching the copied claims: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `/* shardrun.move_arriving */
 		INSERT INTO shardrun_placement AS p (shard, state, map_rev, peer) VALUES ($1, 'arriving', $2, $3)
