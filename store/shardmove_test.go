@@ -8,6 +8,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -401,4 +402,75 @@ func TestARecoveredMoveLeavesOneCopy(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A handler's transaction that recorded its task's completion (CompleteTx:
+// a mark on the claim row, the row locked until it commits) holds the
+// copy back until it commits; the mark moves with the claim, and the
+// runner's completion written at the new database finds the task
+// completed there, once.
+func TestACopyWaitsForAHandlersTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, a, b := twoDatabases(t)
+	id, err := r.Enqueue(ctx, insert("k", movedShard, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := []claims.ShardEpoch{{Shard: movedShard, Epoch: 1}}
+	if o, err := r.RaiseFences(ctx, "r1", "", term); err != nil || len(o.Raised) != 1 {
+		t.Fatalf("raise: %+v %v", o, err)
+	}
+	got, err := r.Claim(ctx, "r1", term, tasks.DefaultQueue, []string{"k"}, 1, 1)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("claim: %d %v", len(got), err)
+	}
+	ref := claims.RefOf(got[0])
+	handler, err := a.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = handler.Rollback(ctx) }()
+	if res, err := r.CompleteTx(ctx, handler, "r1", claims.Completion{Ref: ref}); err != nil || res.Outcome != claims.Applied {
+		t.Fatalf("CompleteTx: %+v %v", res, err)
+	}
+	mv := store.ShardMove{Shard: movedShard, From: "a", To: "b", MapRev: 2, Epoch: leaderEpoch}
+	if err := a.LeaveShard(ctx, mv); err != nil {
+		t.Fatal(err)
+	}
+	copied := make(chan error, 1)
+	go func() {
+		_, err := store.CopyShard(ctx, a, b, mv)
+		copied <- err
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for rows(t, a, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+		AND query LIKE '%shardrun.move_lock_claims%' AND wait_event_type = 'Lock'`) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the copy never waited for the handler's transaction")
+		}
+		select {
+		case err := <-copied:
+			t.Fatalf("the copy ended while the handler's transaction held the claim: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := handler.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-copied; err != nil {
+		t.Fatal(err)
+	}
+	r.SetMap(moveTo(r, movedShard, "b", 3))
+	mv.MapRev = 3
+	if err := b.ArriveShard(ctx, mv); err != nil {
+		t.Fatal(err)
+	}
+	if res := outcomes(t)(r.Complete(ctx, "r1", []claims.Completion{{Ref: ref}})); res[0] != claims.Completed && res[0] != claims.Applied {
+		t.Fatalf("the runner's completion at b: %v", res)
+	}
+	if task := get(t, b, id); task.State != tasks.Completed || task.Attempt != 1 {
+		t.Fatalf("task at b: %s at attempt %d, want completed at its first", task.State, task.Attempt)
+	}
+	only(t, id, b, a)
 }
