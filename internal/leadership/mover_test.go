@@ -198,3 +198,33 @@ func halfCopy(t *testing.T, from, to *store.Store, shardID int) {
 		t.Fatal(err)
 	}
 }
+
+// A move the databases refuse (here the destination says it holds the
+// shard already) is rolled back: the source holds the shard again, its
+// fences not moving, and the move leaves the map with the shard where it
+// was.
+func TestAMoveTheDatabasesRefuseIsRolledBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cli, r, st, ids := cluster(t)
+	if _, err := st["b"].Pool().Exec(ctx, `INSERT INTO shardrun_placement (shard, state) VALUES (1, 'held')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leadership.RequestMove(ctx, cli, prefix, 8, 1, "b"); err != nil {
+		t.Fatal(err)
+	}
+	lead(t, cli, r)
+	moved(t, cli, 1, "a")
+	p, _, err := st["a"].PlacementOf(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var moving, n int
+	if err := st["a"].Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM shard_fences WHERE shard = 1 AND moving),
+		(SELECT count(*) FROM tasks WHERE id = ANY ($1))`, ids[1]).Scan(&moving, &n); err != nil {
+		t.Fatal(err)
+	}
+	if p.State != store.PlacementHeld || moving != 0 || n != len(ids[1]) {
+		t.Fatalf("after the rollback a's shard 1 is %s, %d fence rows moving, %d of its %d tasks", p.State, moving, n, len(ids[1]))
+	}
+}
