@@ -41,9 +41,10 @@ type databasesOpts struct {
 	// halt: in the last trial at the largest count, one server is halted
 	// after the window and the others' throughput measured again.
 	halt bool
-	// shares is the cpu.shares of the servers' groups and of the runners'
-	// group (0: the default, 1024), so that other work on the machine
-	// does not take the CPU their quota gives them.
+	// shares is the cpu.shares of the servers' groups and of the group of
+	// the bench process (etcd) and the runners (0: the default, 1024), so
+	// that other work on the machine does not take the CPU their quota
+	// gives them.
 	shares int
 	// logs is a directory for each trial's runner logs (none when empty).
 	logs string
@@ -184,16 +185,22 @@ func (e *env) databasesSection(ctx context.Context, rep *Report) error {
 		return err
 	}
 	defer stop()
-	runnersCPU, err := newCPUCap(fmt.Sprintf("shardrun-bench-%d-runners", os.Getpid()), 0, dbCPUPeriod, o.shares)
+	// The bench process (the embedded etcd) and the runners in one group
+	// of the same cpu.shares: other work must not starve etcd either (the
+	// runners' leases), and the group is left when the section ends.
+	runnersCPU, err := newCPUCap(fmt.Sprintf("shardrun-bench-%d-bench", os.Getpid()), 0, dbCPUPeriod, o.shares)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = runnersCPU.remove() }()
+	if err := runnersCPU.add(os.Getpid()); err != nil {
+		return err
+	}
 	res.CPUSource = "cgroup cpuacct.usage"
 	if _, ok := servers[0].cpu.usage(); !ok {
 		res.CPUSource = "/proc of each postmaster and its children (no cpuacct controller)"
 	}
-	rep.Notes = append(rep.Notes, fmt.Sprintf("databases section: %d PostgreSQL 15 servers started alike (durable, shared_buffers 128MB), each in a cgroup v1 cpu group of its own capped at %.2f core (cpu.cfs_quota_us %d over cpu.cfs_period_us %d, cpu.shares %d; the runners in one group of cpu.shares %d, no quota); the postmaster and its children moved in before any trial, backends born in it. "+
+	rep.Notes = append(rep.Notes, fmt.Sprintf("databases section: %d PostgreSQL 15 servers started alike (durable, shared_buffers 128MB), each in a cgroup v1 cpu group of its own capped at %.2f core (cpu.cfs_quota_us %d over cpu.cfs_period_us %d, cpu.shares %d; the bench process, with its embedded etcd, and the runners in one group of cpu.shares %d, no quota); the postmaster and its children moved in before any trial, backends born in it. "+
 		"A trial at N databases creates a fresh database on each of the first N servers, one cluster over them (--database db1=URL ... in that order: shards spread in contiguous ranges), enqueues %d noop tasks per database through the library client (Config.Databases: each batch split by shard), then starts %d runner(s) per database (--max-workers %d, --db-max-conns %d), waits until every shard is owned and the ownership balanced, waits %s, and counts the tasks each database finished (finished_at) in a window of %s; PostgreSQL CPU per task is the servers' CPU in the window (%s) over those tasks; the trials at each count run interleaved (1, 2, 3, 1, 2, 3...)",
 		len(servers), o.cores, int64(o.cores*float64(dbCPUPeriod.Microseconds())), dbCPUPeriod.Microseconds(), o.shares, o.shares, o.tasksPerDB, o.runnersPer, o.maxWorkers, o.dbMaxConns, o.warmup, o.window, res.CPUSource))
 	for trial := range o.trials {

@@ -184,7 +184,7 @@ func main() {
 	flag.IntVar(&databasesFlags.tasksPerDB, "db-tasks", databasesFlags.tasksPerDB, "noop tasks enqueued per database before each databases trial")
 	flag.DurationVar(&databasesFlags.warmup, "db-warmup", databasesFlags.warmup, "wait after the ownership is balanced before the databases section's window")
 	flag.DurationVar(&databasesFlags.window, "db-window", databasesFlags.window, "measured window of each databases trial")
-	flag.IntVar(&databasesFlags.shares, "db-shares", databasesFlags.shares, "cpu.shares of the databases section's server groups and runner group (0: the default 1024)")
+	flag.IntVar(&databasesFlags.shares, "db-shares", databasesFlags.shares, "cpu.shares of the databases section's server groups and of its group of the bench process (etcd) and the runners (0: the default 1024)")
 	flag.StringVar(&databasesFlags.logs, "db-logs", "", "a directory for the runners' logs of each databases trial (none when empty)")
 	flag.BoolVar(&databasesFlags.halt, "db-halt", databasesFlags.halt, "halt one server in the last trial at the largest count and measure the others")
 	flag.IntVar(&tracingFlags.procs, "tracing-procs", tracingFlags.procs, "runner processes of the tracing section (--max-workers as in the throughput runs at that count)")
