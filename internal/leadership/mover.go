@@ -55,6 +55,9 @@ const (
 // database did not answer).
 const movePoll = 500 * time.Millisecond
 
+// moveBackoffMax bounds the wait after failed passes.
+const moveBackoffMax = 10 * time.Second
+
 // moveStepTimeout bounds one database step (the copy waits for the
 // runners' writes and the handlers' transactions that hold its rows).
 const moveStepTimeout = 2 * time.Minute
@@ -68,14 +71,21 @@ type mover struct {
 	leaderKey string
 }
 
-// Run drives the moves until ctx (the term) ends.
+// Run drives the moves until ctx (the term) ends: a pass every movePoll,
+// and after a failed step (a database or etcd away) again with a backoff
+// up to moveBackoffMax.
 func (mv *mover) Run(ctx context.Context) {
 	log := mv.l.cfg.Logger
+	backoff := clock.Backoff{Min: movePoll, Max: moveBackoffMax}
 	for {
+		wait := movePoll
 		if err := mv.pass(ctx); err != nil && ctx.Err() == nil {
-			log.Warn("a move's step failed; retrying", "error", err)
+			wait = backoff.Next()
+			log.Warn("a move's step failed; retrying", "error", err, "backoff", wait)
+		} else {
+			backoff.Reset()
 		}
-		if !clock.Sleep(mv.l.cfg.Clock, movePoll, ctx.Done()) {
+		if !clock.Sleep(mv.l.cfg.Clock, wait, ctx.Done()) {
 			return
 		}
 	}
