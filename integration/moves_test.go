@@ -36,16 +36,17 @@ func keysOfShard(s, n int, tag string) []string {
 
 // producer posts batches of sleep tasks into one shard through the API
 // until stopped, each batch again after a 503 (the shard's database
-// refused it while the shard left: SR001), and remembers every key it
-// sent.
+// refused it while the shard left: SR001), and remembers the keys of the
+// batches accepted, and of the one it was still sending when stopped.
 type producer struct {
 	c     *cluster
 	coord *proc
 	shard int
 
-	mu      sync.Mutex
-	sent    []string
-	refused int
+	mu       sync.Mutex
+	accepted []string
+	unsent   []string
+	refused  int
 }
 
 // Run produces until ctx ends.
@@ -57,15 +58,20 @@ func (p *producer) Run(ctx context.Context) {
 			batch[i] = map[string]any{"kind": "sleep", "key": k, "payload": json.RawMessage(`{"ms": 20}`), "max_attempts": 3}
 		}
 		body, _ := json.Marshal(batch)
-		p.mu.Lock()
-		p.sent = append(p.sent, keys...)
-		p.mu.Unlock()
-		for ctx.Err() == nil {
+		for {
+			if ctx.Err() != nil {
+				p.mu.Lock()
+				p.unsent = keys
+				p.mu.Unlock()
+				return
+			}
 			code, _ := testutil.HTTP(p.c.t, "POST", "http://"+p.coord.addr+"/api/tasks", apiToken, string(body))
+			p.mu.Lock()
 			if code == 201 {
+				p.accepted = append(p.accepted, keys...)
+				p.mu.Unlock()
 				break
 			}
-			p.mu.Lock()
 			p.refused++
 			p.mu.Unlock()
 			select {
@@ -153,11 +159,15 @@ func TestMoveAShardUnderLoad(t *testing.T) {
 		return c.completedIn("second", after) == len(after)
 	})
 	p.mu.Lock()
-	sent, refused := len(p.sent), p.refused
-	n := c.expectSent(p.sent)
+	accepted, unsent, refused := p.accepted, p.unsent, p.refused
 	p.mu.Unlock()
-	if n != sent {
-		t.Errorf("%d tasks sent and accepted or refused, %d found: a task sent twice after a refusal?", sent, n)
+	if n := c.countIn("main", `SELECT count(*) FROM tasks WHERE key = ANY ($1)`, unsent) +
+		c.countIn("second", `SELECT count(*) FROM tasks WHERE key = ANY ($1)`, unsent); n != 0 {
+		t.Errorf("%d tasks of a batch refused until the producer stopped were stored", n)
+	}
+	n := c.expectSent(accepted)
+	if n != len(accepted) {
+		t.Errorf("%d tasks accepted, %d found: a batch stored twice after a refusal?", len(accepted), n)
 	}
 	if left := c.countIn("main", `SELECT count(*) FROM tasks WHERE shard = $1`, moved); left != 0 {
 		t.Errorf("%d tasks of the moved shard left in main", left)

@@ -13,14 +13,16 @@ package store
 //	leave    A         placement row FOR UPDATE NOWAIT (a producer holds
 //	                   it: ErrPlacementBusy, try later); leaving; the
 //	                   fence rows moving (no claim takes from them)
-//	copy     A, B      A: placement FOR UPDATE NOWAIT, then fences,
-//	                   claims, records, sequences FOR UPDATE (the one
-//	                   lock order), everything of the shard read; B, one
-//	                   transaction: leftovers deleted, the copy inserted
-//	                   (triggers off: the rows as they were), arriving,
-//	                   ids and sequence positions raised; commit B
+//	copy     A, B      A: fences, claims, records, sequences FOR UPDATE
+//	                   (the one lock order), everything of the shard
+//	                   read; B, one transaction: leftovers deleted, the
+//	                   copy inserted (triggers off: the rows as they
+//	                   were), arriving, ids and sequence positions
+//	                   raised; commit B
 //	commit   A         the same transaction: every row of the shard
-//	                   deleted, gone (peer B); commit A: the commit point
+//	                   deleted; the placement row FOR UPDATE NOWAIT (a
+//	                   few tries: a producer's refused insert holds it a
+//	                   moment), gone (peer B); commit A: the commit point
 //	arrive   B         held, fences not moving, claims heartbeat_at now
 //	rollback A, B      A: held, fences not moving; B: the arriving copy
 //	                   deleted (DropArriving)
@@ -62,9 +64,9 @@ func (m ShardMove) String() string {
 	return fmt.Sprintf("shard %d from database %s to %s", m.Shard, m.From, m.To)
 }
 
-// ErrPlacementBusy: the leave (or the copy) found the shard's placement
-// row locked by another transaction, a producer's insert most likely; the
-// step never waits for a producer: try it again later.
+// ErrPlacementBusy: the leave (or the copy's commit) found the shard's
+// placement row locked by another transaction, a producer's insert most
+// likely; the step never waits for a producer: try it again later.
 var ErrPlacementBusy = errors.New("store: the shard's placement row is locked by another transaction (a producer's); try the move's step again later")
 
 // ErrShardGone: the source database gave the shard away already (its
@@ -348,13 +350,12 @@ var overriding = map[string]bool{"tasks": true, "task_waiting": true}
 // CopyShard is the move's copy and commit (steps 3 and 4) of shard m.Shard
 // from database from to database to (m.From and m.To by name):
 //
-//   - a transaction at from locks the shard's placement row FOR UPDATE
-//     NOWAIT (ErrPlacementBusy: a producer's transaction holds it; try
-//     again later), requires it leaving for m.To (gone: ErrShardGone, the
-//     move committed), locks its fence rows, claim rows, task records and
-//     sequences FOR UPDATE, in the one lock order (waiting for the
-//     runners' writes under way and the handlers' transactions that hold
-//     a CompleteTx mark), and reads every row of the shard;
+//   - a transaction at from requires the shard's placement leaving for
+//     m.To (gone: ErrShardGone, the move committed), locks its fence rows,
+//     claim rows, task records and sequences FOR UPDATE, in the one lock
+//     order (waiting for the runners' writes under way and the handlers'
+//     transactions that hold a CompleteTx mark), and reads every row of
+//     the shard;
 //   - one transaction at to deletes whatever of the shard an earlier
 //     attempt left, inserts the rows as they were (task records, sequences,
 //     lanes, waiting lines, claims, finished entries, unique keys, fences,
@@ -364,8 +365,17 @@ var overriding = map[string]bool{"tasks": true, "task_waiting": true}
 //     raises its task ids and its sequences' positions above those copied,
 //     and commits;
 //   - the transaction at from, still holding its locks, deletes every row
-//     of the shard, sets it gone (peer m.To) and commits: the move's
+//     of the shard, locks its placement row FOR UPDATE NOWAIT (tried a
+//     few times: a producer's refused insert holds it FOR SHARE until its
+//     transaction ends; still held: ErrPlacementBusy, the copy is made
+//     again later), sets it gone (peer m.To) and commits: the move's
 //     commit point.
+//
+// No producer waits for the copy: the placement row is locked only for
+// the commit, as briefly as the leave locks it. (Locked for the whole
+// copy, it would hold back producers' inserts, which then fail; locked
+// without NOWAIT at the commit, it could wait for a fence raise that
+// holds it FOR SHARE and waits for the copy's fence rows.)
 //
 // Each transaction holds its database's coordinator fence at m.Epoch FOR
 // SHARE (ErrNotLeader). A failure before from's commit leaves the shard
@@ -389,10 +399,14 @@ func copyShard(ctx context.Context, from, to *Store, m ShardMove) (Copied, error
 	if err := lockLeaderFence(ctx, tx, m.Epoch); err != nil {
 		return Copied{}, fmt.Errorf("at database %s: %w", m.From, err)
 	}
-	state, peer, err := lockPlacement(ctx, tx, m.Shard)
-	if err != nil {
+	var state, peer string
+	var p *string
+	err = tx.QueryRow(ctx, `/* shardrun.move_read_placement */
+		SELECT state, peer FROM shardrun_placement WHERE shard = $1`, m.Shard).Scan(&state, &p)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return Copied{}, fmt.Errorf("at database %s: %w", m.From, err)
 	}
+	peer = deref(p)
 	switch {
 	case state == PlacementGone:
 		return Copied{}, ErrShardGone
@@ -413,6 +427,9 @@ func copyShard(ctx context.Context, from, to *Store, m ShardMove) (Copied, error
 	if _, err := deleteShardRows(ctx, tx, m.Shard); err != nil {
 		return Copied{}, fmt.Errorf("deleting the shard's rows at database %s: %w", m.From, err)
 	}
+	if err := lockPlacementBriefly(ctx, tx, m.Shard); err != nil {
+		return Copied{}, fmt.Errorf("locking the shard's placement at database %s: %w", m.From, err)
+	}
 	if _, err := tx.Exec(ctx, `/* shardrun.move_gone */
 		UPDATE shardrun_placement SET state = 'gone', peer = $2, map_rev = $3, changed_at = now() WHERE shard = $1`,
 		m.Shard, m.To, m.MapRev); err != nil {
@@ -422,6 +439,39 @@ func copyShard(ctx context.Context, from, to *Store, m ShardMove) (Copied, error
 		return Copied{}, fmt.Errorf("committing the move at database %s (whether it committed is A's placement row's to say): %w", m.From, err)
 	}
 	return Copied{Tasks: cp.tasks, MaxID: cp.maxID}, nil
+}
+
+// placementTries and placementPause: how often, and how far apart, the
+// copy's commit asks for the placement row without waiting.
+const (
+	placementTries = 20
+	placementPause = 10 * time.Millisecond
+)
+
+// lockPlacementBriefly locks shard's placement row FOR UPDATE NOWAIT in
+// tx, each try in a savepoint (a refusal would end tx), a few times a
+// few milliseconds apart; still held by another transaction:
+// ErrPlacementBusy.
+func lockPlacementBriefly(ctx context.Context, tx pgx.Tx, shard int) error {
+	for try := 1; ; try++ {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		_, _, err = lockPlacement(ctx, sp, shard)
+		if err == nil {
+			return sp.Commit(ctx)
+		}
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			return rerr
+		}
+		if !errors.Is(err, ErrPlacementBusy) || try == placementTries {
+			return err
+		}
+		if err := sleepCtx(ctx, placementPause); err != nil {
+			return err
+		}
+	}
 }
 
 // errAbandoned is a test's driver that stopped between the two commits.

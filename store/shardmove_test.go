@@ -406,9 +406,9 @@ func TestARecoveredMoveLeavesOneCopy(t *testing.T) {
 
 // A handler's transaction that recorded its task's completion (CompleteTx:
 // a mark on the claim row, the row locked until it commits) holds the
-// copy back until it commits; the mark moves with the claim, and the
-// runner's completion written at the new database finds the task
-// completed there, once.
+// copy back until it commits, while a producer is refused at once; the
+// mark moves with the claim, and the runner's completion written at the
+// new database finds the task completed there, once.
 func TestACopyWaitsForAHandlersTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -455,6 +455,18 @@ func TestACopyWaitsForAHandlersTransaction(t *testing.T) {
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
+	// A producer meanwhile is refused at once, not held back by the copy.
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = r.Enqueue(pctx, insert("k", movedShard, 3))
+	cancel()
+	if !store.NotHeld(err) {
+		t.Fatalf("a producer during the copy: %v, want SR001 at once", err)
+	}
+	select {
+	case err := <-copied:
+		t.Fatalf("the copy ended while the handler's transaction held the claim: %v", err)
+	default:
+	}
 	if err := handler.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -471,6 +483,55 @@ func TestACopyWaitsForAHandlersTransaction(t *testing.T) {
 	}
 	if task := get(t, b, id); task.State != tasks.Completed || task.Attempt != 1 {
 		t.Fatalf("task at b: %s at attempt %d, want completed at its first", task.State, task.Attempt)
+	}
+	only(t, id, b, a)
+}
+
+// A transaction that holds the shard's placement row (a producer's, whose
+// insert was refused and which has not ended yet) makes the copy's commit
+// give up without waiting (ErrPlacementBusy): nothing committed at the
+// source, the copy at the destination arriving; once it ends, the copy
+// is made again and commits.
+func TestACopyNeverWaitsForTheProducersPlacementLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, a, b := twoDatabases(t)
+	id, err := r.Enqueue(ctx, insert("k", movedShard, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mv := store.ShardMove{Shard: movedShard, From: "a", To: "b", MapRev: 2, Epoch: leaderEpoch}
+	if err := a.LeaveShard(ctx, mv); err != nil {
+		t.Fatal(err)
+	}
+	producer, err := a.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = producer.Rollback(ctx) }()
+	if _, err := producer.Exec(ctx, `SELECT 1 FROM shardrun_placement WHERE shard = $1 FOR SHARE`, movedShard); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.CopyShard(ctx, a, b, mv); !errors.Is(err, store.ErrPlacementBusy) {
+		t.Fatalf("a copy while a producer holds the placement row: %v, want ErrPlacementBusy", err)
+	}
+	if p := placementOf(t, a, movedShard); p != store.PlacementLeaving {
+		t.Fatalf("a's placement %s after the copy gave up, want leaving", p)
+	}
+	if p := placementOf(t, b, movedShard); p != store.PlacementArriving {
+		t.Fatalf("b's placement %s after the copy gave up, want arriving", p)
+	}
+	if !has(t, a, id) || !has(t, b, id) {
+		t.Fatalf("task %d: at a %v, its copy at b %v; want both (nothing committed at a)", id, has(t, a, id), has(t, b, id))
+	}
+	if err := producer.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DropArriving(ctx, mv); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.CopyShard(ctx, a, b, mv); err != nil {
+		t.Fatal(err)
 	}
 	only(t, id, b, a)
 }
