@@ -38,6 +38,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -88,6 +89,12 @@ const moveCopySetting = `SELECT set_config('shardrun.move_copy', 'on', true)`
 // placement row and the copy for its locks when the caller's context does
 // not: runners' writes and handlers' transactions (HandlerTxTimeout) end.
 const moveLockTimeout = 30 * time.Second
+
+// copyIdleTimeout bounds how long the copy's transaction at the source
+// may sit idle while the destination's transaction runs: a driver frozen
+// there holds the shard's locks (and the next leader's fence raise at the
+// source) this long at most.
+const copyIdleTimeout = 2 * time.Minute
 
 // PlacementOf reads shard's placement row; ok false: the database has
 // none (it never held the shard).
@@ -397,6 +404,13 @@ func copyShard(ctx context.Context, from, to *Store, m ShardMove) (Copied, error
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if err := lockLeaderFence(ctx, tx, m.Epoch); err != nil {
+		return Copied{}, fmt.Errorf("at database %s: %w", m.From, err)
+	}
+	// The transaction is idle while B's transaction inserts the copy:
+	// the pool's idle_in_transaction_session_timeout (seconds: a frozen
+	// process holds no lock for long) would end it under a large copy.
+	if _, err := tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
+		strconv.FormatInt(copyIdleTimeout.Milliseconds(), 10)); err != nil {
 		return Copied{}, fmt.Errorf("at database %s: %w", m.From, err)
 	}
 	var state, peer string

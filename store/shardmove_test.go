@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/shardrun/shardrun/internal/claims"
+	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -531,6 +532,67 @@ func TestACopyNeverWaitsForTheProducersPlacementLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := store.CopyShard(ctx, a, b, mv); err != nil {
+		t.Fatal(err)
+	}
+	only(t, id, b, a)
+}
+
+// The copy's transaction at the source sits idle while the destination's
+// transaction runs; a slow destination (here its placement row held by
+// another transaction) does not get it ended by the pool's
+// idle_in_transaction_session_timeout.
+func TestASlowDestinationDoesNotEndTheCopy(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	m := store.NewMap([]string{"a", "b"}, 8)
+	m.Rev = 1
+	r, st := pgtest.NewCluster(t, store.Options{MaxConns: 10, IdleInTxTimeout: 300 * time.Millisecond}, m)
+	a, b := st["a"], st["b"]
+	if ok, err := r.RaiseLeaderFence(ctx, "test-coordinator", leaderEpoch); err != nil || !ok {
+		t.Fatalf("raising the coordinator fence: %v %v", ok, err)
+	}
+	id, err := r.Enqueue(ctx, insert("k", movedShard, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mv := store.ShardMove{Shard: movedShard, From: "a", To: "b", MapRev: 2, Epoch: leaderEpoch}
+	if err := a.LeaveShard(ctx, mv); err != nil {
+		t.Fatal(err)
+	}
+	notHeld(t, b, movedShard, store.PlacementGone, "a")
+	hold, err := b.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hold.Rollback(ctx) }()
+	if _, err := hold.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '0', true)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hold.Exec(ctx, `SELECT 1 FROM shardrun_placement WHERE shard = $1 FOR UPDATE`, movedShard); err != nil {
+		t.Fatal(err)
+	}
+	copied := make(chan error, 1)
+	go func() {
+		_, err := store.CopyShard(ctx, a, b, mv)
+		copied <- err
+	}()
+	// The source's transaction idle for twice the pool's timeout.
+	deadline := time.Now().Add(20 * time.Second)
+	for rows(t, a, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+		AND state = 'idle in transaction' AND now() - state_change > interval '600 milliseconds'`) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the copy's transaction at the source never sat idle")
+		}
+		select {
+		case err := <-copied:
+			t.Fatalf("the copy ended while the destination's placement row was held: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-copied; err != nil {
 		t.Fatal(err)
 	}
 	only(t, id, b, a)
