@@ -139,6 +139,11 @@ func (mv *mover) drive(ctx context.Context, move store.Move) error {
 	if err != nil {
 		return err
 	}
+	if src.State == store.PlacementGone && src.Peer != move.To {
+		// Never finish a move toward where the shard did not go.
+		return fmt.Errorf("database %s gave the shard to %s, not %s: the map and the databases disagree; the move waits for an operator",
+			move.From, src.Peer, move.To)
+	}
 	if src.State != store.PlacementGone {
 		// Not committed: B's copy of an earlier attempt goes, then the
 		// leave (again: it is idempotent) and the copy.
