@@ -117,6 +117,10 @@ type dbShare struct {
 	// Left is the database's unfinished noop tasks at the window's end
 	// (the backlog did not drain: the window is converged throughput).
 	Left int `json:"unfinished_at_window_end"`
+	// Autovacuums and Autoanalyzes of the database's tables that ended in
+	// the window: their CPU is in the server's.
+	Autovacuums  int64 `json:"autovacuums"`
+	Autoanalyzes int64 `json:"autoanalyzes"`
 }
 
 type dbSummary struct {
@@ -201,7 +205,7 @@ func (e *env) databasesSection(ctx context.Context, rep *Report) error {
 		res.CPUSource = "/proc of each postmaster and its children (no cpuacct controller)"
 	}
 	rep.Notes = append(rep.Notes, fmt.Sprintf("databases section: %d PostgreSQL 15 servers started alike (durable, shared_buffers 128MB), each in a cgroup v1 cpu group of its own capped at %.2f core (cpu.cfs_quota_us %d over cpu.cfs_period_us %d, cpu.shares %d; the bench process, with its embedded etcd, and the runners in one group of cpu.shares %d, no quota); the postmaster and its children moved in before any trial, backends born in it. "+
-		"A trial at N databases creates a fresh database on each of the first N servers, one cluster over them (--database db1=URL ... in that order: shards spread in contiguous ranges), enqueues %d noop tasks per database through the library client (Config.Databases: each batch split by shard), then starts %d runner(s) per database (--max-workers %d, --db-max-conns %d), waits until every shard is owned and the ownership balanced, waits %s, and counts the tasks each database finished (finished_at) in a window of %s; PostgreSQL CPU per task is the servers' CPU in the window (%s) over those tasks; the trials at each count run interleaved (1, 2, 3, 1, 2, 3...)",
+		"A trial at N databases creates a fresh database on each of the first N servers, one cluster over them (--database db1=URL ... in that order: shards spread in contiguous ranges), enqueues %d noop tasks per database through the library client (Config.Databases: each batch split by shard), runs VACUUM (ANALYZE) on each database (so that the backlog's insert does not set autovacuum off inside the quota during the window), then starts %d runner(s) per database (--max-workers %d, --db-max-conns %d), waits until every shard is owned and the ownership balanced, waits %s, and counts the tasks each database finished (finished_at) in a window of %s; PostgreSQL CPU per task is the servers' CPU in the window (%s) over those tasks; the trials at each count run interleaved (1, 2, 3, 1, 2, 3...)",
 		len(servers), o.cores, int64(o.cores*float64(dbCPUPeriod.Microseconds())), dbCPUPeriod.Microseconds(), o.shares, o.shares, o.tasksPerDB, o.runnersPer, o.maxWorkers, o.dbMaxConns, o.warmup, o.window, res.CPUSource))
 	for trial := range o.trials {
 		for _, n := range counts {
@@ -211,8 +215,8 @@ func (e *env) databasesSection(ctx context.Context, rep *Report) error {
 				return fmt.Errorf("%d database(s), trial %d: %w", n, trial+1, err)
 			}
 			res.Trials = append(res.Trials, t)
-			fmt.Fprintf(e.log, "  %d database(s), trial %d: %.0f tasks/s (%s), PostgreSQL CPU %.2f s per 10k tasks, %s of quota, throttled %s of periods; runners %.0f%%, bench+etcd %.0f%%, machine %.0f%% of a core; converged in %.2fs, enqueue %.0f rows/s\n",
-				n, trial+1, t.TasksPerS, shareRates(t.PerDatabase), t.PGCPUPer10k, shareQuota(t.PerDatabase), shareThrottled(t.PerDatabase),
+			fmt.Fprintf(e.log, "  %d database(s), trial %d: %.0f tasks/s (%s), PostgreSQL CPU %.2f s per 10k tasks, %s of quota, throttled %s of periods, autovacuums %s; runners %.0f%%, bench+etcd %.0f%%, machine %.0f%% of a core; converged in %.2fs, enqueue %.0f rows/s\n",
+				n, trial+1, t.TasksPerS, shareRates(t.PerDatabase), t.PGCPUPer10k, shareQuota(t.PerDatabase), shareThrottled(t.PerDatabase), shareVacuums(t.PerDatabase),
 				t.RunnersCPUPct, t.BenchCPUPct, t.MachineBusyPct, t.ConvergedS, t.EnqueuePerS)
 			if h != nil {
 				res.Halt = h
@@ -371,6 +375,13 @@ func (e *env) databasesTrial(ctx context.Context, servers []*cappedServer, runne
 	if err := client.Close(); err != nil {
 		return t, nil, fmt.Errorf("closing the library client: %w", err)
 	}
+	// So that the backlog's insert does not set autovacuum off on the
+	// tables in the window, inside the server's quota.
+	for _, d := range dbs {
+		if _, err := d.Pool.Exec(ctx, benchTag+"VACUUM (ANALYZE)"); err != nil {
+			return t, nil, fmt.Errorf("vacuuming %s after the enqueue: %w", d.Name, err)
+		}
+	}
 
 	c := e.newCluster(name, "", 256)
 	defer c.stop()
@@ -468,12 +479,6 @@ func measureDBWindow(ctx context.Context, servers []*cappedServer, dbs []shardru
 		busyS          float64
 		machineOK      bool
 	}
-	var pgcs []*pgCPU
-	if _, ok := servers[0].cpu.usage(); !ok {
-		for _, s := range servers {
-			pgcs = append(pgcs, startPGCPU(s.postmaster))
-		}
-	}
 	read := func() reading {
 		r := reading{at: time.Now()}
 		for _, s := range servers {
@@ -493,6 +498,28 @@ func measureDBWindow(ctx context.Context, servers []*cappedServer, dbs []shardru
 		r.busyS, r.machineOK = busy, err == nil
 		return r
 	}
+	vacuums := func() ([][2]int64, error) {
+		var out [][2]int64
+		for i, d := range dbs {
+			var v [2]int64
+			if err := d.Pool.QueryRow(ctx, benchTag+`SELECT coalesce(sum(autovacuum_count), 0)::bigint, coalesce(sum(autoanalyze_count), 0)::bigint
+				FROM pg_stat_user_tables`).Scan(&v[0], &v[1]); err != nil {
+				return nil, fmt.Errorf("reading %s's autovacuum counts: %w", servers[i].name, err)
+			}
+			out = append(out, v)
+		}
+		return out, nil
+	}
+	va, err := vacuums()
+	if err != nil {
+		return dbWindow{}, err
+	}
+	var pgcs []*pgCPU
+	if _, ok := servers[0].cpu.usage(); !ok {
+		for _, s := range servers {
+			pgcs = append(pgcs, startPGCPU(s.postmaster))
+		}
+	}
 	a := read()
 	if err := sleepCtx(ctx, window); err != nil {
 		for _, p := range pgcs {
@@ -504,6 +531,10 @@ func measureDBWindow(ctx context.Context, servers []*cappedServer, dbs []shardru
 	var procCPU []float64
 	for _, p := range pgcs {
 		procCPU = append(procCPU, p.stop())
+	}
+	vb, err := vacuums()
+	if err != nil {
+		return dbWindow{}, err
 	}
 	w := dbWindow{seconds: b.at.Sub(a.at).Seconds()}
 	w.runnersPct = (b.runners - a.runners) / w.seconds * 100
@@ -517,7 +548,7 @@ func measureDBWindow(ctx context.Context, servers []*cappedServer, dbs []shardru
 		}
 	}
 	for i, s := range servers {
-		sh := dbShare{Name: s.name, PGCPUS: b.pg[i] - a.pg[i]}
+		sh := dbShare{Name: s.name, PGCPUS: b.pg[i] - a.pg[i], Autovacuums: vb[i][0] - va[i][0], Autoanalyzes: vb[i][1] - va[i][1]}
 		if procCPU != nil {
 			sh.PGCPUS = procCPU[i]
 		}
@@ -587,7 +618,7 @@ func summarizeDatabases(trials []dbTrial, counts []int) []dbSummary {
 		if n == 1 {
 			one = s.Median
 		}
-		if one > 0 {
+		if one > 0 && n > 1 {
 			s.RatioToOne = s.Median / one
 			s.Goal = 0.9 * float64(n)
 			s.Met = s.RatioToOne >= s.Goal
@@ -609,6 +640,14 @@ func shareQuota(shares []dbShare) string {
 	var parts []string
 	for _, s := range shares {
 		parts = append(parts, fmt.Sprintf("%.2f", s.PGCPUOfQuota))
+	}
+	return strings.Join(parts, "/")
+}
+
+func shareVacuums(shares []dbShare) string {
+	var parts []string
+	for _, s := range shares {
+		parts = append(parts, fmt.Sprintf("%d+%d", s.Autovacuums, s.Autoanalyzes))
 	}
 	return strings.Join(parts, "/")
 }
