@@ -166,7 +166,8 @@ func TestTwoDatabases(t *testing.T) {
 	}
 	slices.Reverse(desc)
 	if !slices.Equal(asc, desc) {
-		t.Errorf("the listing in descending order is not the ascending one reversed (%d and %d ids)", len(asc), len(desc))
+		t.Errorf("the listing in descending order is not the ascending one reversed (%d and %d ids): only ascending %v, only descending %v",
+			len(asc), len(desc), onlyIn(asc, desc), onlyIn(desc, asc))
 	}
 	code, body := testutil.HTTP(t, "GET", "http://"+coord.addr+"/api/tasks/count?kind=noop", apiToken, "")
 	if code != 200 || !strings.Contains(body, `"count":200`) {
@@ -343,4 +344,15 @@ func TestADatabaseDownPausesOnlyItsShards(t *testing.T) {
 	c.report("one database down", s, fmt.Sprintf("main's tasks %.0f/s with both up, %.0f/s with second down (%s)",
 		before, during, down.Round(100*time.Millisecond)))
 	t.Logf("FIGURE main's completion rate with second down: %.0f/s, against %.0f/s with both up (%d tasks each)", during, before, n)
+}
+
+// onlyIn lists the ids of a that b lacks.
+func onlyIn(a, b []int64) []int64 {
+	var out []int64
+	for _, id := range a {
+		if !slices.Contains(b, id) {
+			out = append(out, id)
+		}
+	}
+	return out
 }

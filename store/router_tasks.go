@@ -364,8 +364,15 @@ func (r *Router) List(ctx context.Context, req tasks.ListRequest) (tasks.Page, e
 
 // mergePages merges pages of one listing from several databases: see List.
 func mergePages(pages []tasks.Page, limit int, desc bool) tasks.Page {
-	// before reports whether id a comes before b in the listing's order.
-	before := func(a, b int64) bool { return a < b != desc }
+	// before reports whether id a comes strictly before b in the
+	// listing's order (a < b != desc would put an id before itself in a
+	// descending listing, and drop the task at the horizon).
+	before := func(a, b int64) bool {
+		if desc {
+			return a > b
+		}
+		return a < b
+	}
 	var horizon int64 // 0: every database's listing was exhausted
 	for _, p := range pages {
 		if p.Next != 0 && (horizon == 0 || before(p.Next, horizon)) {
