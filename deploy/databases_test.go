@@ -13,7 +13,8 @@ import (
 // TestDeployOnTwoDatabases runs docker-compose.yml with its databases
 // profile: the cluster's shards split over two PostgreSQL servers
 // (SHARDRUN_DATABASES names the second to every process). Under the load
-// it restarts the second server and checks that the first's tasks kept
+// it moves one shard from the second to the first (POST
+// /api/shards/{n}/move), restarts the second server and checks that the first's tasks kept
 // completing meanwhile and the second's resumed; then that every task
 // enqueued reached its end exactly once, across both databases.
 func TestDeployOnTwoDatabases(t *testing.T) {
@@ -27,6 +28,7 @@ func TestDeployOnTwoDatabases(t *testing.T) {
 		{"up", d.up},
 		{"databases", d.checkDatabases},
 		{"load", d.startLoad},
+		{"move_shard", d.moveShard},
 		{"restart_second_database", d.restartSecondDatabase},
 		{"tasks_exactly_once", d.checkTasks},
 		{"down", d.downAndCheck},
@@ -47,6 +49,44 @@ type databasesView struct {
 		Shards string `json:"shards"`
 		Health string `json:"health"`
 	} `json:"databases"`
+	Moves []struct {
+		Shard int    `json:"shard"`
+		Phase string `json:"phase"`
+	} `json:"moves"`
+}
+
+// moveShard moves the last shard, the second database's, to main under
+// the load: the move ends, the map places the shard in main, and its
+// tasks complete there afterwards (the final check finds every task once,
+// across both databases).
+func (d *deployment) moveShard(t *testing.T) {
+	n := d.shards - 1
+	var accepted map[string]any
+	start := time.Now()
+	if err := d.postFor(fmt.Sprintf("%s/api/shards/%d/move", d.coordinators[0], n), []byte(`{"to": "main"}`), 202, &accepted); err != nil {
+		t.Fatal(err)
+	}
+	half := d.shards / 2
+	wantMain := fmt.Sprintf("0-%d,%d", half-1, n)
+	var v databasesView
+	done := until(t, 2*time.Minute, 100*time.Millisecond, "the move of shard "+fmt.Sprint(n)+" done", func() (bool, string) {
+		if err := d.getJSON(d.coordinators[1]+"/api/databases", d.apiToken, &v); err != nil {
+			return false, err.Error()
+		}
+		return len(v.Moves) == 0 && len(v.Databases) == 2 && v.Databases[0].Shards == wantMain, fmt.Sprintf("%+v", v)
+	})
+	var after int
+	until(t, time.Minute, 200*time.Millisecond, "a task of the moved shard completed in main", func() (bool, string) {
+		d.queryOn(t, d.pgContainer, `SELECT count(*)::int FROM tasks WHERE shard = $1 AND state = 'completed' AND finished_at > $2`, []any{n, done}, &after)
+		return after > 0, "none yet"
+	})
+	var left int
+	d.queryOn(t, d.pgContainers[1], `SELECT count(*)::int FROM tasks WHERE shard = $1`, []any{n}, &left)
+	if left != 0 {
+		t.Errorf("%d tasks of shard %d left in the second database after its move", left, n)
+	}
+	d.figure("POST /api/shards/%d/move {\"to\": \"main\"} under load: done %s after the request; main holds %s; the shard's tasks complete in main after it",
+		n, secs(done.Sub(start)), wantMain)
 }
 
 // checkDatabases reads GET /api/databases: main and second, each holding

@@ -341,6 +341,12 @@ func (d *deployment) getJSON(url, token string, v any) error {
 // postJSON posts body to url with the API token and decodes the created
 // (201) answer into v.
 func (d *deployment) postJSON(url string, body []byte, v any) error {
+	return d.postFor(url, body, http.StatusCreated, v)
+}
+
+// postFor posts body to url with the API token and decodes the answer,
+// which must have status want, into v.
+func (d *deployment) postFor(url string, body []byte, want int, v any) error {
 	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("building POST %s: %w", url, err)
@@ -356,7 +362,7 @@ func (d *deployment) postJSON(url string, body []byte, v any) error {
 	if err != nil {
 		return fmt.Errorf("reading POST %s: %w", url, err)
 	}
-	if resp.StatusCode != http.StatusCreated {
+	if resp.StatusCode != want {
 		return fmt.Errorf("POST %s: %s: %s", url, resp.Status, bytes.TrimSpace(answer))
 	}
 	if err := json.Unmarshal(answer, v); err != nil {
