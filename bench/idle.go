@@ -43,8 +43,20 @@ type idleRun struct {
 
 // idleSection starts one runner over idleFlags.shards shards, serving 1,
 // 200... queues in turn (default, then q0001, q0002...), with no task
-// anywhere, and measures what it costs once it owns every shard.
+// anywhere, and measures what it costs once it owns every shard; then the
+// idle fleets of -idle-fleets (idlefleet.go). An empty -idle-queues skips
+// the queue counts.
 func (e *env) idleSection(ctx context.Context, rep *Report) error {
+	if err := e.idleQueues(ctx, rep); err != nil {
+		return err
+	}
+	return e.idleFleetSection(ctx, rep)
+}
+
+func (e *env) idleQueues(ctx context.Context, rep *Report) error {
+	if strings.TrimSpace(idleFlags.queues) == "" {
+		return nil
+	}
 	var runs []idleRun
 	for _, f := range strings.Split(idleFlags.queues, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))

@@ -80,6 +80,7 @@ type Report struct {
 	Features    *featuresResult   `json:"features,omitempty"`
 	Tracing     *tracingCost      `json:"tracing,omitempty"`
 	Idle        []idleRun         `json:"idle_queues,omitempty"`
+	IdleFleets  []idleFleetRun    `json:"idle_fleets,omitempty"`
 	Outage      *outageResult     `json:"outage,omitempty"`
 	Databases   *databasesResult  `json:"databases,omitempty"`
 	// Targets are the targets of issues 23, 26, 31, 35 and 39, judged from this run.
@@ -165,6 +166,8 @@ func main() {
 	flag.IntVar(&featuresFlags.seconds, "priority-seconds", featuresFlags.seconds, "seconds of the one-by-one enqueue during the drain")
 	flag.StringVar(&idleFlags.queues, "idle-queues", idleFlags.queues, "queue counts the idle section's runner serves in turn (default, then q0001...)")
 	flag.IntVar(&idleFlags.seconds, "idle-seconds", idleFlags.seconds, "measured window of each idle run, seconds")
+	flag.StringVar(&idleFleetFlags.fleets, "idle-fleets", idleFleetFlags.fleets, "RUNNERSxSHARDS idle fleets of the idle section, uniform and (from 10 runners) mixed; empty: none")
+	flag.IntVar(&idleFleetFlags.seconds, "idle-fleet-seconds", idleFleetFlags.seconds, "measured window of each idle fleet, seconds")
 	flag.IntVar(&outageFlags.trials, "outage-trials", outageFlags.trials, "PostgreSQL restarts of the outage section (first task after the restart)")
 	flag.IntVar(&outageFlags.freezeTrials, "outage-freeze-trials", outageFlags.freezeTrials, "trials of the outage section's failover with a frozen open transaction, at each lease TTL")
 	flag.IntVar(&outageFlags.tasks, "outage-tasks", outageFlags.tasks, "noop tasks enqueued once the restarted PostgreSQL accepts connections")
@@ -572,6 +575,9 @@ func printTable(w io.Writer, rep *Report) {
 	}
 	if len(rep.Idle) > 0 {
 		printIdle(w, rep.Idle)
+	}
+	if len(rep.IdleFleets) > 0 {
+		printIdleFleets(w, rep.IdleFleets)
 	}
 	if sc := rep.Scale; sc != nil {
 		printScale(w, sc)
