@@ -20,7 +20,8 @@ import (
 
 // A database that is down does not stop the others: the runner's writes
 // for its claims are answered Busy while the other database's land, its
-// fences are left to raise later, claims go on at the other database, a
+// fences are left to raise later, claims go on at the other database, the
+// poll's probe reads the other database and reports its shards unread, a
 // producer of its shards gets an error naming it; and once it is back its
 // writes land again.
 func TestADatabaseDownDoesNotStopTheOthers(t *testing.T) {
@@ -110,6 +111,12 @@ func TestADatabaseDownDoesNotStopTheOthers(t *testing.T) {
 	}
 	if _, err := r.Enqueue(ctx, insert("k", 3, 3)); err != nil {
 		t.Fatalf("enqueue into a while b is down: %v", err)
+	}
+	// The poll's probe (issue 41) reads a's lanes and reports b's shards
+	// unread, so that the runner claims there as it would without a probe.
+	found, unreadFrom, err := r.ReadyQueues(ctx, []int{3, 6}, []string{tasks.DefaultQueue}, []string{"k"})
+	if err != nil || !slices.Equal(found[tasks.DefaultQueue], []int{3}) || unreadFrom != 6 {
+		t.Fatalf("probe over a and b with b down: %v, unread from %d, %v; want shard 3 found and b's shard 6 unread", found, unreadFrom, err)
 	}
 	if n, err := r.SweepDeadlines(ctx, leaderEpoch, store.SkipRunning, 10); err == nil || !strings.Contains(err.Error(), "database b") || n != 0 {
 		t.Fatalf("a leader pass with b down: %d %v, want a's done and b's error naming it", n, err)

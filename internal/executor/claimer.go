@@ -22,17 +22,27 @@ import (
 // claimTimeout bounds one claim or fence statement.
 const claimTimeout = 10 * time.Second
 
-// probeAbove is the most queues a runner claims from directly. Each served
-// queue's claim reads every lane of the queue in the shards it visits, and
-// every poll visits every held shard: an idle runner serving 2,000 queues
+// probeAbove is the most queues a runner claims from directly when a
+// notification names shards. Each served queue's claim reads every lane of
+// the queue in the shards it visits: an idle runner serving 2,000 queues
 // over 256 shards sent 2,000 claims a poll, 56% of a core of PostgreSQL
 // (finding 5 of the hostile-input review; bench section idle). A runner
 // serving more queues than this first asks which queues have tasks in
 // which shards, in one statement for them all (Store.ReadyQueues, a loose
-// scan of the lanes: one index descent when nothing is ready), at each
-// poll and for the shards each notification names, and claims only from
-// those. A runner serving this many or fewer claims as before: the probe
-// would add a statement to every round of the single-queue hot path.
+// scan of the lanes: one index descent when nothing is ready), for the
+// shards each notification names, and claims only from those. A runner
+// serving this many or fewer claims from the notified shards directly:
+// the probe would add a round trip to the wake-up path.
+//
+// The poll probes first whatever the number of queues (issue 41): a claim
+// per served queue over every held shard each poll made an idle fleet's
+// cost grow with runners × shards (16 idle runners over 4,096 shards kept
+// PostgreSQL at about half a core), where one probe of every held shard
+// costs an index descent per database when nothing is ready. The probe
+// reads task_ready, where a task is from its commit whether due or not,
+// so a task whose notification was lost, or whose run_after came due, is
+// still found by the next poll; a probe that fails makes every held shard
+// pending for every queue, the poll as it was before.
 const probeAbove = 4
 
 // orphansRetryMax caps the backoff between requeues of orphans a
@@ -69,9 +79,10 @@ type claimer struct {
 	// limit and its pending shards; turn rotates which claims first.
 	queues []*queueClaims
 	turn   int
-	// probe, when more than probeAbove queues are served, decides which
-	// queues' pending sets learn of which shards (nil: every queue's set
-	// marks shards itself).
+	// probe decides which queues' pending sets learn of which shards at
+	// each poll and, when more than probeAbove queues are served
+	// (!probe.direct), for the shards notifications name and those newly
+	// held too; otherwise every queue's set marks those itself.
 	probe *prober
 	// held are the shards of the last hold, to filter notifications.
 	held atomic.Pointer[map[int]bool]
@@ -118,14 +129,10 @@ func newClaimer(cfg Config, p *pool, a *ahead, w *writer, tr *tracer) *claimer {
 		raiseBackoff: dbRetry, orphans: map[claims.ShardEpoch]bool{}, sweepDue: true,
 		orphansBackoff: clock.Backoff{Min: cfg.PollInterval, Max: max(cfg.PollInterval, orphansRetryMax)}}
 	probed := len(cfg.Queues) > probeAbove
-	if probed {
-		c.probe = newProber(cfg.Clock.Now())
-	}
+	c.probe = newProber(cfg.Clock.Now(), !probed)
 	for _, name := range slices.Sorted(maps.Keys(cfg.Queues)) {
-		c.queues = append(c.queues, &queueClaims{name: name, limit: cfg.Queues[name], pending: newPending(cfg.Clock.Now(), probed)})
-		if probed {
-			c.probe.names = append(c.probe.names, name)
-		}
+		c.queues = append(c.queues, &queueClaims{name: name, limit: cfg.Queues[name], pending: newPending(probed)})
+		c.probe.names = append(c.probe.names, name)
 	}
 	c.round.Store(cfg.Clock.Now().UnixNano())
 	return c
@@ -144,7 +151,7 @@ func (c *claimer) heldCount() int {
 // shards that got tasks more urgent than the default). It never blocks;
 // wake-ups coalesce.
 func (c *claimer) Wake(all bool, shards, urgent []int) {
-	if c.probe != nil {
+	if !c.probe.direct {
 		c.probe.notify(all, shards, urgent)
 	} else {
 		for _, q := range c.queues {
@@ -282,10 +289,8 @@ func (c *claimer) once(ctx context.Context) error {
 		return nil
 	}
 	c.budget = c.pool.soon(c.clock.Now(), aheadCover)
-	if c.probe != nil {
-		if err := c.probeLanes(ctx, terms); err != nil {
-			return err
-		}
+	if err := c.probeLanes(ctx, terms); err != nil {
+		return err
 	}
 	// Queues with work waiting share the free workers: one queue's backlog
 	// must not take every worker from another queue's tasks. The first to
@@ -300,7 +305,7 @@ func (c *claimer) once(ctx context.Context) error {
 		if q.pending.quiet() {
 			continue
 		}
-		if first, order := q.pending.order(terms, c.clock.Now(), c.poll); len(order) > 0 {
+		if first, order := q.pending.order(terms); len(order) > 0 {
 			waiting = append(waiting, visit{q, first, order})
 		}
 	}
@@ -324,11 +329,16 @@ func (c *claimer) once(ctx context.Context) error {
 }
 
 // probeLanes asks which served queues have tasks in the held shards that
-// may have some — all of them at each poll, else those notifications named
-// and those newly held — and tells each queue's pending set. Nothing is
-// asked while no worker is free: the requests wait for the next round.
+// may have some — all of them at each poll, else (!probe.direct) those
+// notifications named and those newly held — and tells each queue's
+// pending set. A probed runner asks nothing while no worker is free: the
+// requests wait for the next round. A direct one asks at the poll
+// whatever its load, as its poll marked every shard pending whatever its
+// load before the probe; when that probe fails, every held shard is
+// pending for every queue, and the claims find what there is (or fail,
+// and the round with them).
 func (c *claimer) probeLanes(ctx context.Context, terms []claims.ShardEpoch) error {
-	if c.pool.idle() <= 0 {
+	if !c.probe.direct && c.pool.idle() <= 0 {
 		return nil
 	}
 	shards, urgent := c.probe.take(terms, c.clock.Now(), c.poll)
@@ -338,6 +348,13 @@ func (c *claimer) probeLanes(ctx context.Context, terms []claims.ShardEpoch) err
 	cctx, cancel := context.WithTimeout(ctx, claimTimeout)
 	found, truncatedFrom, err := c.store.ReadyQueues(cctx, shards, c.probe.names, c.kinds)
 	cancel()
+	if err != nil && c.probe.direct {
+		c.log.Debug("probing the lanes at the poll failed; claiming from every held shard", "shards", len(shards), "error", err)
+		for _, q := range c.queues {
+			q.pending.notify(true, nil, nil)
+		}
+		return nil
+	}
 	if err != nil {
 		c.probe.retry(urgent)
 		return fmt.Errorf("asking which of %d queues have tasks in %d shards: %w", len(c.probe.names), len(shards), err)
@@ -729,11 +746,17 @@ func (c *claimer) recover(ctx context.Context, hold *pinnedHold, terms []claims.
 	return nil
 }
 
-// prober collects what the probe must look at: the shards enqueue
-// notifications named (urgent: those that got tasks more urgent than the
-// default) and, at each poll interval, every held shard. Notifications
-// arrive from the listener's goroutine; the rest belongs to the claim loop.
+// prober collects what the probe must look at: at each poll interval,
+// every held shard, and, unless direct, the shards enqueue notifications
+// named (urgent: those that got tasks more urgent than the default) and
+// those newly held. Notifications arrive from the listener's goroutine; the
+// rest belongs to the claim loop.
 type prober struct {
+	// direct: the runner serves at most probeAbove queues, whose pending
+	// sets take notifications and newly held shards themselves; the probe
+	// covers the poll only.
+	direct bool
+
 	mu     sync.Mutex
 	all    bool
 	shards map[int]bool
@@ -747,8 +770,8 @@ type prober struct {
 	known map[int]bool
 }
 
-func newProber(now time.Time) *prober {
-	return &prober{shards: map[int]bool{}, urgent: map[int]bool{}, known: map[int]bool{}, lastPoll: now}
+func newProber(now time.Time, direct bool) *prober {
+	return &prober{direct: direct, shards: map[int]bool{}, urgent: map[int]bool{}, known: map[int]bool{}, lastPoll: now}
 }
 
 // notify records an enqueue notification (all: every shard).
@@ -779,7 +802,7 @@ func (p *prober) take(terms []claims.ShardEpoch, now time.Time, poll time.Durati
 	held := make(map[int]bool, len(terms))
 	for _, t := range terms {
 		held[t.Shard] = true
-		if all || notified[t.Shard] || !p.known[t.Shard] {
+		if all || notified[t.Shard] || (!p.direct && !p.known[t.Shard]) {
 			shards = append(shards, t.Shard)
 		}
 	}

@@ -406,14 +406,18 @@ func TestStuckHandlersAreReported(t *testing.T) {
 }
 
 // The claim loop failing for several poll intervals while shards are held
-// makes the executor report itself stalled, and it recovers.
+// makes the executor report itself stalled, and it recovers. The database
+// answers neither the poll's probe nor a claim (an idle runner's poll
+// sends the probe, and claims only when it fails or finds tasks).
 func TestClaimLoopWithoutProgressIsStalled(t *testing.T) {
 	e := newEnv(t, map[string]tasks.Handler{"noop": noop})
 	e.own.own(0, 1)
 	e.run()
 	e.until("holding the shard", func() bool { return e.exec.claimer.heldCount() == 1 })
+	e.store.failNext("probe", 1_000_000)
 	e.store.failNext("claim", 1_000_000)
 	e.until("stalled", func() bool { stalled, _ := e.exec.Stalled(); return stalled })
+	e.store.failNext("probe", 0)
 	e.store.failNext("claim", 0)
 	e.until("progress again", func() bool { stalled, _ := e.exec.Stalled(); return !stalled })
 }
@@ -1115,6 +1119,49 @@ func TestIdleStatementsDoNotGrowWithTheQueuesServed(t *testing.T) {
 		t.Fatal("a task of queue q0999 nobody notified was not claimed by the poll")
 	}
 	e.until("the unnotified task of q0999 completed", func() bool { return e.state(2) == tasks.Completed })
+}
+
+// An idle runner serving few queues (claimed from directly when notified)
+// sends one probe per poll and no claim, whatever the shards it holds
+// (issue 41: a claim per queue over every held shard each poll made an
+// idle fleet's cost grow with runners × shards); a task nobody notified
+// still starts at the next poll, and so does one when that poll's probe
+// fails (every held shard is then claimed from, as before the probe).
+func TestIdlePollSendsOneProbeWhateverTheShardsHeld(t *testing.T) {
+	t.Parallel()
+	const shards = 1024
+	queues := map[string]int{tasks.DefaultQueue: 4}
+	for i := range probeAbove - 1 {
+		queues[fmt.Sprintf("q%d", i)] = 4
+	}
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop}, func(c *Config) { c.MaxWorkers, c.Queues = 4, queues })
+	for s := range shards {
+		e.own.own(s, 1)
+	}
+	e.run()
+	e.until("holding every shard", func() bool { return e.exec.claimer.heldCount() == shards })
+	e.poll() // the first claims of the newly held shards are behind
+	claims0, probes0 := e.store.count("claim"), e.store.count("probe")
+	const polls = 5
+	for range polls {
+		e.poll()
+	}
+	if claims, probes := e.store.count("claim")-claims0, e.store.count("probe")-probes0; claims != 0 || probes < 1 || probes > 2*polls {
+		t.Fatalf("%d claims and %d probes over %d idle polls of %d shards, want no claim and one probe a poll", claims, probes, polls, shards)
+	}
+
+	// Nobody notified this task: the next poll's probe finds it.
+	e.store.add(1, "noop", 700, 3)
+	e.poll()
+	e.until("the unnotified task completed", func() bool { return e.state(1) == tasks.Completed })
+
+	// Every probe fails: the polls claim from every held shard.
+	e.store.mu.Lock()
+	e.store.failures["probe"] = 1 << 30
+	e.store.mu.Unlock()
+	e.store.add(2, "noop", 900, 3)
+	e.poll()
+	e.until("the unnotified task completed while the probes fail", func() bool { return e.state(2) == tasks.Completed })
 }
 
 // The tasks waiting ahead of a shard that moves go back in one statement,

@@ -3,7 +3,6 @@ package executor
 import (
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/tasks"
@@ -17,16 +16,16 @@ import (
 // shard's backlog from starving the others.
 //
 // A shard becomes pending when it is first held, when an enqueue
-// notification names it, and every poll interval (tasks that come due by
-// their run_after, and inserts whose notification was lost, notify
-// nobody); it stops being pending when a claim finds no more of its tasks
-// due. Notifications arrive from the listener's goroutine; everything else
-// belongs to the claim loop.
+// notification names it, and at every poll interval when the claimer's
+// probe finds its queue's tasks there (tasks that come due by their
+// run_after, and inserts whose notification was lost, notify nobody: the
+// probe reads them all, due or not); it stops being pending when a claim
+// finds no more of its tasks due. Notifications arrive from the listener's
+// goroutine; everything else belongs to the claim loop.
 //
 // A probed pending set (a runner serving many queues: claimer.go, prober)
 // is told exactly which shards have its queue's tasks, by notify after
-// each probe: it marks no shard on its own, neither when first held nor at
-// the poll.
+// each probe: it marks no shard on its own, not even when first held.
 type pending struct {
 	mu     sync.Mutex
 	woken  map[int]bool
@@ -42,14 +41,13 @@ type pending struct {
 	// the next claim of urgent tasks starts from: both rotate, so that no
 	// shard's backlog starves the others.
 	next, nextUrgent int
-	lastPoll         time.Time
 	// probed: shards are marked by notify only (see above).
 	probed bool
 }
 
-func newPending(now time.Time, probed bool) *pending {
+func newPending(probed bool) *pending {
 	return &pending{woken: map[int]bool{}, urgent: map[int]bool{}, shards: map[int]bool{}, known: map[int]bool{},
-		first: map[int]bool{}, lastPoll: now, probed: probed}
+		first: map[int]bool{}, probed: probed}
 }
 
 // notify records an enqueue notification (all: every shard; urgent: the
@@ -71,16 +69,13 @@ func (p *pending) notify(all bool, shards, urgent []int) {
 // (first, from the urgent rotation's position), which the claim loop sends
 // a claim of urgent tasks only before the rotation's claim. terms are the
 // held terms, ordered by shard.
-func (p *pending) order(terms []claims.ShardEpoch, now time.Time, poll time.Duration) (first, order []claims.ShardEpoch) {
+func (p *pending) order(terms []claims.ShardEpoch) (first, order []claims.ShardEpoch) {
 	p.mu.Lock()
 	all, woken, urgent := p.all, p.woken, p.urgent
 	p.all, p.woken, p.urgent = false, map[int]bool{}, map[int]bool{}
 	p.mu.Unlock()
 	for s := range urgent {
 		p.first[s] = true
-	}
-	if !p.probed && now.Sub(p.lastPoll) >= poll {
-		all, p.lastPoll = true, now
 	}
 	held := make(map[int]bool, len(terms))
 	for _, t := range terms {

@@ -3,7 +3,6 @@ package executor
 import (
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/shardrun/shardrun/internal/claims"
 	"github.com/shardrun/shardrun/tasks"
@@ -21,32 +20,31 @@ func shards(terms []claims.ShardEpoch) []int {
 // took fewer than it asked drains every shard it visited; a claim that
 // filled its limit drains those before its last shard and the next one
 // starts after it; notifications make shards pending again, and urgent
-// ones are also handed out first, for a claim of urgent tasks only; the
-// poll makes every shard pending.
+// ones are also handed out first, for a claim of urgent tasks only; a
+// notification of every shard makes every shard pending.
 func TestPendingShardsOrder(t *testing.T) {
-	now := time.Unix(0, 0)
-	p := newPending(now, false)
+	p := newPending(false)
 	held := []claims.ShardEpoch{{Shard: 1, Epoch: 1}, {Shard: 2, Epoch: 1}, {Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}}
-	first, order := p.order(held, now, time.Second)
+	first, order := p.order(held)
 	if got := shards(order); !slices.Equal(got, []int{1, 2, 3, 4}) || len(first) != 0 {
 		t.Fatalf("first order %v (urgent %v), want every held shard and none urgent", got, shards(first))
 	}
 	// The claim took its limit of 2, the last from shard 2: shard 1 is
 	// drained, shard 2 may have more, the next claim starts at 3.
 	p.claimed(order, []tasks.Task{{Shard: 1}, {Shard: 2}}, 2)
-	if _, got := p.order(held, now, time.Second); !slices.Equal(shards(got), []int{3, 4, 2}) {
+	if _, got := p.order(held); !slices.Equal(shards(got), []int{3, 4, 2}) {
 		t.Fatalf("after a full claim %v, want [3 4 2]", shards(got))
 	}
 	// A claim that took fewer than it asked drained all it visited.
 	p.claimed([]claims.ShardEpoch{{Shard: 3, Epoch: 1}, {Shard: 4, Epoch: 1}, {Shard: 2, Epoch: 1}}, []tasks.Task{{Shard: 4}}, 5)
-	if _, got := p.order(held, now, time.Second); len(got) != 0 || p.any() {
+	if _, got := p.order(held); len(got) != 0 || p.any() {
 		t.Fatalf("after a short claim %v, want nothing pending", shards(got))
 	}
 	// Notifications: shard 3 plain, shards 1 and 4 urgent: both are handed
 	// out for the urgent claim, and all three stay in the rotation (they
 	// may have tasks of every priority), which goes on from shard 3.
 	p.notify(false, []int{3}, []int{4, 1})
-	first, order = p.order(held, now, time.Second)
+	first, order = p.order(held)
 	if !slices.Equal(shards(first), []int{1, 4}) || !slices.Equal(shards(order), []int{3, 4, 1}) {
 		t.Fatalf("after notifications urgent %v, rotation %v; want [1 4] and [3 4 1]", shards(first), shards(order))
 	}
@@ -54,21 +52,23 @@ func TestPendingShardsOrder(t *testing.T) {
 	// more urgent tasks, shard 4 was not reached; both stay urgent, and
 	// the next urgent claim starts after shard 1.
 	p.urgentClaimed(first, []tasks.Task{{Shard: 1}, {Shard: 1}}, 2)
-	if first, _ = p.order(held, now, time.Second); !slices.Equal(shards(first), []int{4, 1}) {
+	if first, _ = p.order(held); !slices.Equal(shards(first), []int{4, 1}) {
 		t.Fatalf("after a full urgent claim from shard 1: urgent %v, want [4 1]", shards(first))
 	}
 	// A short urgent claim drained both of urgent tasks; the rotation
 	// still visits them.
 	p.urgentClaimed(first, []tasks.Task{{Shard: 4}}, 5)
-	if first, order = p.order(held, now, time.Second); len(first) != 0 || !slices.Equal(shards(order), []int{3, 4, 1}) {
+	if first, order = p.order(held); len(first) != 0 || !slices.Equal(shards(order), []int{3, 4, 1}) {
 		t.Fatalf("after a short urgent claim: urgent %v, rotation %v; want none and [3 4 1]", shards(first), shards(order))
 	}
 	p.claimed(order, nil, 5)
-	// The poll makes every held shard pending; a shard no longer held is
-	// forgotten, a newly held one is pending.
+	// A notification of every shard (the listener reconnected, or the
+	// poll's probe failed) makes every held shard pending; a shard no
+	// longer held is forgotten, a newly held one is pending.
 	held = append(held[1:], claims.ShardEpoch{Shard: 9, Epoch: 1})
-	if _, got := p.order(held, now.Add(time.Second), time.Second); len(got) != 4 || !slices.Contains(shards(got), 9) || slices.Contains(shards(got), 1) {
-		t.Fatalf("after the poll %v, want 2, 3, 4 and 9", shards(got))
+	p.notify(true, nil, nil)
+	if _, got := p.order(held); len(got) != 4 || !slices.Contains(shards(got), 9) || slices.Contains(shards(got), 1) {
+		t.Fatalf("after a notification of every shard %v, want 2, 3, 4 and 9", shards(got))
 	}
 }
 
@@ -77,13 +77,12 @@ func TestPendingShardsOrder(t *testing.T) {
 // while another shard's urgent tasks wait (issue 32, defect 10: the
 // lowest-numbered shard with urgent work starved the others).
 func TestUrgentClaimsRotate(t *testing.T) {
-	now := time.Unix(0, 0)
-	p := newPending(now, false)
+	p := newPending(false)
 	held := []claims.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 5, Epoch: 1}, {Shard: 7, Epoch: 1}}
 	p.notify(false, nil, []int{0, 5, 7})
 	var served []int
 	for range 6 {
-		first, _ := p.order(held, now, time.Hour)
+		first, _ := p.order(held)
 		if len(first) == 0 {
 			t.Fatal("no urgent shard left")
 		}
