@@ -83,7 +83,7 @@ type Report struct {
 	IdleFleets  []idleFleetRun    `json:"idle_fleets,omitempty"`
 	Outage      *outageResult     `json:"outage,omitempty"`
 	Databases   *databasesResult  `json:"databases,omitempty"`
-	// Targets are the targets of issues 23, 26, 31, 35 and 39, judged from this run.
+	// Targets are the targets of issues 23, 26, 31, 35, 39 and 40, judged from this run.
 	Targets []target `json:"targets"`
 	// Seconds each section took.
 	SectionSeconds map[string]float64 `json:"section_seconds"`
