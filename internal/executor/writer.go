@@ -2,10 +2,10 @@ package executor
 
 import (
 	"cmp"
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -31,6 +31,14 @@ const (
 // after CompleteTx): such a transaction commits within milliseconds as a
 // rule, and one left open is ended by the database's idle timeout.
 var busyRetry = clock.Backoff{Min: 20 * time.Millisecond, Max: time.Second}
+
+// retryGrain is the step busy items' retry times are rounded up to, so
+// that items answered Busy at different moments are retried together: a
+// database that cannot be reached has every write of its claims answered
+// Busy by the router (issue 40), and thousands of its outcomes may wait.
+// Retried each at its own instant, they cost the writer a round — and a
+// statement — apiece; grouped, a round per grain at most.
+const retryGrain = 20 * time.Millisecond
 
 // writer is the outcome loop: it records attempts' outcomes in batches —
 // everything that arrives within the flush delay of a batch's first
@@ -65,8 +73,25 @@ type writer struct {
 	mu     sync.Mutex
 	posted []result
 	// later are the items the store answered Busy, each written again
-	// from its retryAt. Owned by Run.
-	later []result
+	// from its retryAt: a heap by retryAt, so that a round costs the
+	// same whatever the number of items waiting (they may be all the
+	// outcomes of a database that is down). Owned by Run.
+	later retryQueue
+}
+
+// retryQueue is a min-heap of busy items by retryAt (container/heap).
+type retryQueue []result
+
+func (q retryQueue) Len() int           { return len(q) }
+func (q retryQueue) Less(i, j int) bool { return q[i].retryAt.Before(q[j].retryAt) }
+func (q retryQueue) Swap(i, j int)      { q[i], q[j] = q[j], q[i] }
+func (q *retryQueue) Push(x any)        { *q = append(*q, x.(result)) }
+func (q *retryQueue) Pop() any {
+	old := *q
+	r := old[len(old)-1]
+	old[len(old)-1] = result{} // drop its references
+	*q = old[:len(old)-1]
+	return r
 }
 
 // post hands the writer items that come from elsewhere than a handler's
@@ -147,25 +172,22 @@ func (w *writer) Run(ctx context.Context) {
 
 // nextRetry is the earliest retryAt of the busy items (zero: none).
 func (w *writer) nextRetry() time.Time {
-	var at time.Time
-	for _, r := range w.later {
-		if at.IsZero() || r.retryAt.Before(at) {
-			at = r.retryAt
-		}
+	if len(w.later) == 0 {
+		return time.Time{}
 	}
-	return at
+	return w.later[0].retryAt
 }
 
-// dueLater takes the busy items due at now out of later.
+// dueLater takes the busy items due at now out of later, at most
+// flushSize: one statement's worth a round, so that a round's cost does
+// not grow with the items waiting, and the outcomes that arrive meanwhile
+// are written between the statements of a long backlog (the rest are due
+// already: the next round comes at once).
 func (w *writer) dueLater(now time.Time) []result {
 	var due []result
-	w.later = slices.DeleteFunc(w.later, func(r result) bool {
-		if r.retryAt.After(now) {
-			return false
-		}
-		due = append(due, r)
-		return true
-	})
+	for len(w.later) > 0 && len(due) < flushSize && !w.later[0].retryAt.After(now) {
+		due = append(due, heap.Pop(&w.later).(result))
+	}
 	return due
 }
 
@@ -254,7 +276,7 @@ func (w *writer) flushSome(ctx context.Context, batch []result) {
 	for i := range batch {
 		r := &batch[i]
 		if !r.retryAt.IsZero() {
-			w.later = append(w.later, *r)
+			heap.Push(&w.later, *r)
 			continue
 		}
 		if r.span != nil {
@@ -353,6 +375,14 @@ func (w *writer) write(ctx context.Context, what string, write func(context.Cont
 	}
 }
 
+// retryTime is at rounded up to retryGrain: see there.
+func retryTime(at time.Time) time.Time {
+	if t := at.Truncate(retryGrain); t.Before(at) {
+		return t.Add(retryGrain)
+	}
+	return at
+}
+
 // account counts what each write did and reports refused ones. An item
 // the store answered Busy gets its retryAt: it is written again then.
 func (w *writer) account(items []*result, res []claims.WriteResult) {
@@ -366,7 +396,7 @@ func (w *writer) account(items []*result, res []claims.WriteResult) {
 			if it.busy.Min == 0 {
 				it.busy = busyRetry
 			}
-			it.retryAt = now.Add(it.busy.Next())
+			it.retryAt = retryTime(now.Add(it.busy.Next()))
 			w.log.Debug("claim held by another transaction; writing it again later", "task", it.task.ID, "attempt", it.task.Attempt,
 				"retry_in", it.retryAt.Sub(now))
 			continue
