@@ -277,7 +277,8 @@ func TestAheadRoom(t *testing.T) {
 			p := newPool(NewRegistry(), c.max, c.limits, nil, time.Second, clock.NewFake(), NewMetrics(nil), nil)
 			for i, r := range c.running {
 				ref := claims.Ref{ID: int64(i + 1)}
-				p.attempts[ref] = &attempt{task: tasks.Task{ID: ref.ID, Queue: r.queue}, started: now.Add(-r.ran)}
+				a := &attempt{task: tasks.Task{ID: ref.ID, Queue: r.queue}, started: now.Add(-r.ran)}
+				p.attempts[ref], p.live[ref] = a, a
 				p.taken++
 				p.byQueue[r.queue]++
 				p.handlers[r.queue]++

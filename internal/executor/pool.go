@@ -131,6 +131,12 @@ type pool struct {
 	handlers map[string]int
 	// attempts is keyed by the whole claim, for the same reason.
 	attempts map[claims.Ref]*attempt
+	// live are the attempts whose handler runs (not finished): the
+	// passes over handlers (soon, at nearly every claim round; the stuck
+	// checks) go over these only, not over the outcomes waiting for their
+	// write, which may be every outcome of a database that is down
+	// (issue 40) and must not make those passes dearer.
+	live map[claims.Ref]*attempt
 	// took is each queue's mean handler time (a moving average): with
 	// each handler's start, it says which workers free up soon (soon).
 	took map[string]time.Duration
@@ -138,7 +144,7 @@ type pool struct {
 
 func newPool(registry *Registry, max int, limits map[string]int, results chan<- result, stuckAfter time.Duration, clk clock.Clock, m *Metrics, tr *tracer) *pool {
 	return &pool{registry: registry, max: max, limits: limits, results: results, stuckAfter: stuckAfter, clock: clk, m: m, tr: tr,
-		freed: wake.New(), returned: func(string) {}, attempts: map[claims.Ref]*attempt{}, byQueue: map[string]int{},
+		freed: wake.New(), returned: func(string) {}, attempts: map[claims.Ref]*attempt{}, live: map[claims.Ref]*attempt{}, byQueue: map[string]int{},
 		running: map[int64]int{}, handlers: map[string]int{}, took: map[string]time.Duration{}}
 }
 
@@ -269,7 +275,7 @@ func (p *pool) soon(now time.Time, cover time.Duration) budget {
 	if !long {
 		return b
 	}
-	for _, a := range p.attempts {
+	for _, a := range p.live {
 		if took := p.took[a.task.Queue]; !a.finished && took > cover && now.Sub(a.started) >= took-cover {
 			b.soon[a.task.Queue]++
 			b.total++
@@ -300,6 +306,7 @@ func (p *pool) startAttempt(termCtx context.Context, t tasks.Task, termDone func
 	a := &attempt{task: t, ctx: ctx, cancel: cancel, started: p.clock.Now(), unrecorded: unrecorded}
 	p.mu.Lock()
 	p.attempts[ref] = a
+	p.live[ref] = a
 	p.handlers[t.Queue]++
 	p.mu.Unlock()
 	stopWatch := context.AfterFunc(ctx, func() {
@@ -344,6 +351,7 @@ func (p *pool) startAttempt(termCtx context.Context, t tasks.Task, termDone func
 		cancel(nil)
 		p.mu.Lock()
 		a.finished = true
+		delete(p.live, ref)
 		p.taken--
 		p.byQueue[t.Queue]--
 		if p.running[t.ID]--; p.running[t.ID] == 0 {
@@ -454,7 +462,7 @@ func (p *pool) findStuck(now time.Time) []Stuck {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []Stuck
-	for _, a := range p.attempts {
+	for _, a := range p.live {
 		if a.finished || a.stuck || a.cancelledAt.IsZero() || now.Sub(a.cancelledAt) < p.stuckAfter {
 			continue
 		}
@@ -471,7 +479,7 @@ func (p *pool) stuck() []Stuck {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []Stuck
-	for _, a := range p.attempts {
+	for _, a := range p.live {
 		if a.stuck && !a.finished {
 			out = append(out, a.stuckView())
 		}

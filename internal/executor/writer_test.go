@@ -268,3 +268,23 @@ func BenchmarkWriterRoundWithOutcomesWaiting(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSoonWithOutcomesWaiting is the cost of the claim round's count
+// of handlers that return soon (pool.soon, with a queue of long handlers,
+// so that attempts are looked at one by one) with N finished attempts
+// whose outcomes wait for their write, as a down database's do.
+func BenchmarkSoonWithOutcomesWaiting(b *testing.B) {
+	for _, n := range []int{0, 1000, 10000} {
+		b.Run(fmt.Sprint("waiting=", n), func(b *testing.B) {
+			p := newPool(NewRegistry(), 8, nil, make(chan result), time.Minute, clock.NewFake(), NewMetrics(nil), nil)
+			p.handlers["long"], p.took["long"] = 1, time.Second
+			for i := range n {
+				t := tasks.Task{ID: int64(i + 1), Shard: downShard, Epoch: 1, Attempt: 1, Queue: "long"}
+				p.attempts[claims.RefOf(t)] = &attempt{task: t, finished: true}
+			}
+			for b.Loop() {
+				p.soon(p.clock.Now(), aheadCover)
+			}
+		})
+	}
+}
