@@ -171,6 +171,8 @@ type Router struct {
 	// one is the only store of a cluster of one database: the fast path.
 	one *Store
 	cur atomic.Pointer[routing]
+	// claims counts claims, to rotate which database a claim asks first.
+	claims atomic.Uint64
 
 	// OnStale reads the current map after a database refused an insert
 	// into a shard it does not hold (SQLSTATE SR001): the router's map was

@@ -817,3 +817,99 @@ func TestReadMapFromThePlacementRows(t *testing.T) {
 		t.Fatalf("ranges: %q", got)
 	}
 }
+
+// TestAClaimDrawsOnEveryDatabase: with a backlog at both databases, one
+// claim takes from both at once (claimed one database after the other,
+// the first filled the whole limit), and its answer keeps the store's
+// rule for the caller's reserved slots: the first startNow tasks are the
+// ones recorded as started, the others claimed ahead. A limit smaller
+// than the databases reaches each in turn, and a database with too few
+// tasks leaves its share to the other.
+func TestAClaimDrawsOnEveryDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, a, b := twoDatabases(t)
+	var batch []store.Insert
+	for i := range 40 {
+		batch = append(batch, insert("k", []int{0, 4}[i%2], 3))
+	}
+	batch = append(batch, insert("k", 5, 3), insert("k", 5, 3))
+	if _, err := r.EnqueueBatch(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	terms := []claims.ShardEpoch{{Shard: 0, Epoch: 1}, {Shard: 4, Epoch: 1}, {Shard: 5, Epoch: 1}}
+	if _, err := r.RaiseFences(ctx, "r1", "", terms); err != nil {
+		t.Fatal(err)
+	}
+	ahead := func(id int64) bool {
+		t.Helper()
+		var ahead bool
+		for _, st := range []*store.Store{a, b} {
+			if has(t, st, id) {
+				if err := st.Pool().QueryRow(ctx, `SELECT ahead FROM task_claims WHERE id = $1`, id).Scan(&ahead); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return ahead
+	}
+	at := func(got []tasks.Task) (inA, inB int) {
+		for _, task := range got {
+			if has(t, a, task.ID) {
+				inA++
+			} else {
+				inB++
+			}
+		}
+		return inA, inB
+	}
+	for _, tc := range []struct{ limit, startNow int }{{10, 4}, {10, 10}, {6, 0}} {
+		got, err := r.Claim(ctx, "r1", terms, tasks.DefaultQueue, []string{"k"}, tc.limit, tc.startNow)
+		if err != nil || len(got) != tc.limit {
+			t.Fatalf("claim %d (start %d): %d tasks, %v", tc.limit, tc.startNow, len(got), err)
+		}
+		if inA, inB := at(got); inA != tc.limit/2 || inB != tc.limit/2 {
+			t.Errorf("claim %d (start %d): %d tasks from a and %d from b, want half of the limit from each", tc.limit, tc.startNow, inA, inB)
+		}
+		for i, task := range got {
+			if started := !ahead(task.ID); started != (i < tc.startNow) {
+				t.Errorf("claim %d (start %d): task %d of the answer started %v, want the first %d started", tc.limit, tc.startNow, i, started, tc.startNow)
+			}
+		}
+	}
+	// a has 20-13=7 left at shard 0 and b 20-13+2=9: a limit of 16 takes
+	// a's 7 and the rest from b, the started ones first.
+	got, err := r.Claim(ctx, "r1", terms, tasks.DefaultQueue, []string{"k"}, 16, 12)
+	if err != nil || len(got) != 16 {
+		t.Fatalf("claim 16 (start 12) with a short of its share: %d tasks, %v", len(got), err)
+	}
+	if inA, inB := at(got); inA != 7 || inB != 9 {
+		t.Errorf("claim 16 with a short of its share: %d from a, %d from b, want 7 and 9", inA, inB)
+	}
+	for i, task := range got {
+		if started := !ahead(task.ID); started != (i < 12) {
+			t.Errorf("claim 16 (start 12): task %d of the answer started %v, want the first 12 started", i, started)
+		}
+	}
+	// A limit of one reaches each database in turn.
+	var firsts []string
+	for range 2 {
+		if _, err := r.EnqueueBatch(ctx, []store.Insert{insert("k", 0, 3), insert("k", 4, 3)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		got, err := r.Claim(ctx, "r1", terms, tasks.DefaultQueue, []string{"k"}, 1, 1)
+		if err != nil || len(got) != 1 {
+			t.Fatalf("claim 1: %d tasks, %v", len(got), err)
+		}
+		if inA, _ := at(got); inA == 1 {
+			firsts = append(firsts, "a")
+		} else {
+			firsts = append(firsts, "b")
+		}
+	}
+	if firsts[0] == firsts[1] {
+		t.Errorf("two claims of one task both took from %s, want each database in turn", firsts[0])
+	}
+}
