@@ -96,6 +96,14 @@ type claimer struct {
 	// (claims.PartialError). Owned by Run.
 	unsure      bool
 	unsureTerms map[claims.ShardEpoch]bool
+	// recoverAt is when the listing of some terms' claims (unsureTerms)
+	// that failed is tried again, paced by recoverBackoff: it fails while
+	// their database is down, and a round comes at nearly every handler's
+	// return under load (issue 40), so retried each round it was a
+	// statement and a warning a round for as long as the outage lasts.
+	// Zero when a term newly unsure is to be listed at once.
+	recoverAt      time.Time
+	recoverBackoff clock.Backoff
 	// budget is the last round's measure of the workers that free up
 	// soon. Owned by Run, as are the fields below.
 	budget budget
@@ -126,7 +134,7 @@ type queueClaims struct {
 func newClaimer(cfg Config, p *pool, a *ahead, w *writer, tr *tracer) *claimer {
 	c := &claimer{store: cfg.Store, owner: cfg.RunnerID, own: cfg.Ownership, pool: p, ahead: a, writer: w,
 		poll: cfg.PollInterval, clock: cfg.Clock, log: cfg.Logger, m: cfg.Metrics, tr: tr, wake: wake.New(),
-		raiseBackoff: dbRetry, orphans: map[claims.ShardEpoch]bool{}, sweepDue: true,
+		raiseBackoff: dbRetry, recoverBackoff: dbRetry, orphans: map[claims.ShardEpoch]bool{}, sweepDue: true,
 		orphansBackoff: clock.Backoff{Min: cfg.PollInterval, Max: max(cfg.PollInterval, orphansRetryMax)}}
 	probed := len(cfg.Queues) > probeAbove
 	c.probe = newProber(cfg.Clock.Now(), !probed)
@@ -222,12 +230,21 @@ func (c *claimer) Run(ctx context.Context) {
 	}
 }
 
+// recoverAtIfUnsure is recoverAt while some terms wait for their claims
+// to be listed (zero otherwise), for wait.
+func (c *claimer) recoverAtIfUnsure() time.Time {
+	if !c.unsure || c.unsureTerms == nil {
+		return time.Time{}
+	}
+	return c.recoverAt
+}
+
 // wait is how long the loop may sleep when nothing wakes it: the poll
 // interval, or less when a fence raise or an orphan requeue is due again,
 // or a task waiting ahead outstays aheadPatience, before that.
 func (c *claimer) wait() time.Duration {
 	now, d := c.clock.Now(), c.poll
-	for _, at := range []time.Time{c.raiseAt, c.orphansAt, c.ahead.nextStale()} {
+	for _, at := range []time.Time{c.raiseAt, c.orphansAt, c.recoverAtIfUnsure(), c.ahead.nextStale()} {
 		if !at.IsZero() {
 			d = min(d, max(at.Sub(now), 0))
 		}
@@ -263,7 +280,7 @@ func (c *claimer) once(ctx context.Context) error {
 		held[t.Shard] = true
 	}
 	c.held.Store(&held)
-	if c.unsure {
+	if c.unsure && (c.unsureTerms == nil || !c.clock.Now().Before(c.recoverAt)) {
 		rterms := terms
 		if c.unsureTerms != nil {
 			rterms = slices.DeleteFunc(slices.Clone(terms), func(t claims.ShardEpoch) bool { return !c.unsureTerms[t] })
@@ -271,17 +288,23 @@ func (c *claimer) once(ctx context.Context) error {
 		var partial *claims.PartialError
 		switch err := c.recover(ctx, hold, rterms); {
 		case errors.As(err, &partial):
-			c.unsureTerms = nil
+			// Narrowed to the failed databases' terms (unsureOf leaves a
+			// claimer unsure of every term as it is).
+			c.unsure, c.unsureTerms = false, nil
 			c.unsureOf(partial.Terms)
+			c.recoverAt = c.clock.Now().Add(c.recoverBackoff.Next())
 			c.log.Warn("listing claims after a failed claim failed at some databases; trying there again next round", "error", err)
 		case err != nil && c.unsureTerms == nil:
 			return err
 		case err != nil:
 			// Only some databases' terms are unsure: the others are claimed
 			// from meanwhile.
+			c.recoverAt = c.clock.Now().Add(c.recoverBackoff.Next())
 			c.log.Warn("listing claims after a failed claim failed; trying again next round", "terms", len(rterms), "error", err)
 		default:
 			c.unsure, c.unsureTerms = false, nil
+			c.recoverAt = time.Time{}
+			c.recoverBackoff.Reset()
 		}
 	}
 	c.requeueOrphans(ctx, terms)
@@ -702,7 +725,10 @@ func (c *claimer) unsureOf(terms []claims.ShardEpoch) {
 		c.unsureTerms = make(map[claims.ShardEpoch]bool, len(terms))
 	}
 	for _, t := range terms {
-		c.unsureTerms[t] = true
+		if !c.unsureTerms[t] {
+			c.unsureTerms[t] = true
+			c.recoverAt = time.Time{} // a term newly unsure is listed at once
+		}
 	}
 }
 
