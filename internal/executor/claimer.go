@@ -45,6 +45,10 @@ const claimTimeout = 10 * time.Second
 // pending for every queue, the poll as it was before.
 const probeAbove = 4
 
+// partialWarnEvery is the least time between two warnings of claims that
+// failed at some databases only (the others' tasks run meanwhile).
+const partialWarnEvery = 30 * time.Second
+
 // orphansRetryMax caps the backoff between requeues of orphans a
 // transaction held: well under the lease TTL (10s by default), which bounds
 // such a transaction after CompleteTx, so that a held task is requeued
@@ -73,6 +77,12 @@ type claimer struct {
 	log    hclog.Logger
 	m      *Metrics
 	tr     *tracer // nil: tracing off
+	// partialWarned is when a claim that failed at some databases was
+	// last logged, and partialQuiet how many such claims were not logged
+	// since: an outage of one database fails a part of every claim round,
+	// and a warning per round would bury the log.
+	partialWarned time.Time
+	partialQuiet  int
 	// wake is signalled by enqueue notifications for held shards.
 	wake wake.Signal
 	// queues are the queues served, in name order, each with its worker
@@ -502,7 +512,13 @@ func (c *claimer) claim(ctx context.Context, hold *pinnedHold, q *queueClaims, o
 		// The claim failed at some databases only: what the others claimed
 		// runs, and only the failed databases' terms are unsure.
 		c.unsureOf(partial.Terms)
-		c.log.Warn("claiming failed at some databases; the others' tasks run", "queue", q.name, "terms", len(partial.Terms), "error", err)
+		if now := c.clock.Now(); c.partialWarned.IsZero() || now.Sub(c.partialWarned) >= partialWarnEvery {
+			c.log.Warn("claiming failed at some databases; the others' tasks run", "queue", q.name, "terms", len(partial.Terms),
+				"error", err, "not_logged_since", c.partialQuiet)
+			c.partialWarned, c.partialQuiet = now, 0
+		} else {
+			c.partialQuiet++
+		}
 		err = nil
 	}
 	if err != nil {
