@@ -383,8 +383,10 @@ type coordinatorProc struct {
 }
 
 // startCoordinator starts bin/coordinator on the cluster's etcd prefix and
-// database and returns once its /healthz answers.
-func (c *cluster) startCoordinator() (*coordinatorProc, error) {
+// database and returns once its /healthz answers. Given databases
+// (NAME=URL), it is given them as --database flags instead of the
+// cluster's one database.
+func (c *cluster) startCoordinator(databases ...string) (*coordinatorProc, error) {
 	if c.env.coordinatorBin == "" {
 		return nil, fmt.Errorf("no coordinator binary: give -coordinator")
 	}
@@ -395,8 +397,14 @@ func (c *cluster) startCoordinator() (*coordinatorProc, error) {
 	p := &coordinatorProc{addr: fmt.Sprintf("127.0.0.1:%d", port), logs: &linewriter.Buffer{}, done: make(chan error, 1)}
 	p.cmd = exec.Command(c.env.coordinatorBin, "--etcd-endpoints", c.env.etcd.Endpoints()[0], "--cluster", c.name,
 		"--shard-count", strconv.Itoa(c.shards), "--http-addr", p.addr, "--log-format", "json", "--coordinator-id", "bench")
-	// The database URL by environment, as a deployment gives it.
-	p.cmd.Env = append(os.Environ(), "DATABASE_URL="+c.dsn)
+	p.cmd.Env = os.Environ()
+	for _, d := range databases {
+		p.cmd.Args = append(p.cmd.Args, "--database", d)
+	}
+	if len(databases) == 0 {
+		// The database URL by environment, as a deployment gives it.
+		p.cmd.Env = append(p.cmd.Env, "DATABASE_URL="+c.dsn)
+	}
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {

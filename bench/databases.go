@@ -3,13 +3,18 @@ package main
 // The databases section (issue 40): a cluster's tasks over 1, 2 and 3
 // PostgreSQL servers, each capped to the same CPU by a cgroup v1 cpu
 // quota; converged noop throughput and PostgreSQL CPU per task at each
-// count, the ratio to one database, and the other databases' throughput
-// while one server is halted.
+// count, the ratio to one database, the other databases' throughput
+// while one server is halted, and the time and the rates of one shard's
+// move between two databases under the load.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,6 +29,8 @@ import (
 	"github.com/shardrun/shardrun"
 	"github.com/shardrun/shardrun/internal/linewriter"
 	"github.com/shardrun/shardrun/internal/pgtmp"
+	"github.com/shardrun/shardrun/shard"
+	"github.com/shardrun/shardrun/store"
 )
 
 // databasesOpts are the section's flags.
@@ -48,10 +55,17 @@ type databasesOpts struct {
 	shares int
 	// logs is a directory for each trial's runner logs (none when empty).
 	logs string
+	// move: in each trial at 2 databases, after the window, a coordinator
+	// is started and one shard of the first database moved to the second
+	// under the load, its rate and the others' measured over moveWindow
+	// before and after the move and during it.
+	move       bool
+	moveWindow time.Duration
 }
 
 var databasesFlags = databasesOpts{counts: "1,2,3", trials: 3, cores: 0.3, runnersPer: 1, maxWorkers: 512, dbMaxConns: 8,
-	tasksPerDB: 150_000, warmup: 5 * time.Second, window: 10 * time.Second, halt: true, shares: 8192}
+	tasksPerDB: 150_000, warmup: 5 * time.Second, window: 10 * time.Second, halt: true, shares: 8192,
+	move: true, moveWindow: 3 * time.Second}
 
 // dbCPUPeriod is the servers' cpu.cfs_period_us.
 const dbCPUPeriod = 100 * time.Millisecond
@@ -100,6 +114,59 @@ type dbTrial struct {
 	// ConvergedS is from the runners' spawn to every shard owned and the
 	// ownership balanced.
 	ConvergedS float64 `json:"converged_s"`
+	// Move is the move of one shard after the window (trials at 2
+	// databases).
+	Move *dbMove `json:"shard_move,omitempty"`
+}
+
+// dbMove is one shard's move from one database to another under the
+// backlog's load: POST /api/shards/{n}/move to a coordinator, the
+// duration from the request to the map's moves list empty (etcd), and
+// the rates before, during and after.
+type dbMove struct {
+	Shard int    `json:"shard"`
+	From  string `json:"from"`
+	To    string `json:"to"`
+	// ShardLeft is the shard's unfinished noop tasks at the source when
+	// it was chosen (of the source's shards that finished tasks in the
+	// last 2s, the one with the most left), and at the end of
+	// the window after the move (at the destination).
+	ShardLeft      int `json:"shard_unfinished_at_choice"`
+	ShardLeftAfter int `json:"shard_unfinished_after"`
+	// CopiedTasks is the tasks the copy moved, from the coordinator's "a
+	// move committed" line (-1: not found).
+	CopiedTasks int `json:"copied_tasks"`
+	// LeaderWaitS is from the coordinator's start to its fence raised at
+	// every database (before the first window).
+	LeaderWaitS float64 `json:"leader_wait_s"`
+	// DurationS is from the request to the map's moves list empty, read
+	// from etcd every 20ms.
+	DurationS float64 `json:"duration_s"`
+	// SourceRowsAfter is the shard's rows left at the source after the
+	// move (0: the copy's commit deleted them all).
+	SourceRowsAfter int `json:"source_rows_after"`
+	// ShardPauseS is the longest time between two of the shard's tasks
+	// finishing (at either database) from the first window's start to
+	// the last's end, and ShardPauseFromS when it began, from the
+	// request (negative: before it).
+	ShardPauseS     float64       `json:"shard_longest_pause_s"`
+	ShardPauseFromS float64       `json:"shard_longest_pause_from_request_s"`
+	Phases          []dbMovePhase `json:"phases"`
+	// Error is why the move's measure failed (the trial's window stands).
+	Error string `json:"error,omitempty"`
+}
+
+// dbMovePhase is the tasks finished before, during or after the move.
+type dbMovePhase struct {
+	Phase     string  `json:"phase"`
+	Seconds   float64 `json:"seconds"`
+	TasksPerS float64 `json:"tasks_per_s_all"`
+	// PerDatabase is each database's tasks/s, in the servers' order.
+	PerDatabase []float64 `json:"tasks_per_s_per_database"`
+	// ShardTasks is the moved shard's tasks finished in the phase, at
+	// either database.
+	ShardTasks     int     `json:"shard_tasks"`
+	ShardTasksPerS float64 `json:"shard_tasks_per_s"`
 }
 
 // dbShare is one database's part of a window.
@@ -207,10 +274,14 @@ func (e *env) databasesSection(ctx context.Context, rep *Report) error {
 	rep.Notes = append(rep.Notes, fmt.Sprintf("databases section: %d PostgreSQL 15 servers started alike (durable, shared_buffers 128MB), each in a cgroup v1 cpu group of its own capped at %.2f core (cpu.cfs_quota_us %d over cpu.cfs_period_us %d, cpu.shares %d; the bench process, with its embedded etcd, and the runners in one group of cpu.shares %d, no quota); the postmaster and its children moved in before any trial, backends born in it. "+
 		"A trial at N databases creates a fresh database on each of the first N servers, one cluster over them (--database db1=URL ... in that order: shards spread in contiguous ranges), enqueues %d noop tasks per database through the library client (Config.Databases: each batch split by shard), runs VACUUM (ANALYZE) on each database (so that the backlog's insert does not set autovacuum off inside the quota during the window), then starts %d runner(s) per database (--max-workers %d, --db-max-conns %d), waits until every shard is owned and the ownership balanced, waits %s, and counts the tasks each database finished (finished_at) in a window of %s; PostgreSQL CPU per task is the servers' CPU in the window (%s) over those tasks; the trials at each count run interleaved (1, 2, 3, 1, 2, 3...)",
 		len(servers), o.cores, int64(o.cores*float64(dbCPUPeriod.Microseconds())), dbCPUPeriod.Microseconds(), o.shares, o.shares, o.tasksPerDB, o.runnersPer, o.maxWorkers, o.dbMaxConns, o.warmup, o.window, res.CPUSource))
+	if o.move && slices.Contains(counts, 2) {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("databases section, shard move: in each trial at 2 databases, after the window, a coordinator is started over both (--database, the leader), and once its fence is raised at both, db1's shard with tasks finished in the last 2s and the most without finished_at is moved to db2 (POST /api/shards/{n}/move) under the runners' load; the move's time is from the request to the map in etcd listing no move (read every 20ms); tasks are counted by finished_at over %s before the request, the move, and %s after its end, per database and for the moved shard at either database", o.moveWindow, o.moveWindow))
+	}
 	for trial := range o.trials {
 		for _, n := range counts {
 			halt := o.halt && n > 1 && trial == o.trials-1 && n == counts[len(counts)-1]
-			t, h, err := e.databasesTrial(ctx, servers[:n], runnersCPU, trial, halt)
+			move := o.move && n == 2
+			t, h, err := e.databasesTrial(ctx, servers[:n], runnersCPU, trial, halt, move)
 			if err != nil {
 				return fmt.Errorf("%d database(s), trial %d: %w", n, trial+1, err)
 			}
@@ -218,6 +289,9 @@ func (e *env) databasesSection(ctx context.Context, rep *Report) error {
 			fmt.Fprintf(e.log, "  %d database(s), trial %d: %.0f tasks/s (%s), PostgreSQL CPU %.2f s per 10k tasks, %s of quota, throttled %s of periods, autovacuums %s; runners %.0f%%, bench+etcd %.0f%%, machine %.0f%% of a core; converged in %.2fs, enqueue %.0f rows/s\n",
 				n, trial+1, t.TasksPerS, shareRates(t.PerDatabase), t.PGCPUPer10k, shareQuota(t.PerDatabase), shareThrottled(t.PerDatabase), shareVacuums(t.PerDatabase),
 				t.RunnersCPUPct, t.BenchCPUPct, t.MachineBusyPct, t.ConvergedS, t.EnqueuePerS)
+			if m := t.Move; m != nil {
+				fmt.Fprintf(e.log, "  %s\n", m.line())
+			}
 			if h != nil {
 				res.Halt = h
 				fmt.Fprintf(e.log, "  %s halted (fast shutdown %.2fs) at %d databases: the others %.0f tasks/s before, %.0f while it is down (ratio %.2f; %s before, %s while down)\n",
@@ -320,7 +394,7 @@ func childrenOf(ppid int) []int {
 // databasesTrial runs one cluster over servers' fresh databases and
 // measures its converged window; with halt, the last server is then halted
 // and the others measured again.
-func (e *env) databasesTrial(ctx context.Context, servers []*cappedServer, runnersCPU *cpuCap, trial int, halt bool) (t dbTrial, h *dbHalt, err error) {
+func (e *env) databasesTrial(ctx context.Context, servers []*cappedServer, runnersCPU *cpuCap, trial int, halt, move bool) (t dbTrial, h *dbHalt, err error) {
 	o := databasesFlags
 	n := len(servers)
 	t = dbTrial{Databases: n, Trial: trial + 1, Runners: n * o.runnersPer}
@@ -426,6 +500,9 @@ func (e *env) databasesTrial(ctx context.Context, servers []*cappedServer, runne
 	if t.Tasks > 0 {
 		t.PGCPUPer10k = cpu / float64(t.Tasks) * 10_000
 	}
+	if move {
+		t.Move = moveShardUnderLoad(ctx, c, servers, dbs, flags, runnersCPU)
+	}
 	if !halt {
 		return t, nil, nil
 	}
@@ -456,6 +533,169 @@ func (e *env) databasesTrial(ctx context.Context, servers []*cappedServer, runne
 		h.Ratio = h.DuringTasksPerS / h.BeforeTasksPerS
 	}
 	return t, h, nil
+}
+
+// moveShardUnderLoad starts a coordinator over the cluster's databases
+// (the leader, whose driver makes moves), chooses the shard of the first
+// database with the most unfinished tasks, and measures its move to the
+// second under the runners' load: moveWindow before the request, the
+// move (POST /api/shards/{n}/move until the map in etcd lists no move),
+// moveWindow after. The tasks of each phase are counted afterwards by
+// finished_at (the copy keeps the moved tasks' finished_at, and the
+// source's rows are deleted at its commit, so none is counted twice). A
+// failure is the move's Error, not the trial's.
+func moveShardUnderLoad(ctx context.Context, c *cluster, servers []*cappedServer, dbs []shardrun.Database, flags []string, runnersCPU *cpuCap) *dbMove {
+	mv := &dbMove{From: servers[0].name, To: servers[1].name, CopiedTasks: -1}
+	if err := mv.run(ctx, c, servers, dbs, flags, runnersCPU); err != nil {
+		mv.Error = err.Error()
+	}
+	return mv
+}
+
+func (mv *dbMove) run(ctx context.Context, c *cluster, servers []*cappedServer, dbs []shardrun.Database, flags []string, runnersCPU *cpuCap) error {
+	o := databasesFlags
+	began := time.Now()
+	coord, err := c.startCoordinator(flags...)
+	if err != nil {
+		return err
+	}
+	defer coord.stop()
+	if err := runnersCPU.add(coord.cmd.Process.Pid); err != nil {
+		return err
+	}
+	// The driver moves once the leader's fence is raised at both
+	// databases: wait for it, so that the move's time is the move's. Each
+	// database's services start after its fence is raised, the sweeper
+	// first logging "sweeping".
+	if err := waitEvery(60*time.Second, 50*time.Millisecond, func() bool {
+		return strings.Count(coord.logs.String(), `"@message":"sweeping"`) >= len(dbs)
+	}); err != nil {
+		return fmt.Errorf("the coordinator did not raise its fence at %d databases: %w\n%s", len(dbs), err, linewriter.Tail(coord.logs.String(), 20))
+	}
+	mv.LeaderWaitS = time.Since(began).Seconds()
+	// A shard the runners are working on (tasks finished in the last 2s),
+	// of those the one with the most left; any with the most left when
+	// none is.
+	if err := dbs[0].Pool.QueryRow(ctx, benchTag+`SELECT shard, count(*) FILTER (WHERE finished_at IS NULL)::int AS unfinished
+		FROM tasks WHERE kind = 'noop' GROUP BY shard
+		ORDER BY count(*) FILTER (WHERE finished_at > now() - interval '2 seconds') > 0 DESC, unfinished DESC, shard LIMIT 1`).Scan(&mv.Shard, &mv.ShardLeft); err != nil {
+		return fmt.Errorf("choosing the shard to move: %w", err)
+	}
+	t0 := time.Now()
+	if err := sleepCtx(ctx, o.moveWindow); err != nil {
+		return err
+	}
+	t1 := time.Now()
+	body, _ := json.Marshal(map[string]string{"to": mv.To})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://%s/api/shards/%d/move", coord.addr, mv.Shard), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("asking for the move: %w", err)
+	}
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("asking for the move: %s: %s", resp.Status, msg)
+	}
+	var last store.Map
+	var readErr error
+	if err := waitEvery(120*time.Second, 20*time.Millisecond, func() bool {
+		m, err := shard.ReadDatabases(ctx, c.env.cli, c.prefix(), c.shards)
+		if readErr = err; err != nil {
+			return false
+		}
+		last = m
+		return len(m.Moves) == 0
+	}); err != nil {
+		return fmt.Errorf("the move of shard %d did not end: %w (etcd: %v)\n%s", mv.Shard, err, readErr, linewriter.Tail(coord.logs.String(), 20))
+	}
+	t2 := time.Now()
+	mv.DurationS = t2.Sub(t1).Seconds()
+	if at := last.Shards[mv.Shard]; at != mv.To {
+		return fmt.Errorf("the move ended with shard %d in %s\n%s", mv.Shard, at, linewriter.Tail(coord.logs.String(), 20))
+	}
+	if err := sleepCtx(ctx, o.moveWindow); err != nil {
+		return err
+	}
+	t3 := time.Now()
+	for _, line := range strings.Split(coord.logs.String(), "\n") {
+		var l struct {
+			Tasks *int `json:"tasks"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Tasks != nil && strings.Contains(line, "a move committed") {
+			mv.CopiedTasks = *l.Tasks
+		}
+	}
+	at := []time.Time{t0, t1, t2, t3}
+	mv.Phases = []dbMovePhase{{Phase: "before"}, {Phase: "during"}, {Phase: "after"}}
+	for i := range mv.Phases {
+		mv.Phases[i].Seconds = at[i+1].Sub(at[i]).Seconds()
+	}
+	for i, d := range dbs {
+		var all, sh [3]int
+		var left, shardLeft int
+		if err := d.Pool.QueryRow(ctx, benchTag+`SELECT
+				count(*) FILTER (WHERE finished_at >= $1 AND finished_at < $2)::int,
+				count(*) FILTER (WHERE finished_at >= $2 AND finished_at < $3)::int,
+				count(*) FILTER (WHERE finished_at >= $3 AND finished_at < $4)::int,
+				count(*) FILTER (WHERE shard = $5 AND finished_at >= $1 AND finished_at < $2)::int,
+				count(*) FILTER (WHERE shard = $5 AND finished_at >= $2 AND finished_at < $3)::int,
+				count(*) FILTER (WHERE shard = $5 AND finished_at >= $3 AND finished_at < $4)::int,
+				count(*) FILTER (WHERE finished_at IS NULL OR finished_at >= $4)::int,
+				count(*) FILTER (WHERE shard = $5 AND (finished_at IS NULL OR finished_at >= $4))::int
+			FROM tasks WHERE kind = 'noop'`, t0, t1, t2, t3, mv.Shard).Scan(&all[0], &all[1], &all[2], &sh[0], &sh[1], &sh[2], &left, &shardLeft); err != nil {
+			return fmt.Errorf("counting %s's tasks of the move's phases: %w", servers[i].name, err)
+		}
+		if left == 0 {
+			return fmt.Errorf("%s's backlog drained before the move's last window ended: give more -db-tasks", servers[i].name)
+		}
+		mv.ShardLeftAfter += shardLeft
+		if i == 0 {
+			if err := d.Pool.QueryRow(ctx, benchTag+`SELECT count(*)::int FROM tasks WHERE shard = $1`, mv.Shard).Scan(&mv.SourceRowsAfter); err != nil {
+				return fmt.Errorf("counting the shard's rows left at %s: %w", servers[i].name, err)
+			}
+		}
+		for p := range mv.Phases {
+			ph := &mv.Phases[p]
+			r := float64(all[p]) / ph.Seconds
+			ph.PerDatabase = append(ph.PerDatabase, r)
+			ph.TasksPerS += r
+			ph.ShardTasks += sh[p]
+		}
+	}
+	for p := range mv.Phases {
+		mv.Phases[p].ShardTasksPerS = float64(mv.Phases[p].ShardTasks) / mv.Phases[p].Seconds
+	}
+	// Every row of the shard is at the destination now (the copy took the
+	// finished ones with their finished_at).
+	if err := dbs[1].Pool.QueryRow(ctx, benchTag+`SELECT coalesce(extract(epoch FROM gap), 0)::float8, coalesce(extract(epoch FROM finished_at - gap - $4), 0)::float8
+		FROM (SELECT finished_at, finished_at - lag(finished_at) OVER (ORDER BY finished_at) AS gap
+			FROM tasks WHERE kind = 'noop' AND shard = $1 AND finished_at >= $2 AND finished_at < $3) g
+		ORDER BY gap DESC NULLS LAST LIMIT 1`, mv.Shard, t0, t3, t1).Scan(&mv.ShardPauseS, &mv.ShardPauseFromS); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("reading the shard's longest pause at %s: %w", servers[1].name, err)
+	}
+	return nil
+}
+
+// line is the move's line of the section's output.
+func (mv *dbMove) line() string {
+	if mv.Error != "" {
+		return fmt.Sprintf("move of shard %d from %s to %s: not measured: %s", mv.Shard, mv.From, mv.To, mv.Error)
+	}
+	var parts []string
+	for _, p := range mv.Phases {
+		var per []string
+		for _, r := range p.PerDatabase {
+			per = append(per, fmt.Sprintf("%.0f", r))
+		}
+		parts = append(parts, fmt.Sprintf("%s (%.2fs) %.0f tasks/s (%s), the shard %.0f/s (%d)", p.Phase, p.Seconds, p.TasksPerS, strings.Join(per, "/"), p.ShardTasksPerS, p.ShardTasks))
+	}
+	return fmt.Sprintf("move of shard %d from %s to %s under load: %.2fs from the request to the map's moves empty (%d tasks copied; the shard had %d unfinished when chosen, %d after, %d rows left at %s; its longest pause %.2fs from %+.2fs of the request); %s",
+		mv.Shard, mv.From, mv.To, mv.DurationS, mv.CopiedTasks, mv.ShardLeft, mv.ShardLeftAfter, mv.SourceRowsAfter, mv.From, mv.ShardPauseS, mv.ShardPauseFromS, strings.Join(parts, "; "))
 }
 
 // dbWindow is what measureDBWindow read.
@@ -668,6 +908,11 @@ func printDatabases(w io.Writer, r *databasesResult) {
 			fmt.Fprintf(w, "; **%.2f** × one database (goal ≥ %.2f)", s.RatioToOne, s.Goal)
 		}
 		fmt.Fprintf(w, "; PostgreSQL CPU %.2f s per 10k tasks, %.2f of quota (medians) |\n", s.PGCPUPer10k, s.PGCPUOfQuota)
+	}
+	for _, t := range r.Trials {
+		if m := t.Move; m != nil {
+			fmt.Fprintf(w, "| %d databases, trial %d: %s |\n", t.Databases, t.Trial, m.line())
+		}
 	}
 	if h := r.Halt; h != nil {
 		fmt.Fprintf(w, "| %d databases, %s halted | the others %.0f tasks/s before, %.0f while it is down (ratio %.2f) |\n", h.Databases, h.Halted, h.BeforeTasksPerS, h.DuringTasksPerS, h.Ratio)

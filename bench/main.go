@@ -190,6 +190,8 @@ func main() {
 	flag.IntVar(&databasesFlags.shares, "db-shares", databasesFlags.shares, "cpu.shares of the databases section's server groups and of its group of the bench process (etcd) and the runners (0: the default 1024)")
 	flag.StringVar(&databasesFlags.logs, "db-logs", "", "a directory for the runners' logs of each databases trial (none when empty)")
 	flag.BoolVar(&databasesFlags.halt, "db-halt", databasesFlags.halt, "halt one server in the last trial at the largest count and measure the others")
+	flag.BoolVar(&databasesFlags.move, "db-move", databasesFlags.move, "in each trial at 2 databases, start a coordinator after the window and move one shard of db1 to db2 under the load, measuring the move's time and the rates before, during and after")
+	flag.DurationVar(&databasesFlags.moveWindow, "db-move-window", databasesFlags.moveWindow, "windows before and after the databases section's shard move")
 	flag.IntVar(&tracingFlags.procs, "tracing-procs", tracingFlags.procs, "runner processes of the tracing section (--max-workers as in the throughput runs at that count)")
 	flag.Parse()
 	if *redraw != "" {
