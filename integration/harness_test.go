@@ -526,8 +526,15 @@ func (c *cluster) enqueueBatch(coord *proc, batch []map[string]any, expect tasks
 	for i, task := range batch {
 		keys[i] = fmt.Sprint(task["key"])
 	}
-	// every database, until all are found (a database that is down holds
-	// none of them: the API refused the batch otherwise).
+	c.expectKeys(keys, expect)
+}
+
+// expectKeys records every task of keys, in whichever database it is, as
+// one that must end in state expect, and returns how many it found. It
+// reads the databases in order until all are found (a database that is
+// down holds none of them: the API refused the batch otherwise).
+func (c *cluster) expectKeys(keys []string, expect tasks.State) int {
+	c.t.Helper()
 	found := 0
 	for _, d := range c.dbs {
 		if found == len(keys) {
@@ -548,6 +555,7 @@ func (c *cluster) enqueueBatch(coord *proc, batch []map[string]any, expect tasks
 		c.mu.Unlock()
 		found += len(ids)
 	}
+	return found
 }
 
 // counts are the tasks by state, summed over the databases.

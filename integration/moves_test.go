@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/shardrun/shardrun/internal/coordinator"
 	"github.com/shardrun/shardrun/internal/pgtest"
 	"github.com/shardrun/shardrun/internal/testutil"
@@ -90,24 +88,7 @@ func (p *producer) Run(ctx context.Context) {
 // it is, as one that must complete.
 func (c *cluster) expectSent(keys []string) int {
 	c.t.Helper()
-	n := 0
-	for _, d := range c.dbs {
-		rows, err := d.store.Pool().Query(context.Background(), `SELECT id FROM task_view WHERE key = ANY ($1)`, keys)
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil {
-			c.t.Fatal(err)
-		}
-		c.mu.Lock()
-		for _, id := range ids {
-			c.enqueued[id] = tasks.Completed
-		}
-		c.mu.Unlock()
-		n += len(ids)
-	}
-	return n
+	return c.expectKeys(keys, tasks.Completed)
 }
 
 // TestMoveAShardUnderLoad moves one shard of main to second while
