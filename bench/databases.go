@@ -559,7 +559,12 @@ func (mv *dbMove) run(ctx context.Context, c *cluster, servers []*cappedServer, 
 	if err != nil {
 		return err
 	}
-	defer coord.stop()
+	defer func() {
+		coord.stop()
+		if o.logs != "" {
+			_ = os.WriteFile(filepath.Join(o.logs, c.name+"-coordinator.log"), []byte(coord.logs.String()), 0o644)
+		}
+	}()
 	if err := runnersCPU.add(coord.cmd.Process.Pid); err != nil {
 		return err
 	}
