@@ -127,9 +127,10 @@ type dbMove struct {
 	Shard int    `json:"shard"`
 	From  string `json:"from"`
 	To    string `json:"to"`
-	// ShardLeft is the shard's unfinished noop tasks at the source when
-	// it was chosen (of the source's shards that finished tasks in the
-	// last 2s, the one with the most left), and at the end of
+	// ShardLeft is the shard's noop tasks without finished_at at the
+	// source when it was chosen, at the request (of the source's shards
+	// that finished tasks in the last 2s, the one with the most left), and
+	// at the end of
 	// the window after the move (at the destination).
 	ShardLeft      int `json:"shard_unfinished_at_choice"`
 	ShardLeftAfter int `json:"shard_unfinished_after"`
@@ -275,7 +276,7 @@ func (e *env) databasesSection(ctx context.Context, rep *Report) error {
 		"A trial at N databases creates a fresh database on each of the first N servers, one cluster over them (--database db1=URL ... in that order: shards spread in contiguous ranges), enqueues %d noop tasks per database through the library client (Config.Databases: each batch split by shard), runs VACUUM (ANALYZE) on each database (so that the backlog's insert does not set autovacuum off inside the quota during the window), then starts %d runner(s) per database (--max-workers %d, --db-max-conns %d), waits until every shard is owned and the ownership balanced, waits %s, and counts the tasks each database finished (finished_at) in a window of %s; PostgreSQL CPU per task is the servers' CPU in the window (%s) over those tasks; the trials at each count run interleaved (1, 2, 3, 1, 2, 3...)",
 		len(servers), o.cores, int64(o.cores*float64(dbCPUPeriod.Microseconds())), dbCPUPeriod.Microseconds(), o.shares, o.shares, o.tasksPerDB, o.runnersPer, o.maxWorkers, o.dbMaxConns, o.warmup, o.window, res.CPUSource))
 	if o.move && slices.Contains(counts, 2) {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("databases section, shard move: in each trial at 2 databases, after the window, a coordinator is started over both (--database, the leader), and once its fence is raised at both, db1's shard with tasks finished in the last 2s and the most without finished_at is moved to db2 (POST /api/shards/{n}/move) under the runners' load; the move's time is from the request to the map in etcd listing no move (read every 20ms); tasks are counted by finished_at over %s before the request, the move, and %s after its end, per database and for the moved shard at either database", o.moveWindow, o.moveWindow))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("databases section, shard move: in each trial at 2 databases, after the window, a coordinator is started over both (--database, the leader), and once its fence is raised at both and a first window has passed, db1's shard with tasks finished in the last 2s and the most without finished_at is moved to db2 (POST /api/shards/{n}/move) under the runners' load; the move's time is from the request to the map in etcd listing no move (read every 20ms); tasks are counted by finished_at over %s before the request, the move, and %s after its end, per database and for the moved shard at either database", o.moveWindow, o.moveWindow))
 	}
 	for trial := range o.trials {
 		for _, n := range counts {
@@ -578,6 +579,12 @@ func (mv *dbMove) run(ctx context.Context, c *cluster, servers []*cappedServer, 
 		return fmt.Errorf("the coordinator did not raise its fence at %d databases: %w\n%s", len(dbs), err, linewriter.Tail(coord.logs.String(), 20))
 	}
 	mv.LeaderWaitS = time.Since(began).Seconds()
+	t0 := time.Now()
+	if err := sleepCtx(ctx, o.moveWindow); err != nil {
+		return err
+	}
+	// Chosen at the end of the first window, so that the shard still has
+	// tasks when the move begins (a busy shard drains in seconds).
 	// A shard the runners are working on (tasks finished in the last 2s),
 	// of those the one with the most left; any with the most left when
 	// none is.
@@ -585,10 +592,6 @@ func (mv *dbMove) run(ctx context.Context, c *cluster, servers []*cappedServer, 
 		FROM tasks WHERE kind = 'noop' GROUP BY shard
 		ORDER BY count(*) FILTER (WHERE finished_at > now() - interval '2 seconds') > 0 DESC, unfinished DESC, shard LIMIT 1`).Scan(&mv.Shard, &mv.ShardLeft); err != nil {
 		return fmt.Errorf("choosing the shard to move: %w", err)
-	}
-	t0 := time.Now()
-	if err := sleepCtx(ctx, o.moveWindow); err != nil {
-		return err
 	}
 	t1 := time.Now()
 	body, _ := json.Marshal(map[string]string{"to": mv.To})
