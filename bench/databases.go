@@ -70,6 +70,10 @@ var databasesFlags = databasesOpts{counts: "1,2,3", trials: 3, cores: 0.3, runne
 // dbCPUPeriod is the servers' cpu.cfs_period_us.
 const dbCPUPeriod = 100 * time.Millisecond
 
+// dbResumeWait bounds the wait for the moved shard's first task finished
+// at its destination.
+const dbResumeWait = 60 * time.Second
+
 // dbHaltSettle is how long after a server's halt the others' window starts.
 const dbHaltSettle = 2 * time.Second
 
@@ -150,9 +154,13 @@ type dbMove struct {
 	// finishing (at either database) from the first window's start to
 	// the last's end, and ShardPauseFromS when it began, from the
 	// request (negative: before it).
-	ShardPauseS     float64       `json:"shard_longest_pause_s"`
-	ShardPauseFromS float64       `json:"shard_longest_pause_from_request_s"`
-	Phases          []dbMovePhase `json:"phases"`
+	ShardPauseS     float64 `json:"shard_longest_pause_s"`
+	ShardPauseFromS float64 `json:"shard_longest_pause_from_request_s"`
+	// ResumedS is from the move's end to the first of the shard's tasks
+	// finished at the destination (read every 100ms after the last
+	// window, up to dbResumeWait; -1: none by then, or none left to run).
+	ResumedS float64       `json:"shard_resumed_after_move_s"`
+	Phases   []dbMovePhase `json:"phases"`
 	// Error is why the move's measure failed (the trial's window stands).
 	Error string `json:"error,omitempty"`
 }
@@ -678,6 +686,19 @@ func (mv *dbMove) run(ctx context.Context, c *cluster, servers []*cappedServer, 
 	for p := range mv.Phases {
 		mv.Phases[p].ShardTasksPerS = float64(mv.Phases[p].ShardTasks) / mv.Phases[p].Seconds
 	}
+	// The first of the shard's tasks run at the destination: after t2
+	// (the copied ones finished before the copy's commit, before t2).
+	mv.ResumedS = -1
+	if mv.ShardLeftAfter > 0 {
+		var first *time.Time
+		_ = waitEvery(dbResumeWait, 100*time.Millisecond, func() bool {
+			err := dbs[1].Pool.QueryRow(ctx, benchTag+`SELECT min(finished_at) FROM tasks WHERE shard = $1 AND finished_at >= $2`, mv.Shard, t2).Scan(&first)
+			return err != nil || first != nil
+		})
+		if first != nil {
+			mv.ResumedS = first.Sub(t2).Seconds()
+		}
+	}
 	// Every row of the shard is at the destination now (the copy took the
 	// finished ones with their finished_at).
 	if err := dbs[1].Pool.QueryRow(ctx, benchTag+`SELECT coalesce(extract(epoch FROM gap), 0)::float8, coalesce(extract(epoch FROM finished_at - gap - $4), 0)::float8
@@ -694,6 +715,13 @@ func (mv *dbMove) line() string {
 	if mv.Error != "" {
 		return fmt.Sprintf("move of shard %d from %s to %s: not measured: %s", mv.Shard, mv.From, mv.To, mv.Error)
 	}
+	resumed := fmt.Sprintf("%.2fs", mv.ResumedS)
+	if mv.ResumedS < 0 {
+		resumed = "none"
+		if mv.ShardLeftAfter > 0 {
+			resumed = fmt.Sprintf("none within %s", dbResumeWait)
+		}
+	}
 	var parts []string
 	for _, p := range mv.Phases {
 		var per []string
@@ -702,8 +730,8 @@ func (mv *dbMove) line() string {
 		}
 		parts = append(parts, fmt.Sprintf("%s (%.2fs) %.0f tasks/s (%s), the shard %.0f/s (%d)", p.Phase, p.Seconds, p.TasksPerS, strings.Join(per, "/"), p.ShardTasksPerS, p.ShardTasks))
 	}
-	return fmt.Sprintf("move of shard %d from %s to %s under load: %.2fs from the request to the map's moves empty (%d tasks copied; the shard had %d unfinished when chosen, %d after, %d rows left at %s; its longest pause %.2fs from %+.2fs of the request); %s",
-		mv.Shard, mv.From, mv.To, mv.DurationS, mv.CopiedTasks, mv.ShardLeft, mv.ShardLeftAfter, mv.SourceRowsAfter, mv.From, mv.ShardPauseS, mv.ShardPauseFromS, strings.Join(parts, "; "))
+	return fmt.Sprintf("move of shard %d from %s to %s under load: %.2fs from the request to the map's moves empty (%d tasks copied; the shard had %d unfinished when chosen, %d after, %d rows left at %s; its longest pause %.2fs from %+.2fs of the request; its first task at %s %s after the move's end); %s",
+		mv.Shard, mv.From, mv.To, mv.DurationS, mv.CopiedTasks, mv.ShardLeft, mv.ShardLeftAfter, mv.SourceRowsAfter, mv.From, mv.ShardPauseS, mv.ShardPauseFromS, mv.To, resumed, strings.Join(parts, "; "))
 }
 
 // dbWindow is what measureDBWindow read.
