@@ -312,6 +312,21 @@ func (r *Router) claim(ctx context.Context, terms []claims.ShardEpoch, limit, st
 	return out, &claims.PartialError{Terms: unsure, Err: errors.Join(errs...)}
 }
 
+// PartOf is the slot of the database that holds shard under the current
+// map (0 in a cluster of one database): a claim (claim) visits each
+// database's shards on its own, and the executor judges per database
+// which shards a full claim drained.
+func (r *Router) PartOf(shard int) int {
+	if r.one != nil {
+		return 0
+	}
+	rt := r.cur.Load()
+	if shard < 0 || shard >= len(rt.m.Shards) {
+		return -1
+	}
+	return slices.Index(r.names, rt.m.Shards[shard])
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1

@@ -148,8 +148,17 @@ func newClaimer(cfg Config, p *pool, a *ahead, w *writer, tr *tracer) *claimer {
 		orphansBackoff: clock.Backoff{Min: cfg.PollInterval, Max: max(cfg.PollInterval, orphansRetryMax)}}
 	probed := len(cfg.Queues) > probeAbove
 	c.probe = newProber(cfg.Clock.Now(), !probed)
+	// A store that splits a claim between databases says which part each
+	// shard's claims go to (store.Router.PartOf), so that a claim's
+	// drained shards are judged per part.
+	var partOf func(int) int
+	if ps, ok := cfg.Store.(interface{ PartOf(shard int) int }); ok {
+		partOf = ps.PartOf
+	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Queues)) {
-		c.queues = append(c.queues, &queueClaims{name: name, limit: cfg.Queues[name], pending: newPending(probed)})
+		q := &queueClaims{name: name, limit: cfg.Queues[name], pending: newPending(probed)}
+		q.pending.partOf = partOf
+		c.queues = append(c.queues, q)
 		c.probe.names = append(c.probe.names, name)
 	}
 	c.round.Store(cfg.Clock.Now().UnixNano())

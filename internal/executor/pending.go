@@ -43,6 +43,10 @@ type pending struct {
 	next, nextUrgent int
 	// probed: shards are marked by notify only (see above).
 	probed bool
+	// partOf, when set, names the part of the store each shard's claims go
+	// to (a database of several, PartOf): a claim visits each part's
+	// shards in order on its own, so what it drained is judged per part.
+	partOf func(shard int) int
 }
 
 func newPending(probed bool) *pending {
@@ -119,22 +123,43 @@ func rotate(terms []claims.ShardEpoch, from int, set map[int]bool) []claims.Shar
 // limit, len(order)-1 — and the shards it drained of what it claims: those
 // before that last one, and that one too when the claim took fewer than
 // limit (it visited every shard and found no more).
-func visited(order []claims.ShardEpoch, got []tasks.Task, limit int) (last int, drained []claims.ShardEpoch) {
+//
+// A claim split between parts (partOf: a router over several databases
+// asks each database for a share of the limit, over its own shards) visits
+// each part's shards on its own: a full claim drained the shards of a
+// part before the last one it took from in that part, and nothing of a
+// part it took nothing from (it may not have been asked). Judged over the
+// whole order, a full claim marked a database's shards drained because
+// another database's claim went further (bench section databases: one
+// database of two at a fifth of its quota with its backlog untouched).
+func visited(order []claims.ShardEpoch, got []tasks.Task, limit int, partOf func(int) int) (last int, drained []claims.ShardEpoch) {
 	if len(got) < limit {
 		return len(order) - 1, order
+	}
+	if partOf == nil {
+		partOf = func(int) int { return 0 }
 	}
 	from := make(map[int]bool, len(got))
 	for _, t := range got {
 		from[t.Shard] = true
 	}
-	last = len(order) - 1
-	for i := len(order) - 1; i >= 0; i-- {
-		if from[order[i].Shard] {
+	lastIn := map[int]int{} // part -> index in order of the last shard taken from
+	last = -1
+	for i, se := range order {
+		if from[se.Shard] {
+			lastIn[partOf(se.Shard)] = i
 			last = i
-			break
 		}
 	}
-	return last, order[:last]
+	if last < 0 {
+		return len(order) - 1, nil
+	}
+	for i, se := range order {
+		if l, ok := lastIn[partOf(se.Shard)]; ok && i < l {
+			drained = append(drained, se)
+		}
+	}
+	return last, drained
 }
 
 // urgentClaimed records what a claim of urgent tasks over first took: the
@@ -144,7 +169,7 @@ func (p *pending) urgentClaimed(first []claims.ShardEpoch, got []tasks.Task, lim
 	if len(first) == 0 {
 		return
 	}
-	last, drained := visited(first, got, limit)
+	last, drained := visited(first, got, limit, p.partOf)
 	for _, t := range drained {
 		delete(p.first, t.Shard)
 	}
@@ -159,7 +184,7 @@ func (p *pending) claimed(order []claims.ShardEpoch, got []tasks.Task, limit int
 	if len(order) == 0 {
 		return
 	}
-	last, drained := visited(order, got, limit)
+	last, drained := visited(order, got, limit, p.partOf)
 	for _, t := range drained {
 		delete(p.shards, t.Shard)
 		delete(p.first, t.Shard)

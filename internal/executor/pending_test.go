@@ -95,3 +95,31 @@ func TestUrgentClaimsRotate(t *testing.T) {
 		t.Fatalf("urgent claims served shards %v, want each in turn: [0 5 7 0 5 7]", served)
 	}
 }
+
+// TestAFullClaimSplitBetweenDatabasesDrainsPerDatabase: a claim split
+// between two databases (shards 0-3 in one, 4-7 in the other) that filled
+// its limit, taking from shards 1 and 5, drained shards 0 and 4 only:
+// judged over the whole order it also marked 2 and 3 drained, the first
+// database's backlog left unclaimed until the next poll.
+func TestAFullClaimSplitBetweenDatabasesDrainsPerDatabase(t *testing.T) {
+	p := newPending(false)
+	p.partOf = func(shard int) int { return shard / 4 }
+	held := make([]claims.ShardEpoch, 8)
+	for i := range held {
+		held[i] = claims.ShardEpoch{Shard: i, Epoch: 1}
+	}
+	_, order := p.order(held)
+	p.claimed(order, []tasks.Task{{Shard: 1}, {Shard: 1}, {Shard: 5}, {Shard: 5}}, 4)
+	_, got := p.order(held)
+	if want := []int{6, 7, 1, 2, 3, 5}; !slices.Equal(shards(got), want) {
+		t.Fatalf("after a full claim split between two databases: %v, want %v (0 and 4 drained, the rotation after 5)", shards(got), want)
+	}
+	// One database: the shards before the last one taken from are drained,
+	// as before.
+	p = newPending(false)
+	_, order = p.order(held)
+	p.claimed(order, []tasks.Task{{Shard: 1}, {Shard: 5}}, 2)
+	if _, got := p.order(held); !slices.Equal(shards(got), []int{6, 7, 5}) {
+		t.Fatalf("after a full claim at one database: %v, want [6 7 5]", shards(got))
+	}
+}
