@@ -217,6 +217,14 @@ func TestKindRolledOutToOneRunnerThenAll(t *testing.T) {
 	first := c.startRunnerServing("r1-v2", false, []string{tasks.DefaultQueue}, all)
 	c.waitRunning(first)
 	c.enqueue(coord, 200, "noop", "", 3, tasks.Completed)
+	// It runs sleeps before it is frozen: frozen at once, under a busy
+	// machine's scheduling it could run none before the others had the
+	// handler too, and the test would show nothing of the rollout.
+	c.waitFor(20*time.Second, "the first runner with the handler running sleeps", func() bool {
+		var n int
+		err := c.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM task_view WHERE kind = 'sleep' AND state = 'completed' AND claimed_by = 'r1-v2'`).Scan(&n)
+		return err == nil && n > 0
+	})
 	stopped := time.Now()
 	first.signal(t, syscall.SIGSTOP)
 	c.waitFor(3*leaseTTL, "the frozen runner's units freed", func() bool {
