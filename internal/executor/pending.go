@@ -37,10 +37,19 @@ type pending struct {
 	// first are the pending shards that got urgent tasks: the next claim
 	// visits them before the rotation.
 	first map[int]bool
-	// next is the shard the next claim starts from, nextUrgent the shard
-	// the next claim of urgent tasks starts from: both rotate, so that no
-	// shard's backlog starves the others.
-	next, nextUrgent int
+	// next is, by part (partOf; part 0 without it), the shard the next
+	// claim starts from in that part, nextUrgent the same for the next
+	// claim of urgent tasks: both rotate, so that no shard's backlog
+	// starves the others. Each part keeps its own position because a claim
+	// split between parts visits each part's shards on its own, filling
+	// its share from the first shards of the part it reaches: one position
+	// for the whole order, set after the part whose claim went furthest,
+	// made every other part start again from the same few shards of it
+	// while they had a backlog, and a shard after them (one moved in, with
+	// its copied backlog) waited until they drained (bench section
+	// databases: a moved shard's copied backlog started 15.8-27.5 s after
+	// the move).
+	next, nextUrgent map[int]int
 	// probed: shards are marked by notify only (see above).
 	probed bool
 	// partOf, when set, names the part of the store each shard's claims go
@@ -51,7 +60,7 @@ type pending struct {
 
 func newPending(probed bool) *pending {
 	return &pending{woken: map[int]bool{}, urgent: map[int]bool{}, shards: map[int]bool{}, known: map[int]bool{},
-		first: map[int]bool{}, probed: probed}
+		first: map[int]bool{}, probed: probed, next: map[int]int{}, nextUrgent: map[int]int{}}
 }
 
 // notify records an enqueue notification (all: every shard; urgent: the
@@ -99,30 +108,54 @@ func (p *pending) order(terms []claims.ShardEpoch) (first, order []claims.ShardE
 			delete(p.first, s)
 		}
 	}
-	return rotate(terms, p.nextUrgent, p.first), rotate(terms, p.next, p.shards)
+	return p.rotate(terms, p.nextUrgent, p.first), p.rotate(terms, p.next, p.shards)
 }
 
-// rotate returns the terms whose shard is in set, starting from the first
-// shard at or after from and wrapping around. terms are ordered by shard.
-func rotate(terms []claims.ShardEpoch, from int, set map[int]bool) []claims.ShardEpoch {
+// part is the part of shard (0 without partOf).
+func (p *pending) part(shard int) int {
+	if p.partOf == nil {
+		return 0
+	}
+	return p.partOf(shard)
+}
+
+// rotate returns the terms whose shard is in set, each part's (partOf)
+// starting from the first shard of the part at or after the part's
+// position in from and wrapping around within the part, the parts one
+// after another in the order of their first shard. terms are ordered by
+// shard.
+func (p *pending) rotate(terms []claims.ShardEpoch, from map[int]int, set map[int]bool) []claims.ShardEpoch {
 	if len(set) == 0 {
 		return nil
 	}
+	var parts []int
+	byPart := map[int][]claims.ShardEpoch{}
+	for _, t := range terms {
+		k := p.part(t.Shard)
+		if _, ok := byPart[k]; !ok {
+			parts = append(parts, k)
+		}
+		byPart[k] = append(byPart[k], t)
+	}
 	out := make([]claims.ShardEpoch, 0, len(set))
-	start, _ := slices.BinarySearchFunc(terms, from, func(t claims.ShardEpoch, s int) int { return t.Shard - s })
-	for i := range terms {
-		if t := terms[(start+i)%len(terms)]; set[t.Shard] {
-			out = append(out, t)
+	for _, k := range parts {
+		ts := byPart[k]
+		start, _ := slices.BinarySearchFunc(ts, from[k], func(t claims.ShardEpoch, s int) int { return t.Shard - s })
+		for i := range ts {
+			if t := ts[(start+i)%len(ts)]; set[t.Shard] {
+				out = append(out, t)
+			}
 		}
 	}
 	return out
 }
 
-// visited reads what a claim over order took (got, with limit): the index
-// in order of the last shard it took from — or, when it did not fill its
-// limit, len(order)-1 — and the shards it drained of what it claims: those
-// before that last one, and that one too when the claim took fewer than
-// limit (it visited every shard and found no more).
+// visited reads what a claim over order took (got, with limit): by part,
+// the index in order of the last shard it took from in that part — or,
+// when it did not fill its limit, of the part's last shard in order: the
+// part's next claim starts after it — and the shards it drained of what it
+// claims: those before that last one, and every one when the claim took
+// fewer than limit (it visited every shard and found no more).
 //
 // A claim split between parts (partOf: a router over several databases
 // asks each database for a share of the limit, over its own shards) visits
@@ -132,34 +165,32 @@ func rotate(terms []claims.ShardEpoch, from int, set map[int]bool) []claims.Shar
 // whole order, a full claim marked a database's shards drained because
 // another database's claim went further (bench section databases: one
 // database of two at a fifth of its quota with its backlog untouched).
-func visited(order []claims.ShardEpoch, got []tasks.Task, limit int, partOf func(int) int) (last int, drained []claims.ShardEpoch) {
-	if len(got) < limit {
-		return len(order) - 1, order
-	}
+func visited(order []claims.ShardEpoch, got []tasks.Task, limit int, partOf func(int) int) (lastIn map[int]int, drained []claims.ShardEpoch) {
 	if partOf == nil {
 		partOf = func(int) int { return 0 }
+	}
+	lastIn = map[int]int{}
+	if len(got) < limit {
+		for i, se := range order {
+			lastIn[partOf(se.Shard)] = i
+		}
+		return lastIn, order
 	}
 	from := make(map[int]bool, len(got))
 	for _, t := range got {
 		from[t.Shard] = true
 	}
-	lastIn := map[int]int{} // part -> index in order of the last shard taken from
-	last = -1
 	for i, se := range order {
 		if from[se.Shard] {
 			lastIn[partOf(se.Shard)] = i
-			last = i
 		}
-	}
-	if last < 0 {
-		return len(order) - 1, nil
 	}
 	for i, se := range order {
 		if l, ok := lastIn[partOf(se.Shard)]; ok && i < l {
 			drained = append(drained, se)
 		}
 	}
-	return last, drained
+	return lastIn, drained
 }
 
 // urgentClaimed records what a claim of urgent tasks over first took: the
@@ -169,11 +200,13 @@ func (p *pending) urgentClaimed(first []claims.ShardEpoch, got []tasks.Task, lim
 	if len(first) == 0 {
 		return
 	}
-	last, drained := visited(first, got, limit, p.partOf)
+	lastIn, drained := visited(first, got, limit, p.partOf)
 	for _, t := range drained {
 		delete(p.first, t.Shard)
 	}
-	p.nextUrgent = first[last].Shard + 1
+	for k, i := range lastIn {
+		p.nextUrgent[k] = first[i].Shard + 1
+	}
 }
 
 // claimed records what a claim over order took: the claim visits the
@@ -184,12 +217,14 @@ func (p *pending) claimed(order []claims.ShardEpoch, got []tasks.Task, limit int
 	if len(order) == 0 {
 		return
 	}
-	last, drained := visited(order, got, limit, p.partOf)
+	lastIn, drained := visited(order, got, limit, p.partOf)
 	for _, t := range drained {
 		delete(p.shards, t.Shard)
 		delete(p.first, t.Shard)
 	}
-	p.next = order[last].Shard + 1
+	for k, i := range lastIn {
+		p.next[k] = order[i].Shard + 1
+	}
 }
 
 // any reports whether some held shard may have due tasks.
