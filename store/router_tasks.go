@@ -49,14 +49,8 @@ func (r *Router) EnqueueIn(ctx context.Context, tx pgx.Tx, in Insert) (tasks.Enq
 		}
 		rev := r.cur.Load().m.Rev
 		e, err := st.EnqueueIn(ctx, tx, in)
-		if NotHeld(err) {
-			if rerr := r.refresh(ctx, rev); rerr != nil {
-				err = errors.Join(err, rerr)
-			}
-			return tasks.Enqueued{}, fmt.Errorf("database %s (retry the transaction at the shard's database): %w", name, err)
-		}
 		if err != nil {
-			return tasks.Enqueued{}, fmt.Errorf("database %s: %w", name, err)
+			return tasks.Enqueued{}, r.txError(ctx, rev, name, err)
 		}
 		return e, nil
 	}
@@ -124,6 +118,21 @@ func (r *Router) EnqueueBatch(ctx context.Context, ins []Insert) (int64, error) 
 	return res.Inserted, err
 }
 
+// txError is the error of an enqueue in a producer's transaction at
+// database name. A refusal of a shard the database no longer holds
+// (SR001) means the router's map (revision rev) was stale: it is read
+// again, and the producer is told to retry its transaction at the
+// shard's database, since the router cannot move a caller's transaction.
+func (r *Router) txError(ctx context.Context, rev int64, name string, err error) error {
+	if NotHeld(err) {
+		if rerr := r.refresh(ctx, rev); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		return fmt.Errorf("database %s (retry the transaction at the shard's database): %w", name, err)
+	}
+	return fmt.Errorf("database %s: %w", name, err)
+}
+
 // EnqueueBatchIn is Store.EnqueueBatchIn split by database: each
 // database's part in a transaction of its own (concurrently), the answers
 // merged in the batch's order. A batch that reports every task's id (one
@@ -149,14 +158,8 @@ func (r *Router) EnqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert) (t
 		}
 		rev := r.cur.Load().m.Rev
 		res, err := st.EnqueueBatchIn(ctx, tx, ins)
-		if NotHeld(err) {
-			if rerr := r.refresh(ctx, rev); rerr != nil {
-				err = errors.Join(err, rerr)
-			}
-			return tasks.BatchEnqueued{}, fmt.Errorf("database %s (retry the transaction at the shards' database): %w", name, err)
-		}
 		if err != nil {
-			return tasks.BatchEnqueued{}, fmt.Errorf("database %s: %w", name, err)
+			return tasks.BatchEnqueued{}, r.txError(ctx, rev, name, err)
 		}
 		return res, nil
 	}
