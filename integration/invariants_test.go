@@ -2,14 +2,16 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"sort"
 	"time"
 
-	"github.com/shardrun/shardrun/internal/pgtest"
+	"github.com/shardrun/shardrun/internal/tempdir"
 	"github.com/shardrun/shardrun/tasks"
 )
 
@@ -167,19 +169,28 @@ func (c *cluster) checkTempDirs() {
 // ourPrefixes name the temporary directories shardrun's programs make.
 var ourPrefixes = []string{"shardrun-pg-", "shardrun-dev-", binDirPrefix}
 
-// leftBehind lists our temporary directories other than this binary's own
-// server's and binaries' (both removed when the package's tests end). The
-// test binary runs under a temporary root of its own (pgtest.Main), so all
-// it can find was made by this binary or by a process it started: what
-// other programs left in the machine's temporary directory is not looked at.
+// leftBehind lists our temporary directories that this test binary did
+// not make itself. Its own (its servers, the second servers of the
+// several-database tests, the built binaries) are removed by their own
+// cleanups and may be made at any moment by a test running in parallel;
+// the directory's marker names its maker from the moment the directory
+// exists (tempdir.NewOwnedBy). The test binary runs under a temporary root
+// of its own (pgtest.Main), so all it can find was made by this binary or
+// by a process it started: what other programs left in the machine's
+// temporary directory is not looked at.
 func leftBehind() []string {
 	var left []string
 	for _, prefix := range ourPrefixes {
 		found, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
 		for _, d := range found {
-			if d != binDir && !pgtest.IsServerDir(d) {
-				left = append(left, d)
+			o, ok := tempdir.OwnerOf(d)
+			if ok && o.Pid == os.Getpid() {
+				continue
 			}
+			if _, err := os.Stat(d); !ok && errors.Is(err, fs.ErrNotExist) {
+				continue // removed by its own cleanup since the Glob
+			}
+			left = append(left, d)
 		}
 	}
 	return left

@@ -218,29 +218,12 @@ func NewServer(t testing.TB) *pgtmp.Server {
 	if err != nil {
 		t.Fatalf("pgtest: starting a second server: %v", err)
 	}
-	testServers.Store(srv.Dir(), true)
 	t.Cleanup(func() {
 		if err := srv.Stop(); err != nil {
 			t.Logf("pgtest: stopping the second server: %v", err)
 		}
-		testServers.Delete(srv.Dir())
 	})
 	return srv
-}
-
-// testServers are the directories of the servers NewServer started that
-// run still.
-var testServers sync.Map
-
-// IsServerDir reports whether dir is the directory of a server of the
-// tests' (the test binary's, or one NewServer started that runs still),
-// which the tests do not count as left behind.
-func IsServerDir(dir string) bool {
-	if server != nil && dir == server.Dir() {
-		return true
-	}
-	_, ok := testServers.Load(dir)
-	return ok
 }
 
 // NewDatabaseOn is NewDatabase on srv (NewServer): the database's layout
