@@ -470,8 +470,11 @@ const (
 
 // health is what the router knows of one database's reachability.
 type health struct {
-	mu      sync.Mutex
-	down    bool
+	mu   sync.Mutex
+	down bool
+	// episode counts the times the database was marked down: a prober
+	// ends when its episode is over (another ping reached the database).
+	episode int
 	since   time.Time
 	lastErr error
 	backoff clock.Backoff
@@ -512,27 +515,63 @@ func (r *Router) observe(ctx context.Context, name string, err error) {
 		return
 	}
 	h.down, h.since, h.lastErr = true, time.Now(), err
+	h.episode++
+	episode := h.episode
 	h.backoff.Reset()
 	h.mu.Unlock()
 	r.log.Warn("database unreachable; its shards pause while the others go on", "database", name, "error", err)
-	p := &prober{r: r, name: name, h: h}
+	p := &prober{r: r, name: name, h: h, episode: episode}
 	r.probesGroup.Go(func() { p.Run(r.probeCtx) })
+}
+
+// Reached records that database name answered a ping of someone else's
+// (the process's health watcher, placement.Health): a database marked
+// down is usable again at once, not at its prober's next ping, up to
+// probeMax later. Without it the health the API shows and the router's
+// could disagree: available, while enqueues were still refused.
+func (r *Router) Reached(name string) {
+	if h := r.health[name]; h != nil {
+		r.reached(name, h, 0)
+	}
+}
+
+// reached marks h up if it is down (in episode, when not 0) and logs it.
+func (r *Router) reached(name string, h *health, episode int) {
+	h.mu.Lock()
+	if !h.down || (episode != 0 && episode != h.episode) {
+		h.mu.Unlock()
+		return
+	}
+	since := h.since
+	h.down = false
+	h.mu.Unlock()
+	r.log.Info("database reachable again", "database", name, "down_for", time.Since(since).Round(time.Millisecond))
 }
 
 // prober pings a database marked down until it answers, then marks it up.
 type prober struct {
-	r    *Router
-	name string
-	h    *health
+	r       *Router
+	name    string
+	h       *health
+	episode int
 }
 
-// Run pings until the database answers or ctx ends.
+// over reports whether the prober's episode has ended: the database was
+// reached meanwhile (Reached), and maybe marked down again since, with a
+// prober of its own.
+func (p *prober) over() bool {
+	p.h.mu.Lock()
+	defer p.h.mu.Unlock()
+	return !p.h.down || p.h.episode != p.episode
+}
+
+// Run pings until the database answers, its episode is over, or ctx ends.
 func (p *prober) Run(ctx context.Context) {
 	for {
 		p.h.mu.Lock()
 		wait := p.h.backoff.Next()
 		p.h.mu.Unlock()
-		if err := sleepCtx(ctx, wait); err != nil {
+		if err := sleepCtx(ctx, wait); err != nil || p.over() {
 			return
 		}
 		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
@@ -541,16 +580,13 @@ func (p *prober) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		p.h.mu.Lock()
 		if err != nil {
+			p.h.mu.Lock()
 			p.h.lastErr = err
 			p.h.mu.Unlock()
 			continue
 		}
-		since := p.h.since
-		p.h.down = false
-		p.h.mu.Unlock()
-		p.r.log.Info("database reachable again", "database", p.name, "down_for", time.Since(since).Round(time.Millisecond))
+		p.r.reached(p.name, p.h, p.episode)
 		return
 	}
 }

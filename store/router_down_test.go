@@ -123,6 +123,16 @@ func TestADatabaseDownDoesNotStopTheOthers(t *testing.T) {
 	}
 
 	proxy.Pass() // b is back
+	// A ping of the health watcher that reached b makes it usable at
+	// once, whenever its prober's next ping is due. (The pool's
+	// connections the outage broke are closed first: pgx pings a
+	// connection idle for over a second before using it, and this
+	// outage was shorter.)
+	b.Pool().Reset()
+	r.Reached("b")
+	if _, err := r.Enqueue(ctx, insert("k", 7, 3)); err != nil {
+		t.Fatalf("enqueue into b once a ping reached it: %v", err)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		res, err := r.Complete(ctx, "r1", []claims.Completion{{Ref: refs[1]}})

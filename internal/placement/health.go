@@ -83,6 +83,10 @@ func (h *Health) probe(ctx context.Context, name string, clk clock.Clock, timeou
 	next := DatabaseHealth{Name: name, Health: HealthOK}
 	if err != nil {
 		next.Health, next.Error = HealthUnavailable, err.Error()
+	} else {
+		// Before the health says so: once /api/databases or /readyz
+		// shows the database available, statements are sent to it.
+		h.Router.Reached(name)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
