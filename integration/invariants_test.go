@@ -180,11 +180,12 @@ var ourPrefixes = []string{"shardrun-pg-", "shardrun-dev-", binDirPrefix}
 // temporary directory is not looked at.
 func leftBehind() []string {
 	var left []string
+	me := tempdir.Self()
 	for _, prefix := range ourPrefixes {
 		found, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
 		for _, d := range found {
 			o, ok := tempdir.OwnerOf(d)
-			if ok && o.Pid == os.Getpid() {
+			if ok && o == me {
 				continue
 			}
 			if _, err := os.Stat(d); !ok && errors.Is(err, fs.ErrNotExist) {

@@ -171,12 +171,22 @@ func TestRetryADeadTaskAndSeeItComplete(t *testing.T) {
 }
 
 // 32 producers enqueue the same unique key at once: one task is created,
-// and it runs once.
+// and it runs once. Its handler returns only once every producer has
+// returned: the key is free again when the task finishes, and on a busy
+// machine a producer scheduled late would rightly create a second task.
 func TestConcurrentProducersOfOneUniqueKey(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	var runs counting
-	e.start("a", withHandler("count", runs.handle))
+	produced := make(chan struct{})
+	e.start("a", withHandler("count", func(ctx context.Context, task *tasks.Task) error {
+		select {
+		case <-produced:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return runs.handle(ctx, task)
+	}))
 	c := e.client
 	const producers = 32
 	ids := make(chan tasks.Enqueued, producers)
@@ -195,6 +205,7 @@ func TestConcurrentProducersOfOneUniqueKey(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
+	close(produced)
 	close(ids)
 	created := 0
 	var id int64
