@@ -71,6 +71,7 @@ type Report struct {
 	Retention   *retentionRun     `json:"retention,omitempty"`
 	Churn       []churn           `json:"churn,omitempty"`
 	Steady      []steadyRun       `json:"steady_state,omitempty"`
+	Wakeup      []wakeupRun       `json:"wakeup_hops,omitempty"`
 	Notify      *notifyResult     `json:"notify_trigger_cost,omitempty"`
 	Scale       *scaleResult      `json:"scale,omitempty"`
 	Mixed       *mixedResult      `json:"mixed,omitempty"`
@@ -113,7 +114,7 @@ func main() {
 	procs := flag.String("procs", "1,3", "process counts of the throughput runs")
 	withRiver := flag.Bool("river", true, "run River's throughput trials too (false: shardrun's alone, to compare changes quickly)")
 	flag.IntVar(&inspectRows, "inspect-rows", inspectRows, "rows of the inspect section's table")
-	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,work,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,notify,scale,startup,mixed,tracing,idle,outage,databases (default all)")
+	only := flag.String("only", "", "comma-separated sections to run: throughput,features,curve,work,failover,handoff,detach,sweep,inspect,enqueue,cost,unclaimable,retention,churn,steady,wakeup,notify,scale,startup,mixed,tracing,idle,outage,databases (default all)")
 	redraw := flag.String("chart-from", "", "draw the scale curve chart of this JSON report next to -out, and run nothing")
 	flag.StringVar(&curveFlags.procs, "curve-procs", curveFlags.procs, "process counts of the scale curve (curve section)")
 	flag.IntVar(&curveFlags.trials, "curve-trials", curveFlags.trials, "trials of each system at each process count of the scale curve")
@@ -310,6 +311,7 @@ func run(ctx context.Context, out string, trials, faultTrials, n int, runnerBin,
 		{"retention", func() error { return e.retentionSection(ctx, rep, maint.retentionRows, maint.steadyRate) }},
 		{"churn", func() error { return e.churnSection(ctx, rep, maint.churnTasks, maint.churnRate) }},
 		{"steady", func() error { return e.steadySection(ctx, rep) }},
+		{"wakeup", func() error { return e.wakeupSection(ctx, rep) }},
 		{"notify", func() error { return e.notifySection(ctx, rep) }},
 		{"scale", func() error { return e.scaleSection(ctx, rep) }},
 		{"startup", func() error { return e.startupSection(ctx, rep) }},
@@ -508,6 +510,7 @@ func printTable(w io.Writer, rep *Report) {
 		printFeatures(w, f)
 	}
 	printSteady(w, rep.Steady)
+	printWakeup(w, rep.Wakeup)
 	for _, l := range rep.Failover {
 		fmt.Fprintf(w, "| kill -9, lease TTL %s: %s | p50 %.2fs, max %.2fs over %d trials |\n", l.LeaseTTL, l.What, l.P50, l.Max, len(l.Trials))
 	}
@@ -669,7 +672,7 @@ var maint maintOpts
 
 func sectionTimes(m map[string]float64) string {
 	var parts []string
-	for _, name := range []string{"throughput", "features", "curve", "work", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "notify", "scale", "startup", "mixed", "tracing", "idle", "outage", "databases"} {
+	for _, name := range []string{"throughput", "features", "curve", "work", "failover", "handoff", "detach", "sweep", "inspect", "enqueue", "cost", "unclaimable", "retention", "churn", "steady", "wakeup", "notify", "scale", "startup", "mixed", "tracing", "idle", "outage", "databases"} {
 		if v, ok := m[name]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.0f s", name, v))
 		}

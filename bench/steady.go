@@ -24,6 +24,8 @@ import (
 // steadyRun is one steady-state run: noop tasks enqueued at a target rate
 // while the workers keep up (or not), measured over a window.
 type steadyRun struct {
+	// from and to bound the window on the database's clock.
+	from, to   time.Time
 	System     string  `json:"system"`
 	Processes  int     `json:"processes"`
 	Mode       string  `json:"insert_mode"`
@@ -100,7 +102,7 @@ func (e *env) steadySection(ctx context.Context, rep *Report) error {
 				var sys *steadySystem
 				var err error
 				if system == "shardrun" {
-					sys, err = e.steadyShardrun(ctx, procs)
+					sys, err = e.steadyShardrun(ctx, procs, shardrunTap{})
 				} else {
 					sys, err = e.steadyRiver(ctx, procs, rs)
 				}
@@ -124,9 +126,17 @@ func (e *env) steadySection(ctx context.Context, rep *Report) error {
 	return nil
 }
 
+// shardrunTap is what the wakeup section adds to a steady system: the
+// runners' environment (tracing), and a hook told of every enqueue's
+// tasks when its commit returned.
+type shardrunTap struct {
+	env       []string
+	committed func(at time.Time, ts []tasks.Enqueued)
+}
+
 // steadyShardrun starts procs runners on a fresh database and returns once
 // the shards are balanced among them.
-func (e *env) steadyShardrun(ctx context.Context, procs int) (*steadySystem, error) {
+func (e *env) steadyShardrun(ctx context.Context, procs int, tap shardrunTap) (*steadySystem, error) {
 	dsn, err := e.database(ctx, "sr_steady")
 	if err != nil {
 		return nil, err
@@ -149,7 +159,7 @@ func (e *env) steadyShardrun(ctx context.Context, procs int) (*steadySystem, err
 	var ids []string
 	for i := range procs {
 		id := fmt.Sprintf("runner-%d", i+1)
-		if _, err := c.start(id, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: steadyWorkers}); err != nil {
+		if _, err := c.start(id, runnerOpts{leaseTTL: 10 * time.Second, maxWorkers: steadyWorkers, env: tap.env}); err != nil {
 			stop()
 			return nil, err
 		}
@@ -166,11 +176,17 @@ func (e *env) steadyShardrun(ctx context.Context, procs int) (*steadySystem, err
 	return &steadySystem{
 		pool: st.Pool(),
 		one: func(ctx context.Context) error {
-			_, err := client.Enqueue(ctx, tasks.NewTask{Kind: "noop"})
+			t, err := client.Enqueue(ctx, tasks.NewTask{Kind: "noop"})
+			if err == nil && tap.committed != nil {
+				tap.committed(time.Now(), []tasks.Enqueued{t})
+			}
 			return err
 		},
 		many: func(ctx context.Context, k int) error {
-			_, err := client.EnqueueBatch(ctx, batch[:min(k, len(batch))])
+			b, err := client.EnqueueBatch(ctx, batch[:min(k, len(batch))])
+			if err == nil && tap.committed != nil {
+				tap.committed(time.Now(), b.Tasks)
+			}
 			return err
 		},
 		table: "tasks", started: "claimed_at", finished: "finished_at",
@@ -287,6 +303,7 @@ func (e *env) steadyOnce(ctx context.Context, sys *steadySystem, rate int, mode 
 	if err != nil {
 		return run, fmt.Errorf("reading the window's tasks: %w", err)
 	}
+	run.from, run.to = from, to
 	run.WindowS = to.Sub(from).Seconds()
 	run.EnqueuePerS, run.TasksPerS = float64(run.Enqueued)/run.WindowS, float64(run.Completed)/run.WindowS
 	run.P50MS, run.P95MS, run.P99MS, run.MaxMS = pct[0], pct[1], pct[2], pct[3]

@@ -85,6 +85,12 @@ type claimer struct {
 	partialQuiet  int
 	// wake is signalled by enqueue notifications for held shards.
 	wake wake.Signal
+	// notified is when Wake last signalled (unix nanoseconds, wall
+	// clock; kept only while tracing is on), and woke the round that
+	// notification started (owned by Run): the hops of the wake-up path
+	// on the claim batch span.
+	notified atomic.Int64
+	woke     wokeBy
 	// queues are the queues served, in name order, each with its worker
 	// limit and its pending shards; turn rotates which claims first.
 	queues []*queueClaims
@@ -201,6 +207,9 @@ func (c *claimer) Wake(all bool, shards, urgent []int) {
 			return
 		}
 	}
+	if c.tr != nil {
+		c.notified.Store(time.Now().UnixNano())
+	}
 	c.wake.Notify()
 }
 
@@ -211,6 +220,7 @@ func (c *claimer) Run(ctx context.Context) {
 	backoff := dbRetry
 	for {
 		err := c.once(ctx)
+		c.woke = wokeBy{}
 		if ctx.Err() != nil {
 			return
 		}
@@ -240,6 +250,9 @@ func (c *claimer) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-c.wake.C():
+			if c.tr != nil {
+				c.woke = wokeBy{notified: time.Unix(0, c.notified.Load()), woke: time.Now()}
+			}
 		case <-c.pool.freed.C():
 		case <-c.own.Changes():
 			c.sweepDue = true
@@ -514,7 +527,7 @@ func (c *claimer) claim(ctx context.Context, hold *pinnedHold, q *queueClaims, o
 	cancel()
 	var parents []trace.SpanContext
 	if c.tr != nil {
-		parents = c.tr.claimed(start, time.Now(), q.name, len(order), claimed, err)
+		parents = c.tr.claimed(start, time.Now(), q.name, len(order), c.woke, claimed, err)
 	}
 	var partial *claims.PartialError
 	if errors.As(err, &partial) {

@@ -52,7 +52,7 @@ func taskAttrs(t *tasks.Task) []attribute.KeyValue {
 // batch span (with the error of a failed claim) and, for each claimed task,
 // a claim span in the task's trace. It returns, per task, the span context
 // its run span is a child of.
-func (tr *tracer) claimed(start, end time.Time, queue string, shards int, claimed []tasks.Task, err error) []trace.SpanContext {
+func (tr *tracer) claimed(start, end time.Time, queue string, shards int, woke wokeBy, claimed []tasks.Task, err error) []trace.SpanContext {
 	if tr == nil || (err == nil && len(claimed) == 0) {
 		// An empty claim is no event: idle runners would fill the
 		// backend with them.
@@ -62,6 +62,9 @@ func (tr *tracer) claimed(start, end time.Time, queue string, shards int, claime
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(tr.runner, tracing.TaskQueue.String(queue), tracing.BatchSize.Int(len(claimed)),
 			attribute.Int("shardrun.claim.shards", shards)))
+	if !woke.notified.IsZero() {
+		batch.SetAttributes(tracing.WakeNotified.Int64(woke.notified.UnixNano()), tracing.WakeWoke.Int64(woke.woke.UnixNano()))
+	}
 	batchLink := trace.Link{SpanContext: batch.SpanContext()}
 	parents := make([]trace.SpanContext, len(claimed))
 	for i := range claimed {
@@ -81,6 +84,11 @@ func (tr *tracer) claimed(start, end time.Time, queue string, shards int, claime
 	tracing.End(batch, err, trace.WithTimestamp(end))
 	return parents
 }
+
+// wokeBy is the notification that started a claim round: when it reached
+// the runner (the listener's callback) and when the claim loop woke for
+// it. Zero for a round no notification started.
+type wokeBy struct{ notified, woke time.Time }
 
 // parent is where a task's claim span goes: in the enqueue's trace, or a
 // new root linked to the enqueue when the task ran much later or came

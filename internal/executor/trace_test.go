@@ -3,11 +3,13 @@ package executor
 import (
 	"context"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -108,7 +110,53 @@ func TestTracingOffHasNoTracer(t *testing.T) {
 	if e.exec.claimer.tr != nil || e.exec.pool.tr != nil || e.exec.writer.tr != nil {
 		t.Fatal("a tracer exists with tracing off")
 	}
-	if got := (*tracer)(nil).claimed(e.clock.Now(), e.clock.Now(), "default", 1, []tasks.Task{{ID: 1}}, nil); got != nil {
+	if got := (*tracer)(nil).claimed(e.clock.Now(), e.clock.Now(), "default", 1, wokeBy{}, []tasks.Task{{ID: 1}}, nil); got != nil {
 		t.Fatalf("a nil tracer gave parents %v", got)
 	}
+}
+
+// A claim round an enqueue notification started carries the wake-up's
+// hops on its batch span: when the notification reached the runner and
+// when the claim loop woke for it, both before the claim statement. A
+// task added while the previous round still runs is claimed by that
+// round, with no wake-up of its own: the test tries again then.
+func TestTraceOfAWakeUp(t *testing.T) {
+	t.Parallel()
+	e, rec := tracedEnv(t, map[string]tasks.Handler{"noop": noop})
+	e.own.own(3, 1)
+	e.run()
+	e.until("the first claim", func() bool { return e.store.count("claim") > 0 })
+	for id := int64(1); id <= 20; id++ {
+		e.store.add(id, "noop", 3, 1)
+		before := time.Now()
+		e.exec.Wake(false, []int{3}, nil)
+		e.until("the task's claim batch span", func() bool { return batchOf(rec, id) != nil })
+		s := batchOf(rec, id)
+		if spanAttr(s, "shardrun.wake.notified_unix_nano").Type() == attribute.INVALID {
+			continue
+		}
+		notified := time.Unix(0, spanAttr(s, "shardrun.wake.notified_unix_nano").AsInt64())
+		woke := time.Unix(0, spanAttr(s, "shardrun.wake.woke_unix_nano").AsInt64())
+		if notified.Before(before) || woke.Before(notified) || s.StartTime().Before(woke) {
+			t.Fatalf("notification sent %v, reached the runner %v, loop woke %v, claim statement sent %v", before, notified, woke, s.StartTime())
+		}
+		return
+	}
+	t.Fatal("no claim batch of 20 carried the hops of the wake-up that started its round")
+}
+
+// batchOf is the claim batch span that claimed task id, or nil.
+func batchOf(rec *tracetest.SpanRecorder, id int64) sdktrace.ReadOnlySpan {
+	var batch trace.SpanID
+	for _, s := range rec.Ended() {
+		if s.Name() == "shardrun.claim" && spanAttr(s, "shardrun.task.id").AsInt64() == id && len(s.Links()) > 0 {
+			batch = s.Links()[0].SpanContext.SpanID()
+		}
+	}
+	for _, s := range rec.Ended() {
+		if s.Name() == "shardrun.claim_batch" && s.SpanContext().SpanID() == batch {
+			return s
+		}
+	}
+	return nil
 }

@@ -56,6 +56,12 @@ const (
 	// BatchSize is the number of tasks of a batch span (an enqueued batch,
 	// a claim, an outcome write).
 	BatchSize = attribute.Key("shardrun.batch.size")
+	// WakeNotified and WakeWoke are set on a claim batch whose round an
+	// enqueue notification started: when the notification reached the
+	// runner, and when its claim loop woke for it (unix nanoseconds: the
+	// hops of the wake-up path, bench section wakeup).
+	WakeNotified = attribute.Key("shardrun.wake.notified_unix_nano")
+	WakeWoke     = attribute.Key("shardrun.wake.woke_unix_nano")
 )
 
 // LinkAfter decides between child and link: a task claimed at most this
