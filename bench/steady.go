@@ -127,11 +127,12 @@ func (e *env) steadySection(ctx context.Context, rep *Report) error {
 }
 
 // shardrunTap is what the wakeup section adds to a steady system: the
-// runners' environment (tracing), and a hook told of every enqueue's
-// tasks when its commit returned.
+// runners' environment (tracing), and a hook told of every enqueue when
+// its commit returned: when it was sent, and its tasks (none for a batch
+// sent by COPY, which reports no ids).
 type shardrunTap struct {
 	env       []string
-	committed func(at time.Time, ts []tasks.Enqueued)
+	committed func(sent, at time.Time, ts []tasks.Enqueued)
 }
 
 // steadyShardrun starts procs runners on a fresh database and returns once
@@ -176,16 +177,18 @@ func (e *env) steadyShardrun(ctx context.Context, procs int, tap shardrunTap) (*
 	return &steadySystem{
 		pool: st.Pool(),
 		one: func(ctx context.Context) error {
+			sent := time.Now()
 			t, err := client.Enqueue(ctx, tasks.NewTask{Kind: "noop"})
 			if err == nil && tap.committed != nil {
-				tap.committed(time.Now(), []tasks.Enqueued{t})
+				tap.committed(sent, time.Now(), []tasks.Enqueued{t})
 			}
 			return err
 		},
 		many: func(ctx context.Context, k int) error {
+			sent := time.Now()
 			b, err := client.EnqueueBatch(ctx, batch[:min(k, len(batch))])
 			if err == nil && tap.committed != nil {
-				tap.committed(time.Now(), b.Tasks)
+				tap.committed(sent, time.Now(), b.Tasks)
 			}
 			return err
 		},

@@ -81,9 +81,13 @@ func (e *env) wakeupOnce(ctx context.Context, rcv *tracingtest.Receiver, tap sha
 	run := wakeupRun{Mode: mode, Rate: rate}
 	var mu sync.Mutex
 	committed := map[int64]time.Time{}
-	tap.committed = func(at time.Time, ts []tasks.Enqueued) {
+	var batches []sentBatch // the enqueues that reported no ids
+	tap.committed = func(sent, at time.Time, ts []tasks.Enqueued) {
 		mu.Lock()
 		defer mu.Unlock()
+		if len(ts) == 0 {
+			batches = append(batches, sentBatch{sent, at})
+		}
 		for _, t := range ts {
 			committed[t.ID] = at
 		}
@@ -142,6 +146,9 @@ func (e *env) wakeupOnce(ctx context.Context, rcv *tracingtest.Receiver, tap sha
 	for _, r := range rows {
 		s, ok := spans[r.id]
 		at, hasCommit := committed[r.id]
+		if !hasCommit {
+			at, hasCommit = commitOf(batches, r.created)
+		}
 		if !ok || !hasCommit || s.runStart.IsZero() {
 			continue
 		}
@@ -174,6 +181,22 @@ func (e *env) wakeupOnce(ctx context.Context, rcv *tracingtest.Receiver, tap sha
 		run.Hops = append(run.Hops, h)
 	}
 	return run, nil
+}
+
+// sentBatch is an enqueue that reported no task ids: when it was sent and
+// when its commit returned.
+type sentBatch struct{ sent, committed time.Time }
+
+// commitOf is the commit of the enqueue that created a task at created
+// (its transaction's start): the first to return of those in flight
+// then. The batches are in the order they returned.
+func commitOf(bs []sentBatch, created time.Time) (time.Time, bool) {
+	for _, b := range bs {
+		if !b.sent.After(created) && !b.committed.Before(created) {
+			return b.committed, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // quantile of sorted xs, nearest rank.

@@ -74,17 +74,19 @@ func (s *Store) Enqueue(ctx context.Context, in Insert) (int64, error) {
 // inserted and that task's id is returned with Duplicate set.
 func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in Insert) (tasks.Enqueued, error) {
 	var q querier = s.pool
-	// On the pool the insert is quiet and notified after its commit (see
-	// notify.go); in the producer's transaction the trigger notifies at
-	// its commit.
-	quiet := ""
+	// In the producer's transaction the trigger notifies at its commit;
+	// on the pool too when the insert takes the commit slot, else it is
+	// quiet and notified after its commit (see notify.go).
+	quiet, afterCommit := "", false
 	if tx != nil {
 		q = tx
 		if err := s.registerQueues(ctx, []Insert{in}); err != nil {
 			return tasks.Enqueued{}, err
 		}
+	} else if s.notify.takeSlot() {
+		defer s.notify.releaseSlot()
 	} else {
-		quiet = " WHERE " + quietSetting + " = 'off'"
+		quiet, afterCommit = " WHERE "+quietSetting+" = 'off'", true
 	}
 	cols := `kind, shard, key, payload, max_attempts, run_after, deadline, unique_key, queue, priority, sequence_key, sequence_blocks`
 	vals := `$1::text, $2::int, $3::text, $4::jsonb, $5::int, coalesce($6::timestamptz, now()), $7::timestamptz, $8::text,
@@ -99,7 +101,7 @@ func (s *Store) EnqueueIn(ctx context.Context, tx pgx.Tx, in Insert) (tasks.Enqu
 		args = append(args, in.TraceContext)
 	}
 	done := func(id int64) (tasks.Enqueued, error) {
-		if tx == nil {
+		if afterCommit {
 			s.notifyReady([]Insert{in}, func(int) bool { return true })
 		}
 		return tasks.Enqueued{ID: id}, nil
@@ -232,14 +234,20 @@ func (s *Store) enqueueBatchIn(ctx context.Context, tx pgx.Tx, ins []Insert, ord
 		}
 		err = run(tx)
 	} else {
-		// Quiet, and notified after the commit (see notify.go).
+		// Notified at the commit when the batch takes the commit slot,
+		// else quiet and notified after the commit (see notify.go).
+		inTx := s.notify.takeSlot()
 		err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SELECT `+quietSetting); err != nil {
-				return err
+			if !inTx {
+				if _, err := tx.Exec(ctx, `SELECT `+quietSetting); err != nil {
+					return err
+				}
 			}
 			return run(tx)
 		})
-		if err == nil {
+		if inTx {
+			s.notify.releaseSlot()
+		} else if err == nil {
 			s.notifyReady(ins, func(i int) bool { return !ordered || !res.Tasks[i].Duplicate })
 		}
 	}

@@ -22,3 +22,7 @@ func Abandoning(m ShardMove) ShardMove {
 	m.abandon = true
 	return m
 }
+
+// NotifierSent is how many notifications s's notifier has sent (after
+// the commits of inserts that did not notify in their own transaction).
+func NotifierSent(s *Store) int64 { return s.notify.sent.Load() }

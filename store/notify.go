@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -25,6 +26,16 @@ import (
 // transaction are therefore quiet (quietInsert: the trigger skips them) and
 // notified after their commit by a notifier, which sends one pg_notify for
 // all the shards that got tasks while its previous one was on the wire.
+//
+// That notification comes a round trip (and up to notifyGap) after the
+// commit: the wake-up path's longest hop at low rates (bench section
+// wakeup). So one of the store's own inserts at a time is not quiet: the
+// one that takes the commit slot (notifier.takeSlot) notifies in its own
+// transaction, delivered at its commit as a producer's transaction is.
+// One at a time, its commit holds PostgreSQL's notify lock alone, so no
+// other producer's commit waits behind it; the inserts that commit
+// meanwhile go by the notifier. An idle store's every insert notifies at
+// its commit.
 
 // quietSetting is the transaction-local setting the insert trigger checks
 // (migration 00006): 'off' skips the trigger's NOTIFY.
@@ -59,6 +70,11 @@ type notifier struct {
 	stop       context.Context
 	cancelStop context.CancelFunc
 
+	// slot is held by the one insert that notifies in its own transaction.
+	slot atomic.Bool
+	// sent counts the notifications sent (for tests).
+	sent atomic.Int64
+
 	mu sync.Mutex
 	// pending maps the shards to notify to whether one of them got a task
 	// more urgent than the default priority.
@@ -73,6 +89,13 @@ func newNotifier(exec func(ctx context.Context, sql string, args ...any) (pgconn
 	return &notifier{exec: exec, log: log, gap: notifyGap, closeTimeout: notifyTimeout,
 		stop: stop, cancelStop: cancel, pending: map[int]bool{}}
 }
+
+// takeSlot reports whether the caller may notify in its own transaction
+// (no other insert of the store does now); it then calls releaseSlot when
+// its statement has returned.
+func (n *notifier) takeSlot() bool { return n.slot.CompareAndSwap(false, true) }
+
+func (n *notifier) releaseSlot() { n.slot.Store(false) }
 
 // add schedules a notification for shards, which got ready tasks in a
 // transaction that has committed (urgent: tasks more urgent than the
@@ -116,6 +139,7 @@ func (n *notifier) send() {
 		ids, urgent := notifyArgs(shards)
 		_, err := n.exec(ctx, `SELECT set_config('synchronous_commit', 'off', true), shardrun_notify($1, $2)`, ids, urgent)
 		cancel()
+		n.sent.Add(1)
 		if err != nil {
 			n.log.Warn("notifying runners of new tasks failed; they find them when they next poll", "shards", len(shards), "error", err)
 		}

@@ -13,14 +13,14 @@ import (
 	"github.com/shardrun/shardrun/store"
 )
 
-// The store's own inserts are quiet: the insert trigger does not notify
-// them, the store's notifier does, once. A LISTENer sees each shard
+// The store's own inserts are notified once: by the trigger in their own
+// transaction (the one holding the commit slot) or by the store's
+// notifier after their commit, never both. A LISTENer sees each shard
 // exactly once — for a single insert, one with a unique key, a COPY batch
-// and a batch with unique keys — where the trigger's notification would
-// make it twice. A shard that got a task more urgent than the default
+// and a batch with unique keys. A shard that got a task more urgent than the default
 // priority is marked '!', as the trigger marks it, so that its runner
 // claims there first.
-func TestStoreEnqueueSuppressesTheTriggersNotification(t *testing.T) {
+func TestStoreEnqueueNotifiesOnce(t *testing.T) {
 	t.Parallel()
 	s, dsn := pgtest.NewStore(t, store.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -85,5 +85,37 @@ func TestStoreEnqueueSuppressesTheTriggersNotification(t *testing.T) {
 		if got := seen[strconv.Itoa(sh)]; got != 1 {
 			t.Errorf("shard %d notified %d times, want once (notifications %q)", sh, got, payloads)
 		}
+	}
+}
+
+// An idle store's inserts, one at a time, each notify in their own
+// transaction, delivered at the commit: none waits for the notifier's
+// statement after it (issue 41, the wake-up path), and the listener has
+// the notification by the time the enqueue returns or right after.
+func TestAnIdleStoresInsertsNotifyAtTheirCommit(t *testing.T) {
+	t.Parallel()
+	s, dsn := pgtest.NewStore(t, store.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn := listenConn(ctx, t, dsn)
+	for i, shard := range []int{3, 4} {
+		in := insert("k", shard, 3)
+		if i == 0 {
+			if _, err := s.Enqueue(ctx, in); err != nil {
+				t.Fatal(err)
+			}
+		} else if _, err := s.EnqueueBatch(ctx, []store.Insert{in, in}); err != nil {
+			t.Fatal(err)
+		}
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Payload != strconv.Itoa(shard) {
+			t.Fatalf("notification %q, want %d", n.Payload, shard)
+		}
+	}
+	if sent := store.NotifierSent(s); sent != 0 {
+		t.Fatalf("the notifier sent %d notifications for inserts that notified at their commit", sent)
 	}
 }
