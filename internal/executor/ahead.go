@@ -303,13 +303,18 @@ func (a *ahead) giveBack(ws []*waiting) {
 	a.pool.freed.Notify()
 }
 
-// members are the waiting tasks, by ref (see pool.members).
-func (a *ahead) members() map[claims.Ref]*waiting {
+// beatable are the waiting tasks to heartbeat, by ref (see
+// pool.beatable): those that have waited since cutoff (a heartbeat
+// interval ago) or longer. A younger one's claim was written within the
+// interval, as a beat would write it.
+func (a *ahead) beatable(cutoff time.Time) map[claims.Ref]*waiting {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	out := make(map[claims.Ref]*waiting, len(a.list))
 	for _, w := range a.list {
-		out[claims.RefOf(w.task)] = w
+		if !w.since.After(cutoff) {
+			out[claims.RefOf(w.task)] = w
+		}
 	}
 	return out
 }

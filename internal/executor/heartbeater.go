@@ -58,7 +58,8 @@ func (h *heartbeater) Run(ctx context.Context) {
 // beat heartbeats the running attempts once. The statement's deadline is
 // one interval: a beat that cannot land by then is superseded by the next.
 func (h *heartbeater) beat(ctx context.Context) {
-	running, waiting := h.pool.members(), h.ahead.members()
+	cutoff := h.clock.Now().Add(-h.interval)
+	running, waiting := h.pool.beatable(cutoff), h.ahead.beatable(cutoff)
 	refs := make([]claims.Ref, 0, len(running)+len(waiting))
 	for ref := range running {
 		refs = append(refs, ref)

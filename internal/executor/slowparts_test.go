@@ -238,3 +238,33 @@ func TestPendingOrphansAreRequeuedByLaterRounds(t *testing.T) {
 		t.Fatal("orphans requeued again after none was pending")
 	}
 }
+
+// A beat leaves out the attempts whose handler returned within the last
+// heartbeat interval: their outcomes are on their way, and a busy
+// runner's beat of them was mostly of claims completed by the time it
+// ran (issue 41). An attempt whose outcome has waited longer (its claim
+// held by another transaction, so its completion is answered Busy) is
+// beaten again, so that its claim does not look stale.
+func TestABeatLeavesOutOutcomesOnTheirWay(t *testing.T) {
+	t.Parallel()
+	b := newBlocking()
+	e := newEnv(t, map[string]tasks.Handler{"noop": noop, "block": b.handle})
+	e.store.add(2, "block", 0, 3)
+	e.own.own(0, 1)
+	e.run()
+	e.until("task 2's first beat", func() bool { return e.store.beatsOf(2) > 0 })
+	// Task 1's handler returns within the interval before the next beat.
+	e.clock.Advance(100 * time.Millisecond)
+	e.store.add(1, "noop", 0, 3)
+	unlock := e.store.lockClaim(1)
+	e.exec.Wake(true, nil, nil)
+	e.untilWithin("task 1's completion answered busy", 200*time.Millisecond, func() bool { return e.store.count("complete busy") > 0 })
+	e.untilWithin("the next beat", time.Second, func() bool { return e.store.beatsOf(2) > 1 })
+	if n := e.store.count("heartbeat busy"); n != 0 {
+		t.Fatalf("the beat within an interval of task 1's return beat its claim (%d busy answers)", n)
+	}
+	e.until("a later beat of task 1's claim", func() bool { return e.store.count("heartbeat busy") > 0 })
+	unlock()
+	close(b.release)
+	e.until("both completed", func() bool { return e.state(1) == tasks.Completed && e.state(2) == tasks.Completed })
+}
