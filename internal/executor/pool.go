@@ -319,9 +319,11 @@ func (p *pool) startAttempt(termCtx context.Context, t tasks.Task, termDone func
 	})
 	p.inflight.Add(1)
 	p.m.InFlight.Inc()
+	// The goroutine reads a.task (written once, above), not t, so that t
+	// does not escape: one copy of the task fewer per attempt.
 	p.wg.Go(func() {
 		start := p.clock.Now()
-		task := t
+		task := a.task
 		runCtx, span := handlerCtx, trace.Span(nil)
 		if p.tr != nil {
 			runCtx, span = p.tr.run(handlerCtx, &task, parent)
@@ -329,7 +331,7 @@ func (p *pool) startAttempt(termCtx context.Context, t tasks.Task, termDone func
 		err := call(runCtx, h, &task)
 		if err == nil && errors.Is(handlerCtx.Err(), context.DeadlineExceeded) {
 			// The success came after the task's deadline: the deadline wins.
-			err = fmt.Errorf("deadline exceeded: the handler returned after the task's deadline %s", t.Deadline.UTC().Format(time.RFC3339Nano))
+			err = fmt.Errorf("deadline exceeded: the handler returned after the task's deadline %s", a.task.Deadline.UTC().Format(time.RFC3339Nano))
 		}
 		r := result{task: task, err: err, elapsed: p.clock.Now().Sub(start),
 			expired: err != nil && errors.Is(handlerCtx.Err(), context.DeadlineExceeded)}
@@ -354,17 +356,17 @@ func (p *pool) startAttempt(termCtx context.Context, t tasks.Task, termDone func
 		a.finished, a.finishedAt = true, p.clock.Now()
 		delete(p.live, ref)
 		p.taken--
-		p.byQueue[t.Queue]--
-		if p.running[t.ID]--; p.running[t.ID] == 0 {
-			delete(p.running, t.ID)
+		p.byQueue[a.task.Queue]--
+		if p.running[a.task.ID]--; p.running[a.task.ID] == 0 {
+			delete(p.running, a.task.ID)
 		}
-		if p.handlers[t.Queue]--; p.handlers[t.Queue] == 0 {
-			delete(p.handlers, t.Queue)
+		if p.handlers[a.task.Queue]--; p.handlers[a.task.Queue] == 0 {
+			delete(p.handlers, a.task.Queue)
 		}
-		if m := p.took[t.Queue]; m == 0 {
-			p.took[t.Queue] = max(r.elapsed, time.Microsecond)
+		if m := p.took[a.task.Queue]; m == 0 {
+			p.took[a.task.Queue] = max(r.elapsed, time.Microsecond)
 		} else {
-			p.took[t.Queue] = max(m+(r.elapsed-m)/16, time.Microsecond)
+			p.took[a.task.Queue] = max(m+(r.elapsed-m)/16, time.Microsecond)
 		}
 		if a.stuck {
 			p.m.Stuck.Dec()
@@ -379,7 +381,7 @@ func (p *pool) startAttempt(termCtx context.Context, t tasks.Task, termDone func
 		p.results <- r
 		p.inflight.Add(-1)
 		p.m.InFlight.Dec()
-		p.returned(t.Queue)
+		p.returned(a.task.Queue)
 		p.freed.Notify()
 	})
 }

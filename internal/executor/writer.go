@@ -120,7 +120,11 @@ func (w *writer) take() []result {
 // returns. The executor ends ctx only after the pool's attempts finished,
 // so nothing arrives later.
 func (w *writer) Run(ctx context.Context) {
-	var batch []result
+	// One batch's backing array for the loop's life, cleared after each
+	// flush: grown anew for every batch, a result (a task's copy) a few
+	// times over, it was the runner's largest allocation (bench section
+	// throughput: 1.4 KB per task).
+	batch := make([]result, 0, flushSize)
 	var flushAt time.Time // zero: no batch
 	timer := w.clock.NewTimer(time.Hour)
 	timer.Stop()
@@ -162,8 +166,13 @@ func (w *writer) Run(ctx context.Context) {
 			flushAt = now.Add(w.delay)
 		}
 		if len(batch) >= flushSize || (!flushAt.IsZero() && !now.Before(flushAt)) {
-			w.flush(ctx, append(batch, w.dueLater(now)...))
-			batch, flushAt = nil, time.Time{}
+			all := append(batch, w.dueLater(now)...)
+			w.flush(ctx, all)
+			clear(all) // the written items' tasks are not kept
+			if cap(all) > cap(batch) {
+				batch = all
+			}
+			batch, flushAt = batch[:0], time.Time{}
 		} else if due := w.dueLater(now); len(due) > 0 {
 			w.flush(ctx, due)
 		}
