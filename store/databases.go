@@ -165,10 +165,19 @@ func (s *Store) Register(ctx context.Context, o RegisterOpts) error {
 		shards[i] = int32(sh)
 	}
 	slices.Sort(shards)
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		var name string
-		var slot, databases, shardCount int
-		var registered *time.Time
+	// A database registered already (every start but the cluster's first)
+	// is checked without the row lock: the processes that start together
+	// took turns at it, each a commit of the lock (bench section startup).
+	var name string
+	var slot, databases, shardCount int
+	var registered *time.Time
+	err := s.pool.QueryRow(ctx, `/* shardrun.registered */
+		SELECT db_name, slot, databases, shard_count, registered_at FROM shardrun_cluster WHERE id = 1`).
+		Scan(&name, &slot, &databases, &shardCount, &registered)
+	if err == nil && registered != nil {
+		return o.registeredAs(name, slot, databases)
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `/* shardrun.register_lock */
 			SELECT db_name, slot, databases, shard_count, registered_at FROM shardrun_cluster WHERE id = 1 FOR UPDATE`).
 			Scan(&name, &slot, &databases, &shardCount, &registered)
@@ -179,11 +188,7 @@ func (s *Store) Register(ctx context.Context, o RegisterOpts) error {
 			return err
 		}
 		if registered != nil {
-			if name != o.Name || slot != o.Slot || databases != o.Databases {
-				return fmt.Errorf("%w: database %s is registered as database %s, slot %d of %d databases; this process has it as %s, slot %d of %d",
-					ErrRegistration, o.Name, name, slot, databases, o.Name, o.Slot, o.Databases)
-			}
-			return nil
+			return o.registeredAs(name, slot, databases)
 		}
 		for _, sh := range shards {
 			if int(sh) >= shardCount {
@@ -346,3 +351,13 @@ func nextWithResidue(floor, slot int64) int64 {
 // SlotOf is the slot of the database that drew task id in a cluster of
 // several databases (its residue modulo IDStride): where Get looks first.
 func SlotOf(id int64) int { return int(id % IDStride) }
+
+// registeredAs checks a database's registration (its name, slot and the
+// cluster's database count) against o.
+func (o RegisterOpts) registeredAs(name string, slot, databases int) error {
+	if name != o.Name || slot != o.Slot || databases != o.Databases {
+		return fmt.Errorf("%w: database %s is registered as database %s, slot %d of %d databases; this process has it as %s, slot %d of %d",
+			ErrRegistration, o.Name, name, slot, databases, o.Name, o.Slot, o.Databases)
+	}
+	return nil
+}
