@@ -22,10 +22,7 @@ import (
 // claims there first.
 func TestStoreEnqueueNotifiesOnce(t *testing.T) {
 	t.Parallel()
-	s, dsn := pgtest.NewStore(t, store.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn := listenConn(ctx, t, dsn)
+	s, dsn, ctx, conn := listeningStore(t)
 	on := func(shard int, unique string) store.Insert {
 		in := insert("k", shard, 3)
 		in.Key, in.UniqueKey = "key-"+strconv.Itoa(shard)+unique, unique
@@ -94,10 +91,7 @@ func TestStoreEnqueueNotifiesOnce(t *testing.T) {
 // the notification by the time the enqueue returns or right after.
 func TestAnIdleStoresInsertsNotifyAtTheirCommit(t *testing.T) {
 	t.Parallel()
-	s, dsn := pgtest.NewStore(t, store.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn := listenConn(ctx, t, dsn)
+	s, _, ctx, conn := listeningStore(t)
 	for i, shard := range []int{3, 4} {
 		in := insert("k", shard, 3)
 		if i == 0 {
@@ -118,4 +112,13 @@ func TestAnIdleStoresInsertsNotifyAtTheirCommit(t *testing.T) {
 	if sent := store.NotifierSent(s); sent != 0 {
 		t.Fatalf("the notifier sent %d notifications for inserts that notified at their commit", sent)
 	}
+}
+
+// listeningStore is a store of t's own and a connection LISTENing for its
+// notifications, with a context of 30 s for the test.
+func listeningStore(t *testing.T) (*store.Store, string, context.Context, *pgx.Conn) {
+	s, dsn := pgtest.NewStore(t, store.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return s, dsn, ctx, listenConn(ctx, t, dsn)
 }
