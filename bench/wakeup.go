@@ -106,11 +106,9 @@ func (e *env) wakeupOnce(ctx context.Context, rcv *tracingtest.Receiver, tap sha
 		err = lerr
 	}
 	type row struct {
-		id       int64
-		shard    int
-		created  time.Time
-		spans    wakeupSpans
-		notified time.Time
+		id      int64
+		shard   int
+		created time.Time
 	}
 	var rows []row
 	if err == nil {

@@ -132,7 +132,7 @@ func TestTraceOfAWakeUp(t *testing.T) {
 		e.exec.Wake(false, []int{3}, nil)
 		e.until("the task's claim batch span", func() bool { return batchOf(rec, id) != nil })
 		s := batchOf(rec, id)
-		if spanAttr(s, "shardrun.wake.notified_unix_nano").Type() == attribute.INVALID {
+		if spanAttr(s, "shardrun.wake.notified_unix_nano").Type() == attribute.EMPTY {
 			continue
 		}
 		notified := time.Unix(0, spanAttr(s, "shardrun.wake.notified_unix_nano").AsInt64())
