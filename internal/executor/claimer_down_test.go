@@ -23,12 +23,7 @@ func (s *partialStore) listings() int {
 // outcome waits for its write.
 func TestListingAfterAClaimFailedAtADownDatabaseIsPaced(t *testing.T) {
 	t.Parallel()
-	var st *partialStore
-	e := newEnv(t, map[string]tasks.Handler{"noop": noop}, func(c *Config) {
-		st = &partialStore{fakeStore: c.Store.(*fakeStore)}
-		c.Store = st
-	})
-	st.down.Store(true)
+	e, st := newPartialEnv(t)
 	e.store.add(1, "noop", 1, 3)
 	e.own.own(0, 4)
 	e.own.own(1, 4)

@@ -160,17 +160,24 @@ func (s *partialStore) Claimed(ctx context.Context, owner string, terms []claims
 	return got, &claims.PartialError{Terms: down, Err: errDatabaseDown}
 }
 
-// A claim that failed at one database only (claims.PartialError) runs what
-// the others claimed, goes on claiming there, and lists the claims (the
-// "unsure" recovery) of the failed database's terms only.
-func TestAClaimThatFailedAtOneDatabaseRunsTheOthers(t *testing.T) {
-	t.Parallel()
+// newPartialEnv is an executor over a store of two databases, the one of
+// shard 1 down (partialStore).
+func newPartialEnv(t *testing.T) (*env, *partialStore) {
 	var st *partialStore
 	e := newEnv(t, map[string]tasks.Handler{"noop": noop}, func(c *Config) {
 		st = &partialStore{fakeStore: c.Store.(*fakeStore)}
 		c.Store = st
 	})
 	st.down.Store(true)
+	return e, st
+}
+
+// A claim that failed at one database only (claims.PartialError) runs what
+// the others claimed, goes on claiming there, and lists the claims (the
+// "unsure" recovery) of the failed database's terms only.
+func TestAClaimThatFailedAtOneDatabaseRunsTheOthers(t *testing.T) {
+	t.Parallel()
+	e, st := newPartialEnv(t)
 	e.store.add(1, "noop", 0, 3)
 	e.store.add(2, "noop", 1, 3)
 	e.own.own(0, 4)
