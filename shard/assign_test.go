@@ -194,3 +194,30 @@ func Moved(a, b []string) int {
 	}
 	return n
 }
+
+// Any mix of the moves towards a target (acquisitions by the target owner,
+// releases by an owner it moves away from) leaves the target as it is:
+// what lets a manager reuse it (assignMemo).
+func TestAssignReusesPartialMoves(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		members, current := genCluster(t)
+		target := Assign(members, current)
+		moved := slices.Clone(current)
+		for s := range moved {
+			switch rapid.IntRange(0, 2).Draw(t, "move") {
+			case 1:
+				moved[s] = target[s]
+			case 2:
+				if current[s] != target[s] {
+					moved[s] = ""
+				}
+			}
+		}
+		if !reuses(current, target, moved) {
+			t.Fatalf("reuses refused moves towards the target")
+		}
+		if again := Assign(members, moved); !slices.Equal(again, target) {
+			t.Fatalf("after moves towards the target, %d shards would go elsewhere", Moved(target, again))
+		}
+	})
+}

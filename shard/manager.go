@@ -94,6 +94,7 @@ type Manager struct {
 	unansweredSent map[int]time.Time
 	knownMembers   map[string]bool
 	settleUntil    time.Time
+	assignMemo     assignMemo
 	// retryAt: when to re-read the owner keys while assigned shards stay
 	// held elsewhere (scheduleRetry).
 	retry   clock.Backoff

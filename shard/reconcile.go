@@ -73,7 +73,7 @@ func (m *Manager) target(ctx context.Context) plan {
 	}
 	p.settling = m.settle(p.now, members)
 	owners, _ := m.view.holders(m.group)
-	p.target = Assign(members, owners)
+	p.target = m.assignMemo.assign(members, owners)
 	for s, owner := range p.target {
 		if owner == me {
 			p.mine = append(p.mine, s)
