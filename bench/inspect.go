@@ -299,7 +299,7 @@ func (e *env) enqueueSection(ctx context.Context, rep *Report, trials int) error
 	mk := func(n, trial int, unique string) []store.Insert {
 		ins := make([]store.Insert, n)
 		for i := range ins {
-			ins[i] = store.Insert{NewTask: tasks.NewTask{Kind: "noop", Payload: []byte(`{}`), Options: tasks.Options{Key: fmt.Sprintf("k%d-%d", trial, i), MaxAttempts: 5}}, Shard: i % 256}
+			ins[i] = store.Insert{NewTask: tasks.NewTask{Kind: "noop", Payload: []byte(`{}`), Options: tasks.Options{Key: fmt.Sprintf("k%d-%d", trial, i)}.WithDefaults(5)}, Shard: i % 256}
 			switch unique {
 			case "new":
 				ins[i].UniqueKey = fmt.Sprintf("u%d-%d-%d", trial, i, rand.Int64())
