@@ -385,8 +385,8 @@ func (c *claimer) once(ctx context.Context) error {
 
 // probeLanes asks which served queues have tasks in the held shards that
 // may have some — all of them at each poll, else (!probe.direct) those
-// notifications named and those newly held — and tells each queue's
-// pending set. A probed runner asks nothing while no worker is free: the
+// notifications named and those newly held; never those every queue's
+// pending set holds already — and tells each queue's pending set. A probed runner asks nothing while no worker is free: the
 // requests wait for the next round. A direct one asks at the poll
 // whatever its load, as its poll marked every shard pending whatever its
 // load before the probe; when that probe fails, every held shard is
@@ -397,6 +397,23 @@ func (c *claimer) probeLanes(ctx context.Context, terms []claims.ShardEpoch) err
 		return nil
 	}
 	shards, urgent := c.probe.take(terms, c.clock.Now(), c.poll)
+	// A shard every served queue's pending set already holds gains
+	// nothing from the probe but an urgent mark: this round's claims read
+	// its lanes anyway, later than the probe would. Under a backlog that
+	// is nearly every held shard, and the probe stepped over their lanes'
+	// dead entries for nothing (bench section scale: 326 probes, 102 ms
+	// each, beside 27.5 s of claims).
+	shards = slices.DeleteFunc(shards, func(s int) bool {
+		if urgent[s] {
+			return false
+		}
+		for _, q := range c.queues {
+			if !q.pending.covers(s) {
+				return false
+			}
+		}
+		return true
+	})
 	if len(shards) == 0 {
 		return nil
 	}

@@ -1164,6 +1164,56 @@ func TestIdlePollSendsOneProbeWhateverTheShardsHeld(t *testing.T) {
 	e.until("the unnotified task completed while the probes fail", func() bool { return e.state(2) == tasks.Completed })
 }
 
+// A busy runner's poll sends no probe while every held shard is pending
+// anyway (its claims read those lanes this round): under a backlog the
+// probe only stepped over the lanes' dead entries (bench section scale).
+// Once the backlog drains, the polls probe again, and a task nobody
+// notified still starts at the next poll.
+func TestBusyPollProbesOnlyShardsNotPending(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	block := func(ctx context.Context, _ *tasks.Task) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	e := newEnv(t, map[string]tasks.Handler{"block": block, "noop": noop},
+		func(c *Config) { c.MaxWorkers, c.Queues = 2, map[string]int{tasks.DefaultQueue: 2} })
+	for id := int64(1); id <= 20; id++ {
+		e.store.add(id, "block", int(id-1)/10, 3)
+	}
+	e.own.own(0, 1)
+	e.own.own(1, 1)
+	e.run()
+	e.until("two running", func() bool { return e.exec.InFlight() == 2 })
+	probes0 := e.store.count("probe")
+	for range 3 {
+		e.poll()
+	}
+	if n := e.store.count("probe") - probes0; n != 0 {
+		t.Fatalf("%d probes over 3 polls while both held shards had a backlog, want none", n)
+	}
+	close(release)
+	e.until("the backlog done", func() bool {
+		for id := int64(1); id <= 20; id++ {
+			if e.state(id) != tasks.Completed {
+				return false
+			}
+		}
+		return true
+	})
+	probes1 := e.store.count("probe")
+	e.poll()
+	if e.store.count("probe") == probes1 {
+		t.Fatal("no probe at the poll once the backlog drained")
+	}
+	e.store.add(21, "noop", 1, 3)
+	e.poll()
+	e.until("the unnotified task completed", func() bool { return e.state(21) == tasks.Completed })
+}
+
 // The tasks waiting ahead of a shard that moves go back in one statement,
 // not one each: the buffer may hold a task per worker.
 func TestTasksAheadOfAMovedShardGoBackTogether(t *testing.T) {

@@ -227,6 +227,14 @@ func (p *pending) claimed(order []claims.ShardEpoch, got []tasks.Task, limit int
 	}
 }
 
+// covers reports whether the next order will include shard, if held:
+// it is pending, notified or (unprobed) newly held.
+func (p *pending) covers(shard int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.shards[shard] || p.all || p.woken[shard] || (!p.probed && !p.known[shard])
+}
+
 // any reports whether some held shard may have due tasks.
 func (p *pending) any() bool { return len(p.shards) > 0 }
 
