@@ -113,6 +113,18 @@ func (e *env) untilWithin(what string, budget time.Duration, cond func() bool) {
 	}
 }
 
+// completedUpTo is the condition that tasks 1 to n have all completed.
+func (e *env) completedUpTo(n int64) func() bool {
+	return func() bool {
+		for id := int64(1); id <= n; id++ {
+			if e.state(id) != tasks.Completed {
+				return false
+			}
+		}
+		return true
+	}
+}
+
 // poll advances the fake clock by one poll interval and waits for the
 // claim round it starts to complete.
 func (e *env) poll() {
@@ -151,14 +163,7 @@ func TestClaimRunComplete(t *testing.T) {
 	e.own.own(0, 5)
 	e.own.own(1, 9)
 	e.run()
-	e.until("six tasks completed", func() bool {
-		for id := int64(1); id <= 6; id++ {
-			if e.state(id) != tasks.Completed {
-				return false
-			}
-		}
-		return true
-	})
+	e.until("six tasks completed", e.completedUpTo(6))
 	if got := e.store.get(2); got.Epoch != 5 || got.ClaimedBy != me {
 		t.Errorf("task 2 claimed under %d by %q, want epoch 5 by %s", got.Epoch, got.ClaimedBy, me)
 	}
@@ -757,14 +762,7 @@ func TestClaimsOfALostAnswerAreGivenBack(t *testing.T) {
 	e.store.claimAnswersLost = 1
 	e.own.own(0, 5)
 	e.run()
-	e.until("all three completed", func() bool {
-		for id := int64(1); id <= 3; id++ {
-			if e.state(id) != tasks.Completed {
-				return false
-			}
-		}
-		return true
-	})
+	e.until("all three completed", e.completedUpTo(3))
 	for id := int64(1); id <= 3; id++ {
 		if got := e.store.get(id); got.Attempt != 1 {
 			t.Errorf("task %d completed on attempt %d, want 1: the lost claim spent an attempt", id, got.Attempt)
@@ -846,14 +844,7 @@ func TestQueueWorkerLimits(t *testing.T) {
 	}
 	mu.Unlock()
 	close(release)
-	e.until("all completed", func() bool {
-		for id := int64(1); id <= 8; id++ {
-			if e.state(id) != tasks.Completed {
-				return false
-			}
-		}
-		return true
-	})
+	e.until("all completed", e.completedUpTo(8))
 	mu.Lock()
 	defer mu.Unlock()
 	if most["mail"] != 1 || mostTotal > 4 {
@@ -919,14 +910,7 @@ func urgentFirst(t *testing.T, queues int) {
 	if !slices.Equal(got, []int64{13, 14}) {
 		t.Fatalf("the first two tasks started were %v, want the urgent ones of shards 1 and 3: [13 14]", got)
 	}
-	e.until("all completed", func() bool {
-		for id := int64(1); id <= 14; id++ {
-			if e.state(id) != tasks.Completed {
-				return false
-			}
-		}
-		return true
-	})
+	e.until("all completed", e.completedUpTo(14))
 }
 
 // Tasks are claimed ahead of need: when a handler returns, the next task
@@ -960,14 +944,7 @@ func TestATaskClaimedAheadStartsWithoutAClaim(t *testing.T) {
 	for range 4 {
 		release <- struct{}{}
 	}
-	e.until("all completed", func() bool {
-		for id := int64(1); id <= 5; id++ {
-			if e.state(id) != tasks.Completed {
-				return false
-			}
-		}
-		return true
-	})
+	e.until("all completed", e.completedUpTo(5))
 }
 
 // A task claimed ahead whose shard moves before a slot frees goes back to
@@ -1196,14 +1173,7 @@ func TestBusyPollProbesOnlyShardsNotPending(t *testing.T) {
 		t.Fatalf("%d probes over 3 polls while both held shards had a backlog, want none", n)
 	}
 	close(release)
-	e.until("the backlog done", func() bool {
-		for id := int64(1); id <= 20; id++ {
-			if e.state(id) != tasks.Completed {
-				return false
-			}
-		}
-		return true
-	})
+	e.until("the backlog done", e.completedUpTo(20))
 	probes1 := e.store.count("probe")
 	e.poll()
 	if e.store.count("probe") == probes1 {
