@@ -386,8 +386,9 @@ func (c *claimer) once(ctx context.Context) error {
 // probeLanes asks which served queues have tasks in the held shards that
 // may have some — all of them at each poll, else (!probe.direct) those
 // notifications named and those newly held; never those every queue's
-// pending set holds already — and tells each queue's pending set. A probed runner asks nothing while no worker is free: the
-// requests wait for the next round. A direct one asks at the poll
+// pending set holds already — and tells each queue's pending set. A
+// probed runner asks nothing while no worker is free: the requests wait
+// for the next round. A direct one asks at the poll
 // whatever its load, as its poll marked every shard pending whatever its
 // load before the probe; when that probe fails, every held shard is
 // pending for every queue, and the claims find what there is (or fail,
@@ -399,10 +400,10 @@ func (c *claimer) probeLanes(ctx context.Context, terms []claims.ShardEpoch) err
 	shards, urgent := c.probe.take(terms, c.clock.Now(), c.poll)
 	// A shard every served queue's pending set already holds gains
 	// nothing from the probe but an urgent mark: this round's claims read
-	// its lanes anyway, later than the probe would. Under a backlog that
-	// is nearly every held shard, and the probe stepped over their lanes'
-	// dead entries for nothing (bench section scale: 326 probes, 102 ms
-	// each, beside 27.5 s of claims).
+	// its lanes anyway, later than the probe would. Where a backlog keeps
+	// shards pending, the probe stepped over their lanes' dead entries
+	// for nothing (bench section mixed, one runner: 0.6 s of probes
+	// before, 0.3 s after; docs/performance.md, issue 41 fourth round).
 	shards = slices.DeleteFunc(shards, func(s int) bool {
 		if urgent[s] {
 			return false
