@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shardrun/shardrun/internal/claims"
+	"github.com/shardrun/shardrun/internal/testutil"
 	"github.com/shardrun/shardrun/store"
 	"github.com/shardrun/shardrun/tasks"
 )
@@ -140,18 +141,12 @@ func benchClaimComplete(b *testing.B, size int, drop []string) {
 	// The counters reach pg_stat_user_tables when each backend flushes
 	// them (within seconds of its last transaction): wait for every
 	// completion's update to be counted.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		upd, hot := tasksUpdates(b, s)
-		if upd-upd0 >= int64(n) {
-			b.ReportMetric(float64(hot-hot0)/float64(upd-upd0), "hot-share")
-			break
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("%d task updates counted after 30 s, want %d", upd-upd0, n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	var upd, hot int64
+	testutil.Until(b, 30*time.Second, "counting the completions' updates of tasks", func() (bool, string) {
+		upd, hot = tasksUpdates(b, s)
+		return upd-upd0 >= int64(n), fmt.Sprintf("%d of %d counted", upd-upd0, n)
+	})
+	b.ReportMetric(float64(hot-hot0)/float64(upd-upd0), "hot-share")
 }
 
 // tasksUpdates reads the updates of tasks counted so far, all and HOT.
