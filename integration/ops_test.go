@@ -11,9 +11,10 @@ import (
 )
 
 // Operators cancel and retry through the coordinator's API while real
-// runner processes run the tasks: running sleeps are cancelled within a
-// heartbeat interval (1s here), a dead task retried completes, and every
-// task ends as the operator's actions say.
+// runner processes run the tasks: running ten-minute sleeps end cancelled
+// (their bound, one heartbeat interval, is checked on a fake clock in
+// internal/executor), a dead task retried completes, and every task ends
+// as the operator's actions say.
 func TestCancelAndRetryThroughTheAPI(t *testing.T) {
 	c, coord, names := base(t, 2)
 	api := "http://" + coord.addr + "/api/tasks"
@@ -29,7 +30,6 @@ func TestCancelAndRetryThroughTheAPI(t *testing.T) {
 	if code := httpCode(t, "GET", api+"?kind=sleep", ""); code != 401 {
 		t.Fatalf("listing without the token: %d", code)
 	}
-	requested := time.Now()
 	code, body := testutil.HTTP(t, "POST", api+"/cancel?kind=sleep", apiToken, "")
 	var res tasks.BulkResult
 	if code != 200 || json.Unmarshal([]byte(body), &res) != nil || res.CancelRequested != 20 || !res.Done {
@@ -37,9 +37,6 @@ func TestCancelAndRetryThroughTheAPI(t *testing.T) {
 	}
 	took := c.waitFor(10*time.Second, "the sleeps cancelled", func() bool { return c.counts()[tasks.Cancelled] == 20 })
 	t.Logf("20 running sleeps cancelled %s after the request (heartbeat interval 1s)", took)
-	if since := time.Since(requested); since > 2*time.Second {
-		t.Errorf("cancelling running tasks took %s, want within the heartbeat interval and the outcome write", since)
-	}
 
 	c.waitFor(10*time.Second, "the failing tasks dead", func() bool { return c.counts()[tasks.Dead] == 3 })
 	code, body = testutil.HTTP(t, "POST", api+"/retry?state=dead&kind=fail", apiToken, "")
