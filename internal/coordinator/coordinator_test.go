@@ -397,11 +397,14 @@ func TestMetricsAndHealth(t *testing.T) {
 	c := e.start("coord", nil)
 	testutil.WaitFor(t, 10*time.Second, "leads", c.IsLeader)
 	seedStale(t, e.store, 3)
-	testutil.WaitFor(t, 10*time.Second, "stale claims swept after the grace period", func() bool {
+	// The sweep counts what it released after its write commits: wait for
+	// the count, not only for the tasks.
+	var body string
+	testutil.WaitFor(t, 10*time.Second, "stale claims swept after the grace period, and counted", func() bool {
 		counts, _ := e.store.CountByState(context.Background())
-		return counts[tasks.Ready] == 3
+		_, body = testutil.HTTP(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
+		return counts[tasks.Ready] == 3 && strings.Contains(body, `shardrun_sweep_released_total{database="main"} 3`)
 	})
-	_, body := testutil.HTTP(t, "GET", "http://"+c.Addr()+"/metrics", "", "")
 	for _, want := range []string{
 		"shardrun_coordinator_is_leader 1", `shardrun_sweeps_total{database="main"}`, `shardrun_sweep_duration_seconds_count{database="main"}`,
 		`shardrun_sweep_released_total{database="main"} 3`, `shardrun_sweep_deadline_failed_total{database="main"} 0`,

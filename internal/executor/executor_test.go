@@ -657,9 +657,9 @@ func TestSuccessAfterACancelRequestIsRecordedCompleted(t *testing.T) {
 	if got := e.store.get(1); string(got.Result) != `{"sent":"invoice-7"}` || len(got.Errors) != 0 {
 		t.Fatalf("task %+v, want its result and no error", got)
 	}
-	if n := counterValue(e.exec.cfg.Metrics.Finished.WithLabelValues("slow", "completed")); n != 1 {
-		t.Fatalf("tasks_finished_total{outcome=completed} = %v", n)
-	}
+	// Counted after the write the state shows: waited for, not read at once.
+	completed := e.exec.cfg.Metrics.Finished.WithLabelValues("slow", "completed")
+	e.until("tasks_finished_total{outcome=completed} = 1", func() bool { return counterValue(completed) == 1 })
 	if e.store.count("cancel") != 0 {
 		t.Fatal("a completed attempt was also recorded cancelled")
 	}
@@ -707,9 +707,8 @@ func TestFailureOfACancelRequestedTaskCancelsIt(t *testing.T) {
 	e.store.requestCancel(1)
 	close(release)
 	e.until("cancelled", func() bool { return e.state(1) == tasks.Cancelled })
-	if n := counterValue(e.exec.cfg.Metrics.Finished.WithLabelValues("slow", "cancelled")); n != 1 {
-		t.Fatalf("tasks_finished_total{outcome=cancelled} = %v", n)
-	}
+	cancelled := e.exec.cfg.Metrics.Finished.WithLabelValues("slow", "cancelled")
+	e.until("tasks_finished_total{outcome=cancelled} = 1", func() bool { return counterValue(cancelled) == 1 })
 }
 
 func counterValue(c prometheus.Counter) float64 {
@@ -790,9 +789,8 @@ func TestHandlerPastTheDeadlineEndsTheTaskFailed(t *testing.T) {
 	if got := e.store.get(1); got.Attempt != 1 || len(got.Errors) != 1 {
 		t.Fatalf("attempt %d, errors %+v: want one failed attempt", got.Attempt, got.Errors)
 	}
-	if n := counterValue(e.exec.cfg.Metrics.Finished.WithLabelValues("wait", "failed")); n != 1 {
-		t.Fatalf("finished{outcome=failed} = %v", n)
-	}
+	failed := e.exec.cfg.Metrics.Finished.WithLabelValues("wait", "failed")
+	e.until("tasks_finished_total{outcome=failed} = 1", func() bool { return counterValue(failed) == 1 })
 }
 
 // Each queue runs at most its own limit of tasks at once, and all of them
