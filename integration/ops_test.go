@@ -12,9 +12,9 @@ import (
 
 // Operators cancel and retry through the coordinator's API while real
 // runner processes run the tasks: running ten-minute sleeps end cancelled
-// (their bound, one heartbeat interval, is checked on a fake clock in
-// internal/executor), a dead task retried completes, and every task ends
-// as the operator's actions say.
+// (that the first heartbeat after the request ends a handler is checked
+// in internal/executor), a dead task retried completes, and every task
+// ends as the operator's actions say.
 func TestCancelAndRetryThroughTheAPI(t *testing.T) {
 	c, coord, names := base(t, 2)
 	api := "http://" + coord.addr + "/api/tasks"
