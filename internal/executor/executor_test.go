@@ -1138,7 +1138,7 @@ func TestIdlePollSendsOneProbeWhateverTheShardsHeld(t *testing.T) {
 
 // A busy runner's poll sends no probe while every held shard is pending
 // anyway (its claims read those lanes this round): under a backlog the
-// probe only stepped over the lanes' dead entries (bench section scale).
+// probe only stepped over the lanes' dead entries (bench section mixed).
 // Once the backlog drains, the polls probe again, and a task nobody
 // notified still starts at the next poll.
 func TestBusyPollProbesOnlyShardsNotPending(t *testing.T) {
